@@ -1,0 +1,30 @@
+# make demo | make test | make bench -- each creates .venv and installs what it needs.
+# GPU users: make test TORCH_SPEC="torch" (or any torch build you want) instead of the CPU pin.
+PYTHON ?= python3
+VENV ?= .venv
+TORCH_SPEC ?= torch==2.13.0
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: demo test bench clean
+
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q "$(TORCH_SPEC)"
+	$(PIP) install -q -e ".[mpi,test,telemetry,examples]"
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -q -m "not heavy and not gpu" $(PYTEST_ARGS)
+
+demo: $(STAMP)
+	$(PY) -m aioready.demo
+
+bench: $(STAMP)
+	$(PY) -m bench all
+
+clean:
+	rm -rf $(VENV) .pytest_cache out

@@ -1,0 +1,72 @@
+"""The arbiter: one coroutine per rank that runs the best-ranked ready task, one at a time.
+
+It is woken by the event that made a task ready (a `Wakeup` set by the message or completion
+handler), never by a timer. Running a task and its bookkeeping is the caller's `execute`; the
+choice comes from a `Chooser`, normally the ReadySet, and for a tensor-parallel follower the
+leader's decisions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Awaitable, Callable, Protocol
+
+from .tasks import Task
+
+__all__ = ["Wakeup", "Chooser", "run_arbiter"]
+
+
+class Wakeup:
+    """A one-waiter wake-up: `notify` resolves the future the arbiter is parked on."""
+
+    __slots__ = ("_fut",)
+
+    def __init__(self) -> None:
+        self._fut: asyncio.Future[None] | None = None
+
+    def notify(self) -> None:
+        fut = self._fut
+        if fut is not None and not fut.done():
+            fut.set_result(None)
+
+    def fail(self, exc: BaseException) -> None:
+        fut = self._fut
+        if fut is not None and not fut.done():
+            fut.set_exception(exc)
+
+    async def wait(self) -> None:
+        self._fut = asyncio.get_running_loop().create_future()
+        try:
+            await self._fut
+        finally:
+            self._fut = None
+
+
+class Chooser(Protocol):
+    """Picks the next task; None means nothing can run yet."""
+
+    def pop_nowait(self) -> Task | None: ...
+
+
+async def run_arbiter(
+    chooser: Chooser,
+    execute: Callable[[Task], Awaitable[None]],
+    wakeup: Wakeup,
+    num_tasks: int,
+    check: Callable[[], None] | None = None,
+) -> None:
+    """Run `num_tasks` tasks, each as soon as the chooser offers it.
+
+    `check` runs before each decision and raises to abort the step (an error delivered by a
+    message handler, for example).
+    """
+    left = num_tasks
+    while left:
+        if check is not None:
+            check()
+        task = chooser.pop_nowait()
+        if task is None:
+            await wakeup.wait()
+            continue
+        await execute(task)
+        left -= 1

@@ -1,0 +1,105 @@
+"""The exception classes of aioready.
+
+Every error carries the fields that say where it happened (rank, step, task) and what was expected
+and what was got, and builds its message from them, so that a message that crossed ranks as plain
+text still reads the same. Errors cross ranks as fields or text, never pickles.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "AioreadyError",
+    "ConfigError",
+    "HintError",
+    "TraceError",
+    "ProtocolError",
+    "StageError",
+    "PeerLostError",
+    "StallError",
+    "CheckpointError",
+    "CoordinationError",
+    "InternalError",
+]
+
+
+class AioreadyError(Exception):
+    """Base of every aioready error; carries rank, step, task, expected and got."""
+
+    def __init__(
+        self,
+        what: str,
+        *,
+        rank: int | None = None,
+        step: int | None = None,
+        task: Any = None,
+        expected: Any = None,
+        got: Any = None,
+        fix: str | None = None,
+    ) -> None:
+        self.what = what
+        self.rank = rank
+        self.step = step
+        self.task = task
+        self.expected = expected
+        self.got = got
+        self.fix = fix
+        super().__init__(self._format())
+
+    def _format(self) -> str:
+        where = []
+        if self.rank is not None:
+            where.append(f"rank {self.rank}")
+        if self.step is not None:
+            where.append(f"step {self.step}")
+        if self.task is not None:
+            where.append(f"task {self.task}")
+        text = self.what
+        if where:
+            text = f"{', '.join(where)}: {text}"
+        if self.expected is not None or self.got is not None:
+            text += f" (expected {self.expected}, got {self.got})"
+        if self.fix:
+            text += f"; {self.fix}"
+        return text
+
+
+class ConfigError(AioreadyError, ValueError):
+    """Raised when a parameter of Pipeline, simulate or the CLI is out of range or inconsistent."""
+
+
+class HintError(AioreadyError, ValueError):
+    """Raised when a hint order is unknown, malformed, incomplete or violates a dependency."""
+
+
+class TraceError(AioreadyError, ValueError):
+    """Raised when a duration trace or jitter spec cannot be parsed or lacks a task."""
+
+
+class ProtocolError(AioreadyError):
+    """Raised when a message does not match any task this rank expects (header, dtype, shape)."""
+
+
+class StageError(AioreadyError):
+    """Raised when a stage's forward or backward raised; carries the original message."""
+
+
+class PeerLostError(AioreadyError):
+    """Raised when a peer rank died or stopped answering within the configured bound."""
+
+
+class StallError(AioreadyError):
+    """Raised when a step made no progress for the configured time; the message holds the dump."""
+
+
+class CheckpointError(AioreadyError, ValueError):
+    """Raised when a checkpoint is missing, corrupt, or belongs to another model or stage count."""
+
+
+class CoordinationError(AioreadyError):
+    """Raised when members of a tensor-parallel group disagree on the task they run."""
+
+
+class InternalError(AioreadyError):
+    """Raised when an invariant of the runtime broke: a bug in aioready, please file it."""

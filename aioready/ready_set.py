@@ -1,0 +1,156 @@
+"""ReadySet: the tasks of one rank whose dependencies are met, ordered by hint rank.
+
+Pure and loop-free, so the arbiter, the simulator and the property tests share it. Two heaps keyed
+by hint rank: one for the F tasks of the rank's entry chunk (the only ones the gate may hold
+back), one for everything else. A decision compares the two heap tops: O(log n), no scan.
+
+Note [entry-only gate]: the only task ever held back is the F of the entry chunk (chunk 0), and
+only while `in_flight >= cap`. Gating F of deeper chunks, B or W deadlocks interleaved and V
+placements (SCHEDULES.md 4.1 D5); gating only injection keeps `ready` mode deadlock-free
+(DESIGN.md "The arbiter", SCHEDULES.md 4.3). In-flight counts a microbatch from the start of its
+entry F to the end of its last local backward piece.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+from .errors import ConfigError, InternalError
+from .tasks import Kind, Task
+
+__all__ = ["ReadySet", "ReadySetStatistics"]
+
+
+@dataclass(frozen=True, slots=True)
+class ReadySetStatistics:
+    num_ready: int
+    num_gated: int
+    in_flight: int
+    peak_in_flight: int
+    cap: int
+
+
+class ReadySet:
+    """Ready tasks of one rank; `ready` mode pops the best admissible, `strict` the next in order."""
+
+    __slots__ = ("_priority", "_main", "_entry", "_cap", "_in_flight", "_peak", "_left",
+                 "_pieces", "_last_kind", "_order", "_pos", "_ready", "_strict")
+
+    def __init__(
+        self,
+        priority: Mapping[Task, int],
+        *,
+        cap: int,
+        num_chunks: int,
+        split_backward: bool,
+        strict_order: Sequence[Task] | None = None,
+    ) -> None:
+        if cap < 1:
+            raise ConfigError("cap must admit at least one microbatch", expected=">= 1", got=cap)
+        self._priority = priority
+        self._cap = cap
+        self._main: list[tuple[int, Task]] = []
+        self._entry: list[tuple[int, Task]] = []
+        self._in_flight = 0
+        self._peak = 0
+        self._left: dict[int, int] = {}
+        self._pieces = num_chunks * (2 if split_backward else 1)
+        self._last_kind = Kind.W if split_backward else Kind.B
+        self._strict = strict_order is not None
+        self._order: Sequence[Task] = strict_order or ()
+        self._pos = 0
+        self._ready: set[Task] = set()
+
+    def push(self, task: Task) -> None:
+        """Mark `task` ready: its local predecessor is done and its message has arrived."""
+        if self._strict:
+            self._ready.add(task)
+            return
+        heap = self._entry if task.kind is Kind.F and task.chunk == 0 else self._main
+        heapq.heappush(heap, (self._priority[task], task))
+
+    def pop_nowait(self) -> Task | None:
+        """The task to run now, or None if nothing admissible is ready."""
+        if self._strict:
+            return self._pop_strict()
+        main, entry = self._main, self._entry
+        if entry and self._in_flight < self._cap and (not main or entry[0][0] < main[0][0]):
+            task = heapq.heappop(entry)[1]
+            self._admit(task)
+            return task
+        if main:
+            return heapq.heappop(main)[1]
+        return None
+
+    def _pop_strict(self) -> Task | None:
+        if self._pos >= len(self._order):
+            return None
+        task = self._order[self._pos]
+        if task not in self._ready:
+            return None
+        if task.kind is Kind.F and task.chunk == 0:
+            if self._in_flight >= self._cap:
+                return None
+            self._admit(task)
+        self._ready.remove(task)
+        self._pos += 1
+        return task
+
+    def _admit(self, task: Task) -> None:
+        self._left[task.microbatch] = self._pieces
+        self._in_flight += 1
+        if self._in_flight > self._peak:
+            self._peak = self._in_flight
+
+    def done(self, task: Task) -> None:
+        """Bookkeeping after `task` ran: a microbatch leaves when its last backward piece ends."""
+        if task.kind is not self._last_kind:
+            return
+        left = self._left.get(task.microbatch)
+        if left is None:
+            raise InternalError("backward piece of a microbatch that was never admitted",
+                                task=task)
+        if left == 1:
+            del self._left[task.microbatch]
+            self._in_flight -= 1
+        else:
+            self._left[task.microbatch] = left - 1
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    @property
+    def peak_in_flight(self) -> int:
+        return self._peak
+
+    @property
+    def cap(self) -> int:
+        return self._cap
+
+    @property
+    def next_in_order(self) -> Task | None:
+        """In strict mode, the task the order names next (for stall dumps)."""
+        return self._order[self._pos] if self._strict and self._pos < len(self._order) else None
+
+    def ready_tasks(self) -> list[Task]:
+        """The ready tasks, best first (for stall dumps and tests; O(n log n))."""
+        if self._strict:
+            return sorted(self._ready, key=self._priority.__getitem__)
+        return [t for _, t in sorted(self._main + self._entry)]
+
+    def __len__(self) -> int:
+        return len(self._ready) if self._strict else len(self._main) + len(self._entry)
+
+    def statistics(self) -> ReadySetStatistics:
+        gated = 0 if self._in_flight < self._cap else (
+            sum(1 for t in self._ready if t.kind is Kind.F and t.chunk == 0)
+            if self._strict else len(self._entry))
+        return ReadySetStatistics(len(self), gated, self._in_flight, self._peak, self._cap)
+
+    def __repr__(self) -> str:
+        s = self.statistics()
+        return (f"<ReadySet {'strict' if self._strict else 'ready'} ready={s.num_ready} "
+                f"gated={s.num_gated} in_flight={s.in_flight}/{s.cap}>")

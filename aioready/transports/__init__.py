@@ -1,0 +1,22 @@
+"""Transports: how messages move between ranks. `inproc` always; `mpi` needs the mpi extra."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .base import Message, MessageKind, Transport
+from .inproc import InprocTransport, InprocWorld
+
+__all__ = ["Transport", "Message", "MessageKind", "InprocWorld", "InprocTransport",
+           "MPITransport"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "MPITransport":
+        try:
+            from .mpi import MPITransport
+        except ImportError as exc:  # pragma: no cover - depends on the install
+            raise ImportError(
+                f"MPITransport needs mpi4py: pip install 'aioready[mpi]' ({exc})") from exc
+        return MPITransport
+    raise AttributeError(name)

@@ -1,0 +1,92 @@
+"""In-process transport: every rank is an endpoint of one InprocWorld on one event loop.
+
+A send is a `call_soon` (or, with a delay model, a `call_later`) of the receiver's deliver
+function, so messages take the same route-by-header path as over MPI. Tensors are passed by
+reference; the receiving stage detaches them. Used by tests, the `sim` device and the simulator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Callable
+
+from ..errors import ConfigError, ProtocolError
+from .base import Deliver, Message
+
+__all__ = ["InprocWorld", "InprocTransport"]
+
+DelayFn = Callable[[int, int, Message], float]
+
+
+class InprocWorld:
+    """A set of in-process endpoints; `delay(src, dest, msg)` gives a per-message latency (s)."""
+
+    def __init__(self, world_size: int, *, delay: DelayFn | None = None) -> None:
+        if world_size < 1:
+            raise ConfigError("world size must be positive", expected=">= 1", got=world_size)
+        self.world_size = world_size
+        self.delay = delay
+        self._deliver: list[Deliver | None] = [None] * world_size
+        self.endpoints = [InprocTransport(self, r) for r in range(world_size)]
+        self.num_messages = 0
+
+    def endpoint(self, rank: int) -> "InprocTransport":
+        return self.endpoints[rank]
+
+
+class InprocTransport:
+    """One rank's endpoint of an InprocWorld."""
+
+    def __init__(self, world: InprocWorld, rank: int) -> None:
+        self._world = world
+        self._rank = rank
+        self._pending = 0
+        self._idle: asyncio.Future[None] | None = None
+        self.num_sent = 0
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        return self._world.world_size
+
+    def open(self, deliver: Deliver) -> None:
+        self._world._deliver[self._rank] = deliver
+
+    def send_nowait(self, dest: int, msg: Message) -> None:
+        if not 0 <= dest < self._world.world_size:
+            raise ProtocolError("send to a rank outside the world",
+                                expected=f"0..{self._world.world_size - 1}", got=dest,
+                                rank=self._rank)
+        loop = asyncio.get_running_loop()
+        self._pending += 1
+        self.num_sent += 1
+        self._world.num_messages += 1
+        delay = self._world.delay(self._rank, dest, msg) if self._world.delay else 0.0
+        if delay > 0:
+            loop.call_later(delay, self._arrive, dest, msg)
+        else:
+            loop.call_soon(self._arrive, dest, msg)
+
+    def _arrive(self, dest: int, msg: Message) -> None:
+        deliver = self._world._deliver[dest]
+        self._pending -= 1
+        if self._pending == 0 and self._idle is not None and not self._idle.done():
+            self._idle.set_result(None)
+        if deliver is None:
+            raise ProtocolError("message for a rank that has not opened its endpoint",
+                                rank=dest, expected="an open endpoint", got=msg.describe())
+        deliver(msg)
+
+    async def wait_sent(self) -> None:
+        if self._pending:
+            self._idle = asyncio.get_running_loop().create_future()
+            await self._idle
+
+    async def close(self) -> None:
+        self._world._deliver[self._rank] = None
+
+    def __repr__(self) -> str:
+        return f"<InprocTransport rank={self._rank}/{self.world_size} pending={self._pending}>"
