@@ -89,7 +89,7 @@ class RankRuntime:
         self._wakeup = Wakeup()
         self.reports: list[StepReport] = []
         self._handlers = {Kind.F: self._run_f, Kind.B: self._run_b, Kind.W: self._run_w}
-        transport.open(self._deliver)
+        self._opened = False
 
     # -- per-step state -------------------------------------------------------------------
     def _reset(self, step: int, inputs: Sequence[Any] | None, targets: Sequence[Any] | None
@@ -192,6 +192,9 @@ class RankRuntime:
         if self._active:
             raise RuntimeError(f"rank {self.rank}: step {self.step_index} is still running")
         self._error = None
+        if not self._opened:  # inside the loop, so transports may start their pollers here
+            self.transport.open(self._deliver)
+            self._opened = True
         self._reset(step, inputs, targets)
         try:
             await run_arbiter(self._ready, self._execute, self._wakeup, len(self._missing),
