@@ -87,6 +87,8 @@ def run(args: argparse.Namespace) -> int:
     from .. import run as run_loop
     from ..trainer import train, write_outputs
     cfg = config_from_args(args)
+    import torch
+    torch.set_num_threads(1)  # a tiny model: one thread per rank's worker, no oversubscription
     comm = mpi_comm()
     rank = comm.Get_rank() if comm is not None else 0
     with _progress(cfg.steps if rank == 0 and not args.no_progress and cfg.steps > 1 else 0
