@@ -70,7 +70,7 @@ class RankRuntime:
             raise ConfigError("cap must admit at least one microbatch", expected=">= 1",
                               got=self.cap, rank=rank)
         if mode == "strict":
-            hint.check_sequence()
+            hint.check_sequence(only_rank=rank)
             if self.cap < hint.peak(rank):
                 raise ConfigError(
                     f"strict mode cannot run hint {hint.name!r} under this cap", rank=rank,
