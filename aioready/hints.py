@@ -36,7 +36,7 @@ def peak_in_flight(order: Sequence[Task], *, num_chunks: int, split_backward: bo
             left[task.microbatch] = pieces
             now += 1
             peak = max(peak, now)
-        elif task.kind is last_kind:
+        elif task.kind is last_kind and task.microbatch in left:  # else: invalid order
             left[task.microbatch] -= 1
             if left[task.microbatch] == 0:
                 now -= 1
