@@ -100,7 +100,7 @@ class RankRuntime:
         self._ready = ReadySet(
             self.hint.priority(self.rank), cap=self.cap, num_chunks=n_chunks,
             split_backward=self.split_backward,
-            strict_order=self.hint.orders[self.rank] if self.mode == "strict" else None)
+            strict_order=self.hint.strict_order(self.rank) if self.mode == "strict" else None)
         self._missing: dict[Task, int] = {}
         self._ready_at: dict[Task, float] = {}
         self._acts: dict[tuple[int, int], tuple[Any, ...]] = {}
