@@ -122,7 +122,7 @@ async def train(cfg: TrainConfig, *, comm: Any = None,
     duration, source = paced_duration(
         placement=placement, num_microbatches=cfg.microbatches,
         split_backward=cfg.split_backward, task_ms=cfg.task_ms, jitter=cfg.jitter,
-        seed=cfg.seed, trace=cfg.trace)
+        seed=cfg.seed, trace=cfg.trace, steps=cfg.steps)
     devices: list[PacedDevice] = []
 
     def make_device(r: int) -> PacedDevice:

@@ -62,3 +62,25 @@ def test_train_reports_bad_input_clearly(capsys: pytest.CaptureFixture[str]) -> 
                  "--no-progress"]) == 1
     err = capsys.readouterr().err
     assert "aioready train: error" in err and "bogus" in err
+
+
+@pytest.mark.timeout(120)
+def test_train_replays_a_trace_each_task_taking_at_least_its_duration(tmp_path: Path) -> None:
+    from aioready.durations import base_durations
+    from aioready.export import read_csv
+    from aioready.placement import Placement
+    from aioready.variability import JitterModel, write_trace
+    model = JitterModel("lognormal:0.5", seed=3, placement=Placement.linear(2),
+                        num_microbatches=3, base=base_durations(4.0))
+    write_trace(tmp_path / "d.csv", model, steps=2)
+    assert main(["train", "--stages", "2", "--microbatches", "3", "--steps", "2", "--trace",
+                 str(tmp_path / "d.csv"), "--csv", str(tmp_path / "spans.csv"), "--dim", "16",
+                 "--seq", "8", "--no-progress"]) == 0
+    reports = read_csv(tmp_path / "spans.csv")
+    assert [r.step for r in reports] == [0, 1]
+    for rep in reports:
+        assert len(rep.spans) == 2 * 3 * 2
+        for s in rep.spans:
+            # uvloop's loop clock counts whole milliseconds: allow one tick
+            assert s.end - s.start >= model.ms(rep.step, s.stage, s.microbatch, s.kind) * 1e-3 \
+                - 1.001e-3
