@@ -12,7 +12,7 @@ from aioready.cli import main as cli_main
 from aioready.clock import run_virtual
 from aioready.devices.sim import SimDevice
 from aioready.errors import TraceError
-from aioready.export import (KIND_CNAME, chrome_trace, read_chrome_trace, read_csv,
+from aioready.export import (KIND_CNAME, read_chrome_trace, read_csv,
                              write_chrome_trace, write_csv, write_parquet)
 from aioready.pipeline import Pipeline
 from aioready.tasks import Kind
