@@ -135,6 +135,9 @@ async def train(cfg: TrainConfig, *, comm: Any = None,
     params = [p for m in modules for p in m.parameters()]
     opt = torch.optim.AdamW(params, lr=cfg.lr)
     result = TrainResult(rank=rank, world_size=world, durations=source)
+    if world > 1:
+        from .gather import barrier
+        await barrier(comm)  # ranks built their models at different speeds: start together
     with _live_metrics(cfg, pipe, rank) as instruments:
         try:
             for step in range(cfg.steps):
@@ -159,7 +162,11 @@ async def train(cfg: TrainConfig, *, comm: Any = None,
             pipe.close()
             if transport is not None:
                 await transport.close()
-    result.overruns = sum(d.num_overruns for d in devices)
+    overruns = sum(d.num_overruns for d in devices)
+    if world > 1:
+        from .gather import reduce_sum
+        overruns = await reduce_sum(comm, overruns) or 0
+    result.overruns = overruns
     return result
 
 
