@@ -12,7 +12,7 @@ from aioready.cli import main as cli_main
 from aioready.clock import run_virtual
 from aioready.devices.sim import SimDevice
 from aioready.errors import TraceError
-from aioready.export import (KIND_CNAME, read_chrome_trace, read_csv,
+from aioready.export import (KIND_CNAME, chrome_trace, read_chrome_trace, read_csv,
                              write_chrome_trace, write_csv, write_parquet)
 from aioready.pipeline import Pipeline
 from aioready.tasks import Kind
@@ -73,6 +73,14 @@ def test_chrome_trace_reads_back(tmp_path: Path) -> None:
             assert (x.rank, x.stage, x.chunk, x.microbatch, x.kind) == \
                 (y.rank, y.stage, y.chunk, y.microbatch, y.kind)
             assert y.end - y.start == pytest.approx(x.end - x.start, abs=1e-6)
+
+
+def test_chrome_trace_of_a_clock_counting_ms() -> None:
+    # the simulator's virtual clock counts ms (the trace unit): one unit = 1000 us, not 1e6
+    (rep,) = reports(steps=1)
+    events = [e for e in chrome_trace([rep], clock_unit_s=1e-3)["traceEvents"] if e["ph"] == "X"]
+    durs = sorted(round((s.end - s.start) * 1e3, 3) for s in rep.spans)
+    assert sorted(e["dur"] for e in events) == durs
 
 
 @pytest.mark.parametrize("split", [False, True])
