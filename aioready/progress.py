@@ -186,6 +186,8 @@ class ProgressEngine:
         self._cpu_mark: float | None = None  # thread CPU time at the first hot pass after it
         self._hot_until = 0.0
         self._timer: _TimerFd | None = None
+        # a virtual clock only moves while the loop sleeps: never spin there, park exactly
+        self.virtual = type(loop).__name__ == "VirtualClockLoop"
         self._timer_kind = self._choose_timer()
         self.num_completed = self.num_hot_passes = self.num_parks = self.num_idle_waits = 0
 
@@ -202,8 +204,7 @@ class ProgressEngine:
         kind = self.config.timer
         if kind == "call_later":
             return kind
-        usable = sys.platform.startswith("linux") and type(self.loop).__name__ != \
-            "VirtualClockLoop"
+        usable = sys.platform.startswith("linux") and not self.virtual
         if usable:
             try:
                 self._timer = _TimerFd()
@@ -281,7 +282,7 @@ class ProgressEngine:
                 continue
             now = loop.time()
             quiet = now - self._last_progress
-            if (quiet < cfg.spin_s or now < self._hot_until
+            if not self.virtual and (quiet < cfg.spin_s or now < self._hot_until
                     or (quiet < cfg.hot_max_s and self._wants_hot()) or self._spun() < cfg.spin_s):
                 self.num_hot_passes += 1
                 if yield_every and self.num_hot_passes % yield_every == 0:
@@ -318,8 +319,9 @@ class ProgressEngine:
                     self._timer.arm(delay)
                     loop.add_reader(self._timer.fd, self._on_timer, wake)
                 else:
-                    handle = loop.call_later(max(delay, self.config.min_sleep_s),
-                                             _resolve, wake)
+                    if not self.virtual:
+                        delay = max(delay, self.config.min_sleep_s)
+                    handle = loop.call_later(delay, _resolve, wake)
             await wake
         finally:
             self._wake = None
