@@ -41,15 +41,19 @@ def launch(n: int, script: str, *args: str, timeout: float = 100) -> subprocess.
 
 
 def cases(num_ranks: int) -> list[str]:
-    """hint:mode:split:varlen for every registered hint that fits `num_ranks` ranks."""
+    """hint:mode:split:varlen for every registered hint that fits `num_ranks` ranks.
+
+    4 ranks: every mode x split; 2 ranks (which also runs the extra cases): ready with split
+    backward and strict without, all with variable sequence lengths.
+    """
     out = []
     for name in sorted(HINTS):
         spec = HINTS[name]
-        if spec.style == "v" or (spec.style != "linear" and num_ranks < 2):
-            continue
         splits = [0, 1] if spec.needs_split is None else [int(spec.needs_split)]
         for mode in ("ready", "strict"):
             for split in splits:
+                if num_ranks == 2 and len(splits) == 2 and split != (mode == "ready"):
+                    continue
                 varlen = int(num_ranks == 2 or (mode == "ready") == bool(split))
                 out.append(f"{name}:{mode}:{split}:{varlen}")
     return out
