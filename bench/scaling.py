@@ -7,7 +7,10 @@ and several seeds, each configuration runs on the virtual clock (aioready.simula
   ready 1f1b          readiness-first with the 1F1B hint and its own cap (the 1F1B peak)
   ready 1f1b cap 2x   the same with twice the 1F1B peak in flight (memory for speed)
   strict bfw          the BFW rule's derived sequence, split backward (F=B=W=1)
-  ready bfw           readiness-first with the BFW rule, its default cap (its sequence's peak)
+  ready bfw           readiness-first with the BFW rule, its default cap (its sequence's peak
+                      on each rank: twice the 1F1B peak of that rank)
+  ready bfw cap 2S    the same with 2S on every rank (twice the largest 1F1B peak, rank 0's)
+  ready bfw cap 3S    the same with 3S on every rank
   ready bfw cap M     the same with every microbatch allowed in flight (GPipe's memory)
 
 Reported: the median over seeds of each configuration's efficiency (lower bound / step time) and
@@ -46,6 +49,9 @@ def configs(M: int) -> dict[str, dict[str, Any]]:
     if BFW:
         out["strict bfw"] = dict(hint="bfw", mode="strict", split_backward=True)
         out["ready bfw"] = dict(hint="bfw", mode="ready", split_backward=True)
+        S = M // 4
+        out["ready bfw cap 2S"] = dict(hint="bfw", mode="ready", split_backward=True, cap=2 * S)
+        out["ready bfw cap 3S"] = dict(hint="bfw", mode="ready", split_backward=True, cap=3 * S)
         out["ready bfw cap M"] = dict(hint="bfw", mode="ready", split_backward=True, cap=M)
     return out
 
@@ -55,6 +61,8 @@ SPEEDUPS = [  # (label, configuration, baseline)
     ("ready 1f1b cap 2x / strict 1f1b", "ready 1f1b cap 2x", "strict 1f1b"),
     ("ready/strict bfw", "ready bfw", "strict bfw"),
     ("ready bfw / strict 1f1b", "ready bfw", "strict 1f1b"),
+    ("ready bfw cap 2S / strict 1f1b", "ready bfw cap 2S", "strict 1f1b"),
+    ("ready bfw cap 3S / strict 1f1b", "ready bfw cap 3S", "strict 1f1b"),
     ("ready bfw cap M / strict 1f1b", "ready bfw cap M", "strict 1f1b"),
 ]
 
