@@ -83,9 +83,11 @@ def one_seed(S: int, jitter: str, seed: int, only: tuple[str, ...] = ()) -> dict
         if only and name not in only:
             continue
         kw = {**kw, "hint": hint(kw["hint"], S, M, kw.get("split_backward", False))}
+        cpu = time.process_time()
         r = simulate(stages=S, microbatches=M, jitter=jitter, seed=seed, **kw)
         row[name] = {"step_time": r.step_time, "efficiency": r.efficiency,
-                     "cap0": r.cap[0], "peak0": r.peak_in_flight[0]}
+                     "cap0": r.cap[0], "peak0": r.peak_in_flight[0],
+                     "cpu_s": time.process_time() - cpu, "num_tasks": r.num_tasks}
     return row
 
 
@@ -93,7 +95,10 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
     names = list(rows[0])
     out: dict[str, Any] = {"seeds": len(rows), "efficiency": {n: statistics.median(r[n]["efficiency"] for r in rows)
                                           for n in names},
-                           "cap0": {n: rows[0][n]["cap0"] for n in names}, "speedup": {}}
+                           "cap0": {n: rows[0][n]["cap0"] for n in names}, "speedup": {},
+                           "cpu_s": {n: statistics.median(r[n]["cpu_s"] for r in rows)
+                                     for n in names},
+                           "num_tasks": {n: rows[0][n]["num_tasks"] for n in names}}
     for label, a, b in SPEEDUPS:
         if a in rows[0] and b in rows[0]:
             out["speedup"][label] = statistics.median(
@@ -133,6 +138,18 @@ def table(results: dict[str, dict[str, Any]]) -> str:
     lines += ["", f"Cap on rank 0 (the largest), at S={full[0].rsplit('@', 1)[1]}: " + ", ".join(
         f"{n}: {c}" for n, c in results[full[0]]["cap0"].items()) + ".",
         "", "`-`: not run at that size (to fit the time on a shared 2-core machine)."]
+    costly = [k for k in keys if "cpu_s" in results[k]]
+    if costly:
+        top = max(int(k.rsplit("@", 1)[1]) for k in costly)
+        lines += ["", f"## Simulator cost at S={top}, M={4 * top}: median CPU seconds of one "
+                  "simulated step (the hint built beforehand; wall time on this shared machine was "
+                  "several times longer)", "", "| jitter | configuration | tasks | CPU s |",
+                  "|---|---|---|---|"]
+        for k in costly:
+            if int(k.rsplit("@", 1)[1]) == top:
+                for n, v in results[k]["cpu_s"].items():
+                    lines.append(f"| {k.rsplit('@', 1)[0]} | {n} | "
+                                 f"{results[k]['num_tasks'][n]} | {v:.1f} |")
     commands = sorted({results[k].get("command", "?") for k in keys})
     lines += ["", "Rows made by: " + "; ".join(f"`{c}`" for c in commands) + "."]
     if not BFW:
@@ -218,6 +235,8 @@ def main(argv: list[str] | None = None) -> str:
                 mine = [r for r, p in zip(rows, pairs) if p[0] == jitter]
                 results[f"{jitter}@{S}"] = {**summarise(mine), "command": cmd}
             print(f"S={S}: {time.perf_counter() - began:.1f} s", flush=True)
+            if args.append and store.exists():  # another run may have written meanwhile
+                results = {**json.loads(store.read_text()), **results}
             body = table(results)
             store.write_text(json.dumps(results, indent=1) + "\n")
             write_result("scaling", body + "\n\n![scaling](scaling.png)\n", cmd)
