@@ -133,3 +133,12 @@ def test_schedulers_do_not_import_torch() -> None:
             "('zb-h1','zb-h2','zbv','bfw','interleaved-zb')) for n in s.hint_names()]; "
             "assert 'torch' not in sys.modules, 'torch was imported'")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[1])
+
+
+def test_make_hint_torch_prefix() -> None:
+    hint = make_hint("torch:ZBVZeroBubble", num_stages=8, num_microbatches=8,
+                     split_backward=True)
+    assert hint.orders == make_hint("zbv", num_stages=8, num_microbatches=8,
+                                    split_backward=True).orders
+    with pytest.raises(HintError, match="needs split_backward=True"):
+        make_hint("torch:InterleavedZeroBubble", num_stages=8, num_microbatches=8)

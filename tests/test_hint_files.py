@@ -90,3 +90,20 @@ def test_file_for_another_shape(tmp_path: Path) -> None:
 def test_headerless_file_infers_shape() -> None:
     hint = HintOrder.loads("F0c0 F0c1 B0c1 B0c0\nF0c0 F0c1 B0c1 B0c0\n")
     assert hint.placement.style == "interleaved" and hint.placement.num_stages == 4
+
+
+def test_cli_prints_hint_caps_and_memory(capsys: pytest.CaptureFixture[str]) -> None:
+    from aioready.cli import main
+    assert main(["hints", "--stages", "4", "--microbatches", "8", "--hint", "bfw",
+                 "--split-backward"]) == 0
+    out = capsys.readouterr().out
+    assert "kind=rule caps=8,6,4,2" in out
+    assert "# strict-mode sequence (derived):" in out
+    assert "# rank 3: default cap 2 microbatches in flight -> at most 2 chunk activations" in out
+    assert main(["hints", "--stages", "8", "--microbatches", "8", "--hint", "zbv",
+                 "--split-backward"]) == 0
+    out = capsys.readouterr().out
+    assert "F0c0 F1c0" in out and "placement=v" in out
+    assert "holds 8 microbatches / 8 chunk activations" in out
+    assert main(["hints", "--stages", "4", "--microbatches", "8", "--hint", "nope"]) == 1
+    assert "unknown hint" in capsys.readouterr().err
