@@ -20,7 +20,7 @@ import re
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from ..errors import HintError
+from ..errors import ConfigError, HintError
 from ..hints import HintOrder
 from ..placement import STYLES, Placement
 from ..tasks import Kind, Task
@@ -74,7 +74,7 @@ def _placement(rows: list[list[Raw]]) -> Placement:
     for style in STYLES:
         try:
             place = Placement(S, R, style)
-        except Exception:
+        except ConfigError:
             continue
         if all(place.rank_of(s) == r for s, r in owner.items()):
             return place
