@@ -70,7 +70,7 @@ class ProgressConfig:
     park_s: float = 250e-6  # AIOREADY_PARK_US: timerfd period once the spin window is over
     park_window_s: float = 50e-3  # AIOREADY_PARK_WINDOW_MS: how long to park at park_s
     backoff_max_s: float = 8e-3  # AIOREADY_BACKOFF_MAX_MS: longest park in a long bubble
-    hot_max_s: float = 20e-3  # AIOREADY_HOT_MAX_MS: cap on spinning for wants_hot() alone
+    hot_max_s: float = 0.25  # AIOREADY_HOT_MAX_MS: cap on spinning for wants_hot() alone
     min_sleep_s: float = 1e-3  # AIOREADY_MIN_SLEEP_MS: shortest park without a timerfd
     yield_every: int = 16  # AIOREADY_YIELD_EVERY: hot passes between sched_yield() (0: never)
     timer: str = "auto"  # AIOREADY_TIMER: auto | timerfd | call_later

@@ -46,12 +46,13 @@ from .base import (_DESC, _FIXED, DTYPE_CODES, MAX_TENSORS, Deliver, Message, Te
                    decode_header, encode_header)
 from .mpi_cuda import StagedSend, query_cuda_aware, receive_buffer
 
-__all__ = ["MPITransport", "INLINE_BYTES", "HOT_BYTES"]
+__all__ = ["MPITransport", "INLINE_BYTES", "HOT_BYTES", "BIG_BURST"]
 
 log = logging.getLogger(__name__)
 
 INLINE_BYTES = int(os.environ.get("AIOREADY_MPI_INLINE_BYTES", 16384))
 HOT_BYTES = int(os.environ.get("AIOREADY_MPI_HOT_BYTES", 65536))
+BIG_BURST = int(os.environ.get("AIOREADY_MPI_BIG_BURST", 32))
 _SEQ_MOD = 32768 // MAX_TENSORS  # payload tags stay under the guaranteed MPI tag bound (32767)
 _ALIGN = 16
 _PROBES_PER_POLL = 64
@@ -299,7 +300,12 @@ class MPITransport:
             n += self._start_staged()
         if not self._reqs:
             return n
-        idx = self._MPI.Request.Testsome(self._reqs)
+        testsome = self._MPI.Request.Testsome
+        idx = testsome(self._reqs)
+        burst = BIG_BURST if self._num_big else 0
+        while not idx and burst:  # a large transfer moves one pipeline chunk per MPI call:
+            idx = testsome(self._reqs)  # give it a few calls per loop pass (bench: 64 MiB)
+            burst -= 1
         if not idx:
             return n
         finished = set(idx)
