@@ -20,6 +20,7 @@ silent divergence.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Protocol
@@ -75,15 +76,22 @@ class Coordinator:
 
     `transport` connects the members of one TP group (an InprocWorld in tests, MPITransport over
     the TP communicator under MPI). Pass the same Coordinator to the rank's RankRuntime.
+    With `record=True` each decision's send (leader) or arrival (member) time is kept in
+    `times` as (step, seq, time.monotonic()), and a member keeps in `waits` how long each task
+    waited for its decision after it was ready locally (bench/tp.py reads both).
     """
 
-    def __init__(self, transport: Transport) -> None:
+    def __init__(self, transport: Transport, *, record: bool = False) -> None:
         self.transport = transport
+        self.record = record
+        self.times: list[tuple[int, int, float]] = []
+        self.waits: list[float] = []
         self.is_leader = transport.rank == 0
         self._opened = False
         self._step = -1
         self._follower: _FollowerReadySet | None = None
         self._queues: dict[int, deque[Task]] = {}
+        self._arrivals: dict[tuple[int, Task], float] = {}
         self._next_seq: dict[int, int] = {}
         self._fail: Fail | None = None
         self._early_error: BaseException | None = None
@@ -103,7 +111,8 @@ class Coordinator:
         if self.is_leader:
             return _LeaderReadySet(ready, self, step)  # type: ignore[return-value]
         self._follower = _FollowerReadySet(ready, self._queue(step), wakeup, step,
-                                           self.transport.rank)
+                                           self.transport.rank,
+                                           self._arrivals if self.record else None, self.waits)
         if self._early_error is not None:
             fail(self._early_error)
         return self._follower  # type: ignore[return-value]
@@ -112,6 +121,9 @@ class Coordinator:
         return self._queues.setdefault(step, deque())
 
     def announce(self, step: int, seq: int, task: Task) -> None:
+        """Send the `seq`-th decision of `step` to every member, without waiting."""
+        if self.record:
+            self.times.append((step, seq, time.monotonic()))
         msg = encode_decision(step, seq, task)
         for dest in range(1, self.transport.world_size):
             self.transport.send_nowait(dest, msg)
@@ -136,14 +148,22 @@ class Coordinator:
                                         got=f"decision {seq}")
             self._next_seq[msg.step] = want + 1
             self.num_decisions_received += 1
+            if self.record:
+                now = time.monotonic()
+                self.times.append((msg.step, seq, now))
+                self._arrivals[(msg.step, task)] = now
             self._queue(msg.step).append(task)
             if self._follower is not None and msg.step == self._step:
                 self._follower.wakeup.notify()
         except AioreadyError as exc:
-            if self._fail is not None:
-                self._fail(exc)
-            else:
-                self._early_error = exc
+            self.fail(exc)
+
+    def fail(self, exc: BaseException) -> None:
+        """Stop the running step with `exc` (the transport calls this on receive errors)."""
+        if self._fail is not None:
+            self._fail(exc)
+        else:
+            self._early_error = exc
 
     async def wait_sent(self) -> None:
         """Wait until every decision announced so far has left this rank."""
@@ -217,10 +237,15 @@ class _FollowerReadySet:
     """
 
     __slots__ = ("_ready", "_decided", "wakeup", "_step", "_rank", "_cap", "_pieces",
-                 "_last_kind", "_left", "_in_flight", "_peak", "_done")
+                 "_last_kind", "_left", "_in_flight", "_peak", "_done", "_pushed", "_arrivals",
+                 "_waits")
 
     def __init__(self, like: ReadySet, decided: deque[Task], wakeup: Wakeup, step: int,
-                 rank: int) -> None:
+                 rank: int, arrivals: dict[tuple[int, Task], float] | None,
+                 waits: list[float]) -> None:
+        self._arrivals = arrivals
+        self._waits = waits
+        self._pushed: dict[Task, float] = {}
         self._ready: set[Task] = set()
         self._decided = decided
         self.wakeup = wakeup
@@ -236,6 +261,8 @@ class _FollowerReadySet:
 
     def push(self, task: Task) -> None:
         self._ready.add(task)
+        if self._arrivals is not None:
+            self._pushed[task] = time.monotonic()
 
     def pop_nowait(self) -> Task | None:
         if not self._decided:
@@ -250,6 +277,9 @@ class _FollowerReadySet:
         self._decided.popleft()
         self._ready.remove(task)
         self._done.add(task)
+        if self._arrivals is not None:
+            arrived = self._arrivals.pop((self._step, task), 0.0)
+            self._waits.append(max(0.0, arrived - self._pushed.pop(task)))
         if task.kind is Kind.F and task.chunk == 0:
             self._left[task.microbatch] = self._pieces
             self._in_flight += 1
