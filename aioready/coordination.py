@@ -77,13 +77,16 @@ class Coordinator:
     `transport` connects the members of one TP group (an InprocWorld in tests, MPITransport over
     the TP communicator under MPI). Pass the same Coordinator to the rank's RankRuntime.
     With `record=True` each decision's send (leader) or arrival (member) time is kept in
-    `times` as (step, seq, time.monotonic()), and a member keeps in `waits` how long each task
-    waited for its decision after it was ready locally (bench/tp.py reads both).
+    `times` as (step, seq, time.monotonic()), and a member keeps in `waits`, per task, how long
+    it sat idle with that task ready locally, waiting only for the decision: arrival minus the
+    later of "ready here" and "previous task ended" (bench/tp.py reads both).
     """
 
-    def __init__(self, transport: Transport, *, record: bool = False) -> None:
+    def __init__(self, transport: Transport, *, record: bool = False,
+                 hot_wait_s: float = 0.0) -> None:
         self.transport = transport
         self.record = record
+        self.hot_wait_s = hot_wait_s
         self.times: list[tuple[int, int, float]] = []
         self.waits: list[float] = []
         self.is_leader = transport.rank == 0
@@ -112,13 +115,19 @@ class Coordinator:
             return _LeaderReadySet(ready, self, step)  # type: ignore[return-value]
         self._follower = _FollowerReadySet(ready, self._queue(step), wakeup, step,
                                            self.transport.rank,
-                                           self._arrivals if self.record else None, self.waits)
+                                           self._arrivals if self.record else None, self.waits,
+                                           self._expect if self.hot_wait_s > 0 else None)
         if self._early_error is not None:
             fail(self._early_error)
         return self._follower  # type: ignore[return-value]
 
     def _queue(self, step: int) -> deque[Task]:
         return self._queues.setdefault(step, deque())
+
+    def _expect(self) -> None:
+        """A member waits for a decision: keep the completion engine polling hot a while."""
+        from .progress import ProgressEngine
+        ProgressEngine.for_loop().stay_hot(self.hot_wait_s)
 
     def announce(self, step: int, seq: int, task: Task) -> None:
         """Send the `seq`-th decision of `step` to every member, without waiting."""
@@ -238,11 +247,13 @@ class _FollowerReadySet:
 
     __slots__ = ("_ready", "_decided", "wakeup", "_step", "_rank", "_cap", "_pieces",
                  "_last_kind", "_left", "_in_flight", "_peak", "_done", "_pushed", "_arrivals",
-                 "_waits")
+                 "_waits", "_expect", "_idle_since")
 
     def __init__(self, like: ReadySet, decided: deque[Task], wakeup: Wakeup, step: int,
                  rank: int, arrivals: dict[tuple[int, Task], float] | None,
-                 waits: list[float]) -> None:
+                 waits: list[float], expect: Callable[[], None] | None) -> None:
+        self._expect = expect
+        self._idle_since = time.monotonic()
         self._arrivals = arrivals
         self._waits = waits
         self._pushed: dict[Task, float] = {}
@@ -266,6 +277,8 @@ class _FollowerReadySet:
 
     def pop_nowait(self) -> Task | None:
         if not self._decided:
+            if self._expect is not None:
+                self._expect()
             return None
         task = self._decided[0]
         if task in self._done:
@@ -279,7 +292,8 @@ class _FollowerReadySet:
         self._done.add(task)
         if self._arrivals is not None:
             arrived = self._arrivals.pop((self._step, task), 0.0)
-            self._waits.append(max(0.0, arrived - self._pushed.pop(task)))
+            since = max(self._pushed.pop(task), self._idle_since)
+            self._waits.append(max(0.0, arrived - since))
         if task.kind is Kind.F and task.chunk == 0:
             self._left[task.microbatch] = self._pieces
             self._in_flight += 1
@@ -287,6 +301,8 @@ class _FollowerReadySet:
         return task
 
     def done(self, task: Task) -> None:
+        if self._arrivals is not None:
+            self._idle_since = time.monotonic()
         if task.kind is not self._last_kind or task.microbatch not in self._left:
             return
         left = self._left[task.microbatch] - 1

@@ -7,8 +7,9 @@
 Every rank builds the same full MLP (aioready.testing.make_mlp_stages, float64), keeps its TP
 shard of its pipeline stage, and trains `--steps` steps; each rank then compares its gradient
 shard and the loss with the unsplit model (run locally on the same data). World rank 0 prints one
-line `RESULT {json}`. Random per-task delays (`--jitter-ms`, seeded by world rank, so each TP
-member sees readiness at different moments) exercise the coordination. Any error aborts the
+line `RESULT {json}`. Random per-task delays after each task's compute (`--jitter-ms`: uniform
+in [0, J] plus tp_rank * J/2, seeded by world rank, so each TP member sees readiness at
+different moments) exercise the coordination. Any error aborts the
 whole job (aioready.launch.abort_on_error): a mismatch is an error message, not a hang.
 """
 
@@ -60,6 +61,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                    help="skip the comparison with the unsplit model (benchmarks)")
     p.add_argument("--timeout", type=float, default=20.0, help="seconds per collective")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--print-orders", action="store_true", help="print each rank's task order")
+    p.add_argument("--hot-wait-ms", type=float, default=2.0,
+                   help="members poll hot this long when waiting for a decision (0: off)")
     return p.parse_args(argv)
 
 
@@ -84,12 +88,14 @@ async def run_mode(comms: GridComms, args: argparse.Namespace, mode: str) -> dic
                                       blocks_per_stage=args.blocks, seed=args.seed)
     module = shards[c.pp_rank]
     coordinated = mode == "ready" and args.coordinate and comms.grid.tp_size > 1
-    coord = Coordinator(MPITransport(comms.tp), record=True) if coordinated else None
+    coord = Coordinator(MPITransport(comms.tp), record=True,
+                        hot_wait_s=args.hot_wait_ms / 1e3) if coordinated else None
     transport = MPITransport(comms.pp)
     rng = random.Random(f"{args.seed}/{comms.world.Get_rank()}/{mode}")
     jitter = args.jitter_ms / 1e3
+    skew = c.tp_rank * jitter / 2  # members differ in distribution too, not only in draws
     device = TPDevice(DelayedDevice(CPUDevice(f"rank{comms.world.Get_rank()}"),
-                                    lambda info: rng.uniform(0.0, jitter)), tpcomm)
+                                    lambda info: skew + rng.uniform(0.0, jitter)), tpcomm)
     pipe = Pipeline([module], mse_loss, microbatches=args.microbatches, hint=args.hint,
                     mode=mode, transport=transport, split_backward=args.split, cap=args.cap,
                     device=device, coordinator=coord)
@@ -104,6 +110,8 @@ async def run_mode(comms: GridComms, args: argparse.Namespace, mode: str) -> dic
         loss = await pipe.step(xs if c.pp_rank == 0 else None, ys if last else None)
         out["step_s"].append(time.perf_counter() - t0)
         mine = task_codes(pipe.last_step.order(c.pp_rank))  # type: ignore[union-attr]
+        if args.print_orders:
+            print(comms.world.Get_rank(), step, pipe.last_step.order(c.pp_rank), flush=True)
         everyone = np.empty((comms.grid.tp_size, len(mine)), dtype=np.int64)
         comms.tp.Allgather(mine, everyone)
         out["orders_equal"] &= bool((everyone == everyone[0]).all())
@@ -177,6 +185,7 @@ def gather(comms: GridComms, out: dict[str, Any]) -> list[dict[str, Any]] | None
 
 
 async def main(args: argparse.Namespace) -> None:
+    torch.set_num_threads(1)  # one core per rank: MPI ranks already share the machine
     world = MPI.COMM_WORLD
     grid = ProcessGrid.for_world(world.Get_size(), tp=args.tp)
     comms = grid.split(world)
