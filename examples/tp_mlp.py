@@ -47,6 +47,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--microbatches", type=int, default=8)
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--repeats", type=int, default=1, help="alternate the modes this many times")
+    p.add_argument("--warmup", type=int, default=0,
+                   help="leading steps of each run left out of timings and decision stats")
     p.add_argument("--cap", type=int, default=None)
     p.add_argument("--split", action="store_true", help="split backward (B and W)")
     p.add_argument("--width", type=int, default=16)
@@ -108,7 +110,11 @@ async def run_mode(comms: GridComms, args: argparse.Namespace, mode: str) -> dic
         comms.world.Barrier()
         t0 = time.perf_counter()
         loss = await pipe.step(xs if c.pp_rank == 0 else None, ys if last else None)
-        out["step_s"].append(time.perf_counter() - t0)
+        if step >= args.warmup:
+            out["step_s"].append(time.perf_counter() - t0)
+        elif coord is not None:  # warm-up: the decision stream's first step is not measured
+            coord.times.clear()
+            coord.waits.clear()
         mine = task_codes(pipe.last_step.order(c.pp_rank))  # type: ignore[union-attr]
         if args.print_orders:
             print(comms.world.Get_rank(), step, pipe.last_step.order(c.pp_rank), flush=True)
