@@ -9,8 +9,9 @@ its chooser offers the leader's next decided task, and only once that task is re
 (its inputs may still be in flight: they come, because the upstream group ran the producing task
 collectively; SCHEDULES.md 4.3, last paragraph).
 
-In `strict` mode every member follows the hint, so the runtime never calls the coordinator and
-no decision is sent.
+In `strict` mode every member follows the hint by itself, so `wrap` hands back the ReadySet
+unchanged and no decision is sent (unless `follow_in_strict=True`, a benchmark control that
+measures the pure cost of coordination on the strict order).
 
 Note [decision wire format]: a decision is a Message of kind DECISION with `stage` = the chunk,
 `microbatch`, and `tag` = seq * 4 + kind. The sequence number restarts at 0 each step; the
@@ -38,9 +39,10 @@ Fail = Callable[[BaseException], None]
 
 
 class StepCoordinator(Protocol):
-    """What RankRuntime needs from a coordinator (used in `ready` mode only)."""
+    """What RankRuntime needs from a coordinator: a chooser per step, and a flush at its end."""
 
-    def wrap(self, ready: ReadySet, *, step: int, wakeup: Wakeup, fail: Fail) -> ReadySet: ...
+    def wrap(self, ready: ReadySet, *, step: int, mode: str, wakeup: Wakeup,
+             fail: Fail) -> ReadySet: ...
 
     async def wait_sent(self) -> None: ...
 
@@ -83,8 +85,9 @@ class Coordinator:
     """
 
     def __init__(self, transport: Transport, *, record: bool = False,
-                 hot_wait_s: float = 0.0) -> None:
+                 hot_wait_s: float = 0.0, follow_in_strict: bool = False) -> None:
         self.transport = transport
+        self.follow_in_strict = follow_in_strict
         self.record = record
         self.hot_wait_s = hot_wait_s
         self.times: list[tuple[int, int, float]] = []
@@ -101,8 +104,14 @@ class Coordinator:
         self.num_decisions_sent = 0
         self.num_decisions_received = 0
 
-    def wrap(self, ready: ReadySet, *, step: int, wakeup: Wakeup, fail: Fail) -> ReadySet:
-        """The chooser for `step`: the leader's ReadySet that announces, or a follower's."""
+    def wrap(self, ready: ReadySet, *, step: int, mode: str, wakeup: Wakeup,
+             fail: Fail) -> ReadySet:
+        """The chooser for `step`: the leader's ReadySet that announces, or a follower's.
+
+        In strict mode, `ready` itself: every member follows the hint, nothing is sent.
+        """
+        if mode == "strict" and not self.follow_in_strict:
+            return ready
         if not self._opened:  # inside the running loop: transports may start pollers here
             self.transport.open(self._deliver)
             self._opened = True

@@ -86,7 +86,7 @@ class RankRuntime:
         self.executors = executors
         self.device = device
         self.transport = transport
-        self.coordinator = coordinator  # a TP group's decision stream; used in `ready` mode only
+        self.coordinator = coordinator  # a TP group's decision stream (aioready.coordination)
         self.step_index = -1
         self._active = False
         self._early: dict[int, list[Message]] = {}
@@ -106,9 +106,9 @@ class RankRuntime:
             self.hint.priority(self.rank), cap=self.cap, num_chunks=n_chunks,
             split_backward=self.split_backward,
             strict_order=self.hint.orders[self.rank] if self.mode == "strict" else None)
-        if self.coordinator is not None and self.mode == "ready":
-            self._ready = self.coordinator.wrap(self._ready, step=step, wakeup=self._wakeup,
-                                                fail=self.fail)
+        if self.coordinator is not None:
+            self._ready = self.coordinator.wrap(self._ready, step=step, mode=self.mode,
+                                                wakeup=self._wakeup, fail=self.fail)
         self._missing: dict[Task, int] = {}
         self._ready_at: dict[Task, float] = {}
         self._acts: dict[tuple[int, int], tuple[Any, ...]] = {}
@@ -208,7 +208,7 @@ class RankRuntime:
             await run_arbiter(self._ready, self._execute, self._wakeup, len(self._missing),
                               self._check)
             await self.transport.wait_sent()
-            if self.coordinator is not None and self.mode == "ready":
+            if self.coordinator is not None:
                 await self.coordinator.wait_sent()
         except AioreadyError as exc:
             if exc.step is None:

@@ -42,7 +42,9 @@ from aioready.transports.mpi import MPITransport
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--tp", type=int, default=2, help="tensor-parallel size")
-    p.add_argument("--mode", default="ready", help="ready | strict, or a comma list to alternate")
+    p.add_argument("--mode", default="ready",
+                   help="ready | strict | follow (strict order, but members follow the leader's "
+                   "decisions: the pure cost of coordination), or a comma list to alternate")
     p.add_argument("--hint", default="1f1b")
     p.add_argument("--microbatches", type=int, default=8)
     p.add_argument("--steps", type=int, default=2)
@@ -89,8 +91,8 @@ async def run_mode(comms: GridComms, args: argparse.Namespace, mode: str) -> dic
     full, shards = make_tp_mlp_stages(pp, tpcomm, width=args.width, hidden=args.hidden,
                                       blocks_per_stage=args.blocks, seed=args.seed)
     module = shards[c.pp_rank]
-    coordinated = mode == "ready" and args.coordinate and comms.grid.tp_size > 1
-    coord = Coordinator(MPITransport(comms.tp), record=True,
+    coordinated = mode != "strict" and args.coordinate and comms.grid.tp_size > 1
+    coord = Coordinator(MPITransport(comms.tp), record=True, follow_in_strict=mode == "follow",
                         hot_wait_s=args.hot_wait_ms / 1e3) if coordinated else None
     transport = MPITransport(comms.pp)
     rng = random.Random(f"{args.seed}/{comms.world.Get_rank()}/{mode}")
@@ -99,8 +101,8 @@ async def run_mode(comms: GridComms, args: argparse.Namespace, mode: str) -> dic
     device = TPDevice(DelayedDevice(CPUDevice(f"rank{comms.world.Get_rank()}"),
                                     lambda info: skew + rng.uniform(0.0, jitter)), tpcomm)
     pipe = Pipeline([module], mse_loss, microbatches=args.microbatches, hint=args.hint,
-                    mode=mode, transport=transport, split_backward=args.split, cap=args.cap,
-                    device=device, coordinator=coord)
+                    mode="strict" if mode == "follow" else mode, transport=transport,
+                    split_backward=args.split, cap=args.cap, device=device, coordinator=coord)
     last = c.pp_rank == pp - 1
     out: dict[str, Any] = {"grad_diff": 0.0, "loss_diff": 0.0, "orders_equal": True,
                            "step_s": []}

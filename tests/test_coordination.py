@@ -29,9 +29,9 @@ def jittery(p: int, t: int, seed: int = 0) -> SimDevice:
 
 
 def run_grid(*, pp=2, tp=2, mode="ready", coordinate=True, cap=4, hint="1f1b", M=8, steps=2,
-             split=False):
+             split=False, **options):
     h = make_hint(hint, num_stages=pp, num_microbatches=M, split_backward=split)
-    grid = Grid(h, tp, mode=mode, cap=cap, device=jittery, coordinate=coordinate)
+    grid = Grid(h, tp, mode=mode, cap=cap, device=jittery, coordinate=coordinate, **options)
 
     async def main():
         for step in range(steps):
@@ -71,6 +71,18 @@ def test_strict_mode_sends_no_decisions():
                                                         .hint.orders[p]]
 
 
+def test_following_in_strict_mode_is_a_benchmark_control():
+    """follow_in_strict: members follow the leader's (strict) order through decisions."""
+    grid = run_grid(mode="strict", cap=None, follow_in_strict=True, record=True)
+    assert grid.num_decision_messages == 2 * 2 * 16
+    for p in range(2):
+        assert grid.order(p, 0) == grid.order(p, 1) == [str(t) for t in grid.runtimes[p][0]
+                                                        .hint.orders[p]]
+        member = grid.coordinators[p][1]
+        assert len(member.waits) == len(member.times) == 2 * 16
+        assert all(w >= 0 for w in member.waits)
+
+
 def test_decision_round_trip():
     for task in (Task(Kind.F, 3), Task(Kind.B, 0, 1), Task(Kind.W, 7, 2)):
         msg = encode_decision(5, 11, task)
@@ -93,7 +105,7 @@ def _follower():
 
 async def test_out_of_sequence_decision_is_an_error():
     coord, errors, rs = _follower()
-    chooser = coord.wrap(rs, step=0, wakeup=Wakeup(), fail=errors.append)
+    chooser = coord.wrap(rs, step=0, mode='ready', wakeup=Wakeup(), fail=errors.append)
     coord._deliver(encode_decision(0, 0, Task(Kind.F, 0)))
     coord._deliver(encode_decision(0, 2, Task(Kind.F, 1)))
     assert isinstance(errors[0], CoordinationError)
@@ -106,7 +118,7 @@ async def test_out_of_sequence_decision_is_an_error():
 
 async def test_stale_step_and_repeated_task_are_errors():
     coord, errors, rs = _follower()
-    chooser = coord.wrap(rs, step=3, wakeup=Wakeup(), fail=errors.append)
+    chooser = coord.wrap(rs, step=3, mode='ready', wakeup=Wakeup(), fail=errors.append)
     coord._deliver(encode_decision(1, 0, Task(Kind.F, 0)))
     assert "not running" in str(errors[-1]) and "got step 1" in str(errors[-1])
     coord._deliver(encode_decision(3, 0, Task(Kind.F, 0)))
@@ -119,9 +131,9 @@ async def test_stale_step_and_repeated_task_are_errors():
 
 async def test_decisions_for_the_next_step_wait_for_it():
     coord, errors, rs = _follower()
-    coord.wrap(rs, step=0, wakeup=Wakeup(), fail=errors.append)
+    coord.wrap(rs, step=0, mode='ready', wakeup=Wakeup(), fail=errors.append)
     coord._deliver(encode_decision(1, 0, Task(Kind.F, 2)))
     assert not errors
-    nxt = coord.wrap(rs, step=1, wakeup=Wakeup(), fail=errors.append)
+    nxt = coord.wrap(rs, step=1, mode='ready', wakeup=Wakeup(), fail=errors.append)
     nxt.push(Task(Kind.F, 2))
     assert nxt.next_in_order == Task(Kind.F, 2) and nxt.pop_nowait() == Task(Kind.F, 2)

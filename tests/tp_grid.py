@@ -24,12 +24,13 @@ class Grid:
     def __init__(self, hint: HintOrder, tp: int, *, mode: str, cap: int | None,
                  device: Callable[[int, int], Device],
                  executors: Callable[[int, int], Sequence[Any] | None] = lambda p, t: None,
-                 coordinate: bool = True) -> None:
+                 coordinate: bool = True, **coordinator_options: Any) -> None:
         pp = hint.placement.num_ranks
         self.pp, self.tp = pp, tp
         self.pp_worlds = [InprocWorld(pp) for _ in range(tp)]
         self.tp_worlds = [InprocWorld(tp) for _ in range(pp)]
-        self.coordinators = [[Coordinator(self.tp_worlds[p].endpoint(t)) if coordinate else None
+        self.coordinators = [[Coordinator(self.tp_worlds[p].endpoint(t), **coordinator_options)
+                              if coordinate else None
                               for t in range(tp)] for p in range(pp)]
         self.runtimes = [[RankRuntime(rank=p, hint=hint, mode=mode, cap=cap,
                                       executors=executors(p, t), device=device(p, t),
