@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> str:
         print(row, flush=True)
     small = next(iter(SCENARIOS.values()))
     on = launch(small, steps=steps, repeats=repeats)
-    off = launch([*small, "--no-verify"], steps=steps, repeats=repeats)
+    off = launch([*small, "--verify", "off"], steps=steps, repeats=repeats)
     t_on, t_off = median(_steps(on["runs"]["strict"])), median(_steps(off["runs"]["strict"]))
     lines += ["", "## Tag check before each collective (strict mode, small scenario)", "",
               "| verify | strict step ms |", "|---|---|",

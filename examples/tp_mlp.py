@@ -9,7 +9,8 @@ shard of its pipeline stage, and trains `--steps` steps; each rank then compares
 shard and the loss with the unsplit model (run locally on the same data). World rank 0 prints one
 line `RESULT {json}`. Random per-task delays after each task's compute (`--jitter-ms`: uniform
 in [0, J] plus tp_rank * J/2, seeded by world rank, so each TP member sees readiness at
-different moments) exercise the coordination. Any error aborts the
+different moments; `--straggler-ms`: one member holds its gradients longer) exercise the
+coordination. Any error aborts the
 whole job (aioready.launch.abort_on_error): a mismatch is an error message, not a hang.
 """
 
@@ -33,6 +34,7 @@ from aioready.devices.delayed import DelayedDevice
 from aioready.grid import GridComms, ProcessGrid
 from aioready.launch import abort_on_error
 from aioready.pipeline import Pipeline
+from aioready.tasks import Kind
 from aioready.testing import mse_loss, reference_step
 from aioready.tp import make_tp_mlp_stages, max_tp_grad_diff
 from aioready.tp_comm import MPITPComm, TPDevice
@@ -58,9 +60,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--blocks", type=int, default=2, help="blocks per stage")
     p.add_argument("--batch", type=int, default=2, help="rows per microbatch")
     p.add_argument("--jitter-ms", type=float, default=0.0, help="max random delay per task")
+    p.add_argument("--straggler-ms", type=float, default=0.0,
+                   help="the last stage's last TP rank holds every gradient this much longer")
     p.add_argument("--no-coordinate", dest="coordinate", action="store_false")
-    p.add_argument("--no-verify", dest="verify", action="store_false",
-                   help="skip the tag exchange before each collective")
+    p.add_argument("--verify", default="exchange", choices=("exchange", "inline", "off"),
+                   help="how collectives check that all TP members are in the same task")
     p.add_argument("--no-check", dest="check", action="store_false",
                    help="skip the comparison with the unsplit model (benchmarks)")
     p.add_argument("--timeout", type=float, default=20.0, help="seconds per collective")
@@ -98,8 +102,12 @@ async def run_mode(comms: GridComms, args: argparse.Namespace, mode: str) -> dic
     rng = random.Random(f"{args.seed}/{comms.world.Get_rank()}/{mode}")
     jitter = args.jitter_ms / 1e3
     skew = c.tp_rank * jitter / 2  # members differ in distribution too, not only in draws
-    device = TPDevice(DelayedDevice(CPUDevice(f"rank{comms.world.Get_rank()}"),
-                                    lambda info: skew + rng.uniform(0.0, jitter)), tpcomm)
+    slow = (c.pp_rank == pp - 1 and c.tp_rank == comms.grid.tp_size - 1) * args.straggler_ms / 1e3
+
+    def delay(info: Any) -> float:
+        return skew + rng.uniform(0.0, jitter) + (slow if info.kind is Kind.B else 0.0)
+
+    device = TPDevice(DelayedDevice(CPUDevice(f"rank{comms.world.Get_rank()}"), delay), tpcomm)
     pipe = Pipeline([module], mse_loss, microbatches=args.microbatches, hint=args.hint,
                     mode="strict" if mode == "follow" else mode, transport=transport,
                     split_backward=args.split, cap=args.cap, device=device, coordinator=coord)

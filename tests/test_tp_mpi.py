@@ -54,15 +54,16 @@ def check_exact(res: dict, *, steps: int, microbatches: int, split: bool = False
 
 def test_pp2_tp2_exact_in_both_modes_with_uneven_members():
     res = result(launch(4, "--tp", "2", "--mode", "ready,strict", "--steps", "2",
-                        "--microbatches", "4", "--cap", "4", "--jitter-ms", "4"))
+                        "--microbatches", "4", "--cap", "4", "--jitter-ms", "4",
+                        "--straggler-ms", "10", "--verify", "inline"))
     assert (res["pp"], res["tp"]) == (2, 2)
     check_exact(res, steps=2, microbatches=4)
 
 
 def test_without_coordination_the_mismatch_is_detected_not_a_hang():
     proc = launch(4, "--tp", "2", "--mode", "ready", "--no-coordinate", "--steps", "3",
-                  "--microbatches", "8", "--cap", "8", "--jitter-ms", "40", "--timeout", "15",
-                  "--no-check", timeout=120)
+                  "--microbatches", "8", "--cap", "8", "--jitter-ms", "10", "--straggler-ms",
+                  "40", "--timeout", "15", "--no-check", timeout=120)
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0, out[-3000:]
     assert "CoordinationError" in out, out[-3000:]
