@@ -34,9 +34,9 @@ def random_delays(p, t):
 
 
 def straggler(p, t, *, pp=2):
-    """Every task 10 ms; the last stage's TP rank 1 holds each gradient 25 ms longer, so stage 0's
+    """Every task 10 ms; the last stage's TP rank 1 holds each gradient 60 ms longer, so stage 0's
     members see the same gradient at different times (the case coordination exists for)."""
-    extra = 0.025 if (p, t) == (pp - 1, 1) else 0.0
+    extra = 0.06 if (p, t) == (pp - 1, 1) else 0.0
     return lambda info: 0.01 + (extra if info.kind is Kind.B else 0.0)
 
 

@@ -63,7 +63,7 @@ def test_pp2_tp2_exact_in_both_modes_with_uneven_members():
 def test_without_coordination_the_mismatch_is_detected_not_a_hang():
     proc = launch(4, "--tp", "2", "--mode", "ready", "--no-coordinate", "--steps", "3",
                   "--microbatches", "8", "--cap", "8", "--jitter-ms", "10", "--straggler-ms",
-                  "40", "--timeout", "15", "--no-check", timeout=120)
+                  "60", "--timeout", "15", "--no-check", timeout=120)
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0, out[-3000:]
     assert "CoordinationError" in out, out[-3000:]
