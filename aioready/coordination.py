@@ -151,18 +151,18 @@ class Coordinator:
         try:
             seq, task = decode_decision(msg)
             if self.is_leader:
-                raise CoordinationError("the TP leader received a decision", rank=0,
+                raise CoordinationError("the TP leader (TP member 0) received a decision",
                                         step=msg.step, task=task, expected="none (it decides)",
                                         got=f"decision {seq} from a member")
             if not self._step <= msg.step <= self._step + 1:
-                raise CoordinationError("decision for a step this member is not running",
-                                        rank=self.transport.rank, step=self._step, task=task,
+                raise CoordinationError(f"decision for a step TP member {self.transport.rank} is "
+                                        "not running", step=self._step, task=task,
                                         expected=f"step {self._step} or {self._step + 1}",
                                         got=f"step {msg.step}")
             want = self._next_seq.get(msg.step, 0)
             if seq != want:
-                raise CoordinationError("decision out of sequence", rank=self.transport.rank,
-                                        step=msg.step, task=task, expected=f"decision {want}",
+                raise CoordinationError(f"decision out of sequence at TP member "
+                                        f"{self.transport.rank}", step=msg.step, task=task, expected=f"decision {want}",
                                         got=f"decision {seq}")
             self._next_seq[msg.step] = want + 1
             self.num_decisions_received += 1
@@ -291,8 +291,8 @@ class _FollowerReadySet:
             return None
         task = self._decided[0]
         if task in self._done:
-            raise CoordinationError("the leader decided a task this member already ran",
-                                    rank=self._rank, step=self._step, task=task,
+            raise CoordinationError(f"the leader decided a task TP member {self._rank} already "
+                                    "ran", step=self._step, task=task,
                                     expected="each task decided once", got="a repeat")
         if task not in self._ready:
             return None  # its input is still in flight; the push that delivers it wakes us

@@ -42,3 +42,23 @@ def test_bad_sizes_are_config_errors(n, tp):
 def test_rank_outside_the_grid():
     with pytest.raises(ConfigError, match="outside the grid"):
         ProcessGrid(2, 2).coords(4)
+
+
+def test_grid_and_coordination_import_without_torch_or_mpi4py(child_env):
+    import subprocess
+    import sys
+    code = """
+import sys
+class Blocker:
+    def find_spec(self, name, path=None, target=None):
+        if name.split('.')[0] in ('torch', 'mpi4py'):
+            raise ImportError('blocked import of ' + name)
+sys.meta_path.insert(0, Blocker())
+import aioready.grid, aioready.coordination, aioready.tp_comm, aioready.devices.delayed
+assert 'torch' not in sys.modules and 'mpi4py' not in sys.modules
+print('ok')
+"""
+    out = subprocess.run([sys.executable, "-c", code], env=child_env, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
