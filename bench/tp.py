@@ -104,6 +104,13 @@ def main(argv: list[str] | None = None) -> str:
         for level, value in t.items():
             lines.append(f"| {name} | {level} | {value * 1e3:.1f} | {value / t['off']:.3f} |")
             print(lines[-1], flush=True)
+    lines += ["", "How to read it: `follow` runs the strict order through the leader's decisions, so "
+              "follow/strict is the cost of coordination alone; `ready` also changes the order. "
+              "Latency is leader send -> member arrival (time.monotonic, one host). Member wait "
+              "counts only time a member sat idle with the task ready locally, waiting for the "
+              "decision. With more ranks than cores, both are bound by CPU scheduling (the "
+              "machine line above gives cores and load), not by the protocol, which is one "
+              "header-only message per task per member."]
     body = "\n".join(lines)
     write_result("tp", body, "python -m bench.tp" + (" --quick" if args.quick else ""))
     print(body)
