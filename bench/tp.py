@@ -10,7 +10,9 @@ the pure cost of coordination) and `ready` (the leader arbitrates on readiness).
 - one-way decision latency, leader send -> member arrival (time.monotonic, one host);
 - member wait: per task, how long a member sat idle with that task ready locally, waiting only
   for the leader's decision -- the direct cost of coordination -- and its share of the step;
-- the cost of the tag check in each collective (verify exchange | inline | off, strict mode).
+- the cost of the tag check in each collective (verify exchange | inline | off, strict mode);
+- the protocol's own CPU cost per task: an in-process TP group (InprocWorld, zero-duration sim
+  tasks, uvloop), coordinated vs not, wall time per task.
 
 Run: python -m bench.tp [--quick]
 """
@@ -81,6 +83,42 @@ def scenario_rows(name: str, res: dict[str, Any], steps: int) -> list[str]:
     return rows
 
 
+def protocol_cost(coordinated: bool, repeats: int, *, pp: int = 2, tp: int = 2,
+                  microbatches: int = 64) -> float:
+    """Seconds per task of a whole in-process step with zero-duration tasks and no compute."""
+    import asyncio
+    import time
+
+    import uvloop
+
+    from aioready.coordination import Coordinator
+    from aioready.devices.sim import SimDevice
+    from aioready.runtime import RankRuntime
+    from aioready.schedulers import make_hint
+    from aioready.transports.inproc import InprocWorld
+
+    hint = make_hint("1f1b", num_stages=pp, num_microbatches=microbatches)
+    lines, groups = [InprocWorld(pp) for _ in range(tp)], [InprocWorld(tp) for _ in range(pp)]
+    runtimes = [RankRuntime(rank=p, hint=hint, mode="ready", cap=None, executors=None,
+                            device=SimDevice(lambda i: 0.0, run_compute=False),
+                            transport=lines[t].endpoint(p),
+                            coordinator=Coordinator(groups[p].endpoint(t)) if coordinated
+                            else None)
+                 for p in range(pp) for t in range(tp)]
+    num_tasks = pp * tp * 2 * microbatches
+
+    async def run() -> list[float]:
+        samples = []
+        for step in range(repeats):
+            t0 = time.perf_counter()
+            await asyncio.gather(*(rt.run_step(step) for rt in runtimes))
+            samples.append((time.perf_counter() - t0) / num_tasks)
+        return samples
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return median(runner.run(run())[1:])
+
+
 def main(argv: list[str] | None = None) -> str:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true")
@@ -104,6 +142,11 @@ def main(argv: list[str] | None = None) -> str:
         for level, value in t.items():
             lines.append(f"| {name} | {level} | {value * 1e3:.1f} | {value / t['off']:.3f} |")
             print(lines[-1], flush=True)
+    plain, coord = protocol_cost(False, repeats * 5), protocol_cost(True, repeats * 5)
+    lines += ["", "## Protocol CPU cost per task (in-process PP=2 x TP=2, M=64, zero-duration "
+              "tasks, uvloop)", "", "| | us per task |", "|---|---|",
+              f"| uncoordinated | {plain * 1e6:.1f} |", f"| coordinated | {coord * 1e6:.1f} |",
+              f"| difference | {(coord - plain) * 1e6:.1f} |"]
     lines += ["", "How to read it: `follow` runs the strict order through the leader's decisions, so "
               "follow/strict is the cost of coordination alone; `ready` also changes the order. "
               "Latency is leader send -> member arrival (time.monotonic, one host). Member wait "
