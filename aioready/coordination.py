@@ -272,6 +272,7 @@ class _FollowerReadySet:
         self._step = step
         self._rank = rank
         self._cap = like.cap
+        # the same in-flight rule as the leader's ReadySet (test_coordination checks the peaks)
         self._pieces = like._pieces
         self._last_kind = like._last_kind
         self._left: dict[int, int] = {}

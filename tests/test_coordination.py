@@ -50,6 +50,9 @@ def test_members_run_the_leaders_sequence(pp, tp, split):
             assert len(lead) == per_step
             for t in range(1, tp):
                 assert grid.order(p, t, step) == lead
+                # a member's in-flight bookkeeping mirrors the leader's ReadySet
+                assert (grid.runtimes[p][t].reports[step].peak_in_flight
+                        == grid.runtimes[p][0].reports[step].peak_in_flight)
         assert grid.coordinators[p][0].num_decisions_sent == 2 * per_step * (tp - 1)
         assert all(grid.coordinators[p][t].num_decisions_received == 2 * per_step
                    for t in range(1, tp))
