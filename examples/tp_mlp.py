@@ -63,8 +63,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--straggler-ms", type=float, default=0.0,
                    help="the last stage's last TP rank holds every gradient this much longer")
     p.add_argument("--no-coordinate", dest="coordinate", action="store_false")
-    p.add_argument("--verify", default="exchange", choices=("exchange", "inline", "off"),
-                   help="how collectives check that all TP members are in the same task")
+    p.add_argument("--verify", default="exchange",
+                   help="how collectives check that all TP members are in the same task: "
+                   "exchange | inline | off, or a comma list to alternate")
     p.add_argument("--no-check", dest="check", action="store_false",
                    help="skip the comparison with the unsplit model (benchmarks)")
     p.add_argument("--timeout", type=float, default=20.0, help="seconds per collective")
@@ -88,10 +89,11 @@ def task_codes(order: list[str]) -> np.ndarray:
     return np.array([zlib.crc32(t.encode()) for t in order], dtype=np.int64)
 
 
-async def run_mode(comms: GridComms, args: argparse.Namespace, mode: str) -> dict[str, Any]:
+async def run_mode(comms: GridComms, args: argparse.Namespace, mode: str,
+                   verify: str) -> dict[str, Any]:
     """Train `args.steps` steps in `mode`; return this rank's measurements."""
     c, pp = comms.coords, comms.grid.pp_size
-    tpcomm = MPITPComm(comms.tp, verify=args.verify, timeout=args.timeout)
+    tpcomm = MPITPComm(comms.tp, verify=verify, timeout=args.timeout)
     full, shards = make_tp_mlp_stages(pp, tpcomm, width=args.width, hidden=args.hidden,
                                       blocks_per_stage=args.blocks, seed=args.seed)
     module = shards[c.pp_rank]
@@ -205,13 +207,15 @@ async def main(args: argparse.Namespace) -> None:
     world = MPI.COMM_WORLD
     grid = ProcessGrid.for_world(world.Get_size(), tp=args.tp)
     comms = grid.split(world)
-    modes = args.mode.split(",")
-    results: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
+    levels = args.verify.split(",")
+    runs = [(mode, level) for mode in args.mode.split(",") for level in levels]
+    key = {(m, v): m if len(levels) == 1 else f"{m}/{v}" for m, v in runs}
+    results: dict[str, list[dict[str, Any]]] = {key[r]: [] for r in runs}
     for _ in range(args.repeats):
-        for mode in modes:
-            per_rank = gather(comms, await run_mode(comms, args, mode))
+        for mode, level in runs:
+            per_rank = gather(comms, await run_mode(comms, args, mode, level))
             if per_rank is not None:
-                results[mode].append(summarize(per_rank, mode))
+                results[key[mode, level]].append(summarize(per_rank, mode))
     if world.Get_rank() == 0:
         print("RESULT " + json.dumps({"world": world.Get_size(), "pp": grid.pp_size,
                                       "tp": grid.tp_size, "runs": results}), flush=True)
