@@ -105,7 +105,7 @@ class RankRuntime:
         self._ready = ReadySet(
             self.hint.priority(self.rank), cap=self.cap, num_chunks=n_chunks,
             split_backward=self.split_backward,
-            strict_order=self.hint.orders[self.rank] if self.mode == "strict" else None)
+            strict_order=self.hint.strict_order(self.rank) if self.mode == "strict" else None)
         if self.coordinator is not None:
             self._ready = self.coordinator.wrap(self._ready, step=step, mode=self.mode,
                                                 wakeup=self._wakeup, fail=self.fail)
