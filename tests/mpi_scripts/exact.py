@@ -3,10 +3,14 @@
 Usage: mpiexec -n R python tests/mpi_scripts/exact.py CASE [CASE ...]
 CASE = hint:mode:split:varlen, e.g. 1f1b:ready:1:0. Every rank builds the same full model from a
 fixed seed and keeps its own stages; the reference runs the whole model on every rank.
+CASE = ooo (2 ranks): rank 0 is a raw MPITransport sender that runs stage 0 by hand and sends
+microbatch 3 first, the others 0.3 s later; rank 1 runs stage 1 in ready mode and must run F3
+first. Gradients of both stages are still checked against the reference.
 """
 
 import asyncio
 import sys
+import time
 
 import numpy as np
 import torch
@@ -16,6 +20,7 @@ from aioready.launch import run
 from aioready.pipeline import Pipeline
 from aioready.schedulers import HINTS, make_hint
 from aioready.testing import make_mlp_stages, mse_loss, reference_step
+from aioready.transports.base import DTYPE_CODES, Message, MessageKind
 from aioready.transports.mpi import MPITransport
 
 WIDTH = 16
@@ -66,11 +71,109 @@ async def one_case(comm, case: str, seed: int) -> None:
               f"loss_seen={int(has_loss)}", flush=True)
 
 
+async def out_of_order(comm, seed: int) -> None:
+    rank, M = comm.Get_rank(), 4
+    full = make_mlp_stages(2, width=WIDTH, seed=seed)
+    xs, ys = batch(M, True, seed + 1)
+    transport = MPITransport(comm)
+    order = ""
+    if rank == 0:
+        grads: dict[int, tuple] = {}
+        transport.open(lambda msg: grads.__setitem__(msg.microbatch, msg.tensors))
+        outs = {m: full[0](xs[m]) for m in range(M)}
+        for m in (3, 2, 1, 0):
+            transport.send_nowait(1, Message(0, MessageKind.ACTIVATION, 1, m,
+                                             (outs[m].detach(),)))
+            if m == 3:
+                await transport.wait_sent()
+                await asyncio.sleep(0.3)
+        while len(grads) < M:
+            await asyncio.sleep(0.001)
+        for m in range(M):
+            outs[m].backward(grads[m][0])
+    else:
+        pipe = Pipeline([full[1]], mse_loss, microbatches=M, hint="1f1b", mode="ready",
+                        transport=transport)
+        await pipe.step(None, ys)
+        pipe.close()
+        spans = sorted((s for s in pipe.last_step.spans if s.kind.name == "F"),
+                       key=lambda s: s.start)
+        order = ",".join(f"F{s.microbatch}" for s in spans)
+    await transport.close()
+    _, ref = reference_step(make_mlp_stages(2, width=WIDTH, seed=seed), mse_loss, xs, ys)
+    gdiff = max(float((p.grad - q.grad).abs().max())
+                for p, q in zip(full[rank].parameters(), ref[rank].parameters()))
+    gdiff = max_all(comm, gdiff)
+    if rank == 1:
+        print(f"RESULT ooo order={order} grad_diff={gdiff:.3e}", flush=True)
+
+
+def dtype_payload(m: int) -> tuple:
+    """Every wire dtype, inline-size and large, 0-d, empty, None, a view, a grad-requiring one."""
+    gen = torch.Generator().manual_seed(m)
+    out: list = []
+    if m % 2 == 0:  # every dtype (MAX_TENSORS slots at most per message)
+        for name in DTYPE_CODES:
+            dt = getattr(torch, name)
+            base = torch.randn(3, 5, generator=gen) * 50
+            out.append((base > 0) if dt is torch.bool else base.to(dt))
+        return tuple(out)
+    return (None, torch.randn(300, 70, generator=gen, dtype=torch.float64),  # 168 KB payload
+            torch.randn(2, 3, generator=gen, dtype=torch.bfloat16).expand(4, 2, 3),
+            torch.tensor(7, dtype=torch.int64), torch.empty(0, 4),
+            torch.randn(6, 4, generator=gen).t(), torch.randn(3, generator=gen).requires_grad_())
+
+
+async def dtypes(comm) -> None:
+    """Rank 0 sends every payload kind to rank 1 and to itself; rank 1 echoes back."""
+    rank = comm.Get_rank()
+    transport = MPITransport(comm, inline_bytes=4096)
+    got: dict[tuple[int, int], tuple] = {}
+    transport.open(lambda msg: got.__setitem__((msg.kind.value, msg.microbatch), msg.tensors))
+    bad = []
+    if rank == 0:
+        for m in range(4):
+            transport.send_nowait(1, Message(0, MessageKind.ACTIVATION, 1, m, dtype_payload(m)))
+            transport.send_nowait(0, Message(0, MessageKind.GRADIENT, 0, m, dtype_payload(m)))
+        while len(got) < 8:
+            await asyncio.sleep(0.001)
+        for (kind, m), tensors in got.items():
+            for i, (a, b) in enumerate(zip(tensors, dtype_payload(m % 10))):
+                same = a is None and b is None or (
+                    a is not None and b is not None and a.dtype == b.dtype
+                    and a.shape == b.shape and torch.equal(a, b.detach()))
+                if not same:
+                    bad.append(f"kind {kind} mb {m} slot {i}")
+            if len(tensors) != len(dtype_payload(m % 10)):
+                bad.append(f"kind {kind} mb {m}: {len(tensors)} slots")
+        if sorted(got) != sorted([(1, m) for m in range(4)] + [(1, 10 + m) for m in range(4)]):
+            bad.append(f"messages {sorted(got)}")
+    else:
+        while len(got) < 4:
+            await asyncio.sleep(0.001)
+        for (_, m), tensors in sorted(got.items()):
+            transport.send_nowait(0, Message(0, MessageKind.GRADIENT, 0, 10 + m, tensors))
+    await transport.wait_sent()
+    comm.Barrier()
+    await transport.close()
+    if rank == 0:
+        print(f"RESULT dtypes bad={len(bad)} first={'|'.join(bad[:3]).replace(' ', '_')}",
+              flush=True)
+
+
 async def main() -> None:
     comm = MPI.COMM_WORLD
     for i, case in enumerate(sys.argv[1:]):
-        await one_case(comm, case, seed=100 + i)
+        t0 = time.perf_counter()
+        if case == "ooo":
+            await out_of_order(comm, seed=100 + i)
+        elif case == "dtypes":
+            await dtypes(comm)
+        else:
+            await one_case(comm, case, seed=100 + i)
         comm.Barrier()
+        if comm.Get_rank() == 0:
+            print(f"TIME {case} {time.perf_counter() - t0:.2f}s", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":
