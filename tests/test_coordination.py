@@ -71,7 +71,7 @@ def test_strict_mode_sends_no_decisions():
     assert grid.num_decision_messages == 0
     for p in range(2):
         assert grid.order(p, 0) == grid.order(p, 1) == [str(t) for t in grid.runtimes[p][0]
-                                                        .hint.orders[p]]
+                                                        .hint.strict_order(p)]
 
 
 def test_following_in_strict_mode_is_a_benchmark_control():
@@ -80,7 +80,7 @@ def test_following_in_strict_mode_is_a_benchmark_control():
     assert grid.num_decision_messages == 2 * 2 * 16
     for p in range(2):
         assert grid.order(p, 0) == grid.order(p, 1) == [str(t) for t in grid.runtimes[p][0]
-                                                        .hint.orders[p]]
+                                                        .hint.strict_order(p)]
         member = grid.coordinators[p][1]
         assert len(member.waits) == len(member.times) == 2 * 16
         assert all(w >= 0 for w in member.waits)
