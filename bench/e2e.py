@@ -264,7 +264,7 @@ def _body(summaries: list[dict[str, Any]], args: argparse.Namespace, steps: int,
         lines.append(f"| `{s['scenario']}` | {cell(a)} | {cell(t)} | {ratio} |")
     lines.append("")
     if has_png:
-        lines += ["![median step times](results/e2e.png)", ""]
+        lines += ["![median step times](e2e.png)", ""]
     lines += ["## Per config", "", "Efficiency = the trace's lower bound for that run's "
               "placement / measured step time (median over steps). Loss: the same model and "
               "data on both sides.", ""]
