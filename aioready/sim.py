@@ -23,7 +23,8 @@ import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Coroutine, Sequence
 
 import numpy as np
 
@@ -232,6 +233,18 @@ async def _run_steps(runtimes: list[RankRuntime], steps: int) -> None:
             raise _first(errors) from None
 
 
+def _run_blocking(main: Coroutine[Any, Any, None]) -> None:
+    """Run on a fresh virtual-clock loop; from inside a running loop (a notebook, async code),
+    in a helper thread, since a thread can run one loop at a time. The caller waits."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        run_virtual(main)
+        return
+    with ThreadPoolExecutor(1, thread_name_prefix="aioready-sim") as pool:
+        pool.submit(run_virtual, main).result()
+
+
 def _first(group: BaseExceptionGroup) -> BaseException:
     for exc in group.exceptions:
         if isinstance(exc, BaseExceptionGroup):
@@ -268,8 +281,8 @@ def simulate(*, stages: int, microbatches: int, hint: str | HintOrder = "1f1b",
 
     Durations come from `trace` (a CSV path or a Trace; `jitter` may then add only comm terms)
     or from the seeded `jitter` model over `base` durations. `cap`: None (the hint's peak per
-    rank), an int, 'Nx' (N times the hint's peak) or one int per rank. Call it from synchronous
-    code: it runs its own event loop.
+    rank), an int, 'Nx' (N times the hint's peak) or one int per rank. It runs its own
+    virtual-clock loop and blocks until done (from async code: in a helper thread).
     """
     _check_int("stages", stages)
     _check_int("microbatches", microbatches)
@@ -294,7 +307,7 @@ def simulate(*, stages: int, microbatches: int, hint: str | HintOrder = "1f1b",
                             device=device, transport=world.endpoints[r])
                 for r in range(order.num_ranks)]
     began = time.perf_counter()
-    run_virtual(_run_steps(runtimes, steps))
+    _run_blocking(_run_steps(runtimes, steps))
     wall = time.perf_counter() - began
     per_step = tuple(_step_stats([rt.reports[i] for rt in runtimes], durations.table(i), order)
                      for i in range(steps))
