@@ -89,7 +89,7 @@ class StepMetrics:
     efficiency: float
     """lower_bound / step_time (1.0: no schedule could have been faster)."""
     peak_in_flight: tuple[int, ...]
-    """Per rank: most microbatches holding activations at once."""
+    """Per rank: most microbatches holding activations at once, measured from the spans."""
     num_tasks: int
 
     def as_dict(self) -> dict[str, Any]:
@@ -150,8 +150,7 @@ def step_metrics(report: StepReport) -> StepMetrics:
                            lambda st, m, k: durations.get((st, m, int(k)), 0.0))
     busy = tuple(report.busy_fraction())
     t = report.step_time
-    peaks = tuple(report.peak_in_flight.get(r, peak_in_flight(spans, r))
-                  for r in range(report.num_ranks))
+    peaks = tuple(peak_in_flight(spans, r) for r in range(report.num_ranks))
     return StepMetrics(step=report.step, step_time=t, busy_fraction=busy,
                        bubble_fraction=report.bubble_fraction(), lower_bound=lb,
                        efficiency=lb / t if t > 0 else 1.0, peak_in_flight=peaks,
