@@ -255,7 +255,7 @@ def run_torch(args: argparse.Namespace, trace: Any) -> list[dict[str, Any]] | No
             schedule.step(*call_args, **kwargs)
             times.append(time.perf_counter() - t0)
             if has_last:
-                loss = float(sum(float(v) for v in losses) / M)
+                loss = float(sum(float(v.detach()) for v in losses) / M)
         gathered: list[Any] = [None] * size
         dist.all_gather_object(gathered, (times[args.warmup:], loss if has_last else None,
                                           _grad_sq(modules), list(injector.slept),
