@@ -223,6 +223,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     steps = args.steps or (2 if args.quick else 5)
     ranks, groups = 4, 8
     summaries = []
+    load_start = list(os.getloadavg())
     with tempfile.TemporaryDirectory(prefix="aioready-e2e-") as tmp:
         for spec in scenarios:
             run = run_scenario(spec, workdir=Path(tmp), ranks=ranks, groups=groups,
@@ -235,7 +236,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "e2e.json").write_text(json.dumps(
         {"summaries": summaries, "task_ms": args.task_ms, "steps": steps, "warmup": args.warmup,
-         "microbatches": args.microbatches, "ranks": ranks, "quick": args.quick}, indent=1))
+         "microbatches": args.microbatches, "ranks": ranks, "quick": args.quick,
+         "load_start": load_start, "load_end": list(os.getloadavg()), "cores": os.cpu_count()},
+        indent=1))
     has_png = _plot(summaries, RESULTS / "e2e.png")
     cmd = "python -m bench.e2e" + (" " + " ".join(argv) if argv else "")
     write_result("e2e", _body(summaries, args, steps, has_png), cmd)
