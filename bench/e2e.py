@@ -11,8 +11,9 @@ rank, whatever stages it holds in the run's placement.
 
 Reported per config: median step time over the measured steps (first `--warmup` steps skipped;
 step time = max over ranks after a barrier), the lower bound of the trace for that run's
-placement (aioready.sim.lower_bound, median over steps) and efficiency = lower bound / step time
-(median over steps). Writes bench/results/e2e.md, e2e.json and e2e.png.
+placement (aioready.sim.lower_bound, median over steps), efficiency = lower bound / step time (median
+over steps), and the CPU time each rank's process used per step (all its threads). Writes
+bench/results/e2e.md, e2e.json and e2e.png.
 
 Run: python -m bench.e2e [--quick] [--scenarios none,multimodal:0.3:3] [--steps N]
 """
@@ -40,7 +41,7 @@ __all__ = ["SCENARIOS", "AIOREADY_CONFIGS", "TORCH_CONFIGS", "generate_trace", "
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = ["none", "lognormal:0.5", "multimodal:0.3:3", "straggler:1:1.5"]
 AIOREADY_CONFIGS = [f"{h}/{m}" for h in ("gpipe", "1f1b", "zb-h1", "bfw", "interleaved-1f1b",
-                                         "zbv") for m in ("strict", "ready")]
+                                         "interleaved-zb", "zbv") for m in ("strict", "ready")]
 TORCH_CONFIGS = ["ScheduleGPipe", "Schedule1F1B", "ScheduleInterleaved1F1B",
                  "ScheduleInterleavedZeroBubble", "ScheduleZBVZeroBubble"]
 QUICK_AIOREADY = ["1f1b/strict", "1f1b/ready", "zbv/ready"]
@@ -99,9 +100,14 @@ def mpiexec() -> str:
 def run_scenario(spec: str, *, workdir: Path, ranks: int = 4, groups: int = 8,
                  microbatches: int = 8, task_ms: float = 20.0, warmup: int = 1, steps: int = 5,
                  seed: int = 0, aioready_configs: list[str], torch_configs: list[str],
-                 model_args: list[str] | None = None, timeout: float = 900.0
-                 ) -> dict[str, Any]:
-    """Run both sides on one scenario; return the raw records and the trace path."""
+                 model_args: list[str] | None = None, timeout: float = 900.0,
+                 one_launch: bool = False) -> dict[str, Any]:
+    """Run both sides on one scenario; return the raw records and the trace path.
+
+    Normally aioready runs under mpiexec and torch under torchrun, in separate processes;
+    `one_launch` runs both, one after the other, in the same mpiexec-launched processes (gloo
+    set up from the MPI ranks): half the start-up cost, for the test.
+    """
     workdir.mkdir(parents=True, exist_ok=True)
     tag = spec.replace(":", "_").replace("+", "-")
     trace = workdir / f"trace-{tag}.csv"
@@ -112,20 +118,28 @@ def run_scenario(spec: str, *, workdir: Path, ranks: int = 4, groups: int = 8,
               "--microbatches", str(microbatches), "--warmup", str(warmup), "--steps",
               str(steps), "--seed", str(seed), *(model_args or [])]
     out: dict[str, Any] = {"scenario": spec, "trace": str(trace), "records": []}
+    if one_launch:
+        dest = workdir / f"both-{tag}.json"
+        _launch([mpiexec(), "-n", str(ranks), sys.executable, "-m", "bench.e2e_worker", "both",
+                 *common, "--configs", ",".join(aioready_configs), "--torch-configs",
+                 ",".join(torch_configs), "--out", str(dest)], timeout,
+                workdir / f"both-{tag}.log")
+        out["records"] = json.loads(dest.read_text())["records"]
+        return out
     if aioready_configs:
         dest = workdir / f"aioready-{tag}.json"
         _launch([mpiexec(), "-n", str(ranks), sys.executable, "-m", "bench.e2e_worker",
                  "aioready", *common, "--configs", ",".join(aioready_configs), "--out",
                  str(dest)], timeout, workdir / f"aioready-{tag}.log")
-        out["records"] += [dict(r, side="aioready") for r in json.loads(dest.read_text())["records"]]
+        out["records"] += json.loads(dest.read_text())["records"]
     if torch_configs:
         dest = workdir / f"torch-{tag}.json"
         _launch([sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
                  "--nproc-per-node", str(ranks), "--master-addr", "127.0.0.1",
                  "--master-port", str(_free_port()), "-m", "bench.e2e_worker", "torch", *common,
-                 "--configs", ",".join(torch_configs), "--out", str(dest)], timeout,
+                 "--torch-configs", ",".join(torch_configs), "--out", str(dest)], timeout,
                 workdir / f"torch-{tag}.log")
-        out["records"] += [dict(r, side="torch") for r in json.loads(dest.read_text())["records"]]
+        out["records"] += json.loads(dest.read_text())["records"]
     return out
 
 
@@ -164,13 +178,18 @@ def summarize(run: dict[str, Any], *, groups: int, microbatches: int, warmup: in
 def _table(summary: dict[str, Any]) -> list[str]:
     lines = [f"### Scenario `{summary['scenario']}`", "",
              "| side | config | placement | split | median step ms | lower bound ms | "
-             "efficiency | loss |", "|---|---|---|---|---|---|---|---|"]
+             "efficiency | CPU ms per step per rank | loss |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in sorted(summary["rows"], key=lambda r: (r["side"], r["median_s"])):
         lines.append(f"| {r['side']} | {r['name']} | {r['style']} x{r['num_stages']} | "
                      f"{'yes' if r['split_backward'] else 'no'} | {r['median_s'] * 1e3:.1f} | "
                      f"{r['lower_bound_s'] * 1e3:.1f} | {r['efficiency']:.3f} | "
-                     f"{r['loss']:.6f} |")
+                     f"{_mean(r.get('cpu_s_per_step', [])) * 1e3:.1f} | {r['loss']:.6f} |")
     return lines + [""]
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs) if xs else float("nan")
 
 
 def _plot(summaries: list[dict[str, Any]], path: Path) -> bool:
@@ -213,6 +232,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--task-ms", type=float, default=20.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per launch")
+    ap.add_argument("--one-launch", action="store_true",
+                    help="run torch in the aioready mpiexec processes instead of under torchrun")
     args = ap.parse_args(argv)
     scenarios = (args.scenarios.split(",") if args.scenarios else
                  ["none", "multimodal:0.3:3"] if args.quick else SCENARIOS)
@@ -230,7 +251,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                microbatches=args.microbatches, task_ms=args.task_ms,
                                warmup=args.warmup, steps=steps, seed=args.seed,
                                aioready_configs=[c for c in a_cfg if c],
-                               torch_configs=[c for c in t_cfg if c], timeout=args.timeout)
+                               torch_configs=[c for c in t_cfg if c], timeout=args.timeout,
+                               one_launch=args.one_launch)
             summaries.append(summarize(run, groups=groups, microbatches=args.microbatches,
                                        warmup=args.warmup, ranks=ranks))
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -254,8 +276,9 @@ def _body(summaries: list[dict[str, Any]], args: argparse.Namespace, steps: int,
         f"(B = {2 * args.task_ms:g} ms unsplit), times the scenario's jitter; they are sleeps, "
         "so they dominate the CPU work (this machine has 2 cores for 8 processes). "
         f"Median of {steps} measured steps after {args.warmup} warm-up step(s). "
-        "aioready runs under mpiexec with MPITransport; torch.distributed.pipelining under "
-        "torchrun with gloo.", "",
+        "aioready runs under mpiexec with MPITransport; torch.distributed.pipelining with gloo, "
+        + ("in the same mpiexec-launched processes, after aioready." if args.one_launch else
+           "under torchrun, in separate processes."), "",
         "## Summary", "",
         "| scenario | aioready best | ms | eff | torch best | ms | eff | torch best / aioready best |",
         "|---|---|---|---|---|---|---|---|"]
@@ -269,8 +292,9 @@ def _body(summaries: list[dict[str, Any]], args: argparse.Namespace, steps: int,
     if has_png:
         lines += ["![median step times](e2e.png)", ""]
     lines += ["## Per config", "", "Efficiency = the trace's lower bound for that run's "
-              "placement / measured step time (median over steps). Loss: the same model and "
-              "data on both sides.", ""]
+              "placement / measured step time (median over steps). CPU: process time (all "
+              "threads) per measured step, mean over ranks: what each runtime costs on top of "
+              "the sleeps. Loss: the same model and data on both sides.", ""]
     for s in summaries:
         lines += _table(s)
     lines += ["## Not run", "", _not_run(summaries)]

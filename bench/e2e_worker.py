@@ -123,15 +123,18 @@ def _grad_sq(stages: list[Any]) -> float:
 
 
 def _record(name: str, shape: RunShape, times: list[list[float]], loss: float,
-            grad_sq: float, slept: list[list[float]], counts: list[list[int]]) -> dict[str, Any]:
+            grad_sq: float, slept: list[list[float]], counts: list[list[int]],
+            cpu: list[float]) -> dict[str, Any]:
     return {"name": name, "style": shape.placement.style,
             "num_stages": shape.placement.num_stages, "split_backward": shape.split_backward,
             "step_s": [max(per_rank) for per_rank in zip(*times)], "loss": loss,
-            "grad_sq": grad_sq, "slept_s": slept, "sleep_counts": counts}
+            "grad_sq": grad_sq, "slept_s": slept, "sleep_counts": counts,
+            "cpu_s_per_step": cpu}
 
 
 # -- aioready under mpiexec --------------------------------------------------------------------
-def run_aioready(args: argparse.Namespace, trace: Any) -> list[dict[str, Any]] | None:
+def run_aioready(args: argparse.Namespace, trace: Any, configs: list[str]
+                 ) -> list[dict[str, Any]] | None:
     import asyncio
 
     import torch
@@ -168,12 +171,14 @@ def run_aioready(args: argparse.Namespace, trace: Any) -> list[dict[str, Any]] |
             injector.step = step
             if step == args.warmup:
                 injector.reset()
+                cpu0 = time.process_time()
             comm.Barrier()
             t0 = time.perf_counter()
             out = await pipe.step(inputs, targets)
             times.append(time.perf_counter() - t0)
             if out is not None:
                 loss = float(out)
+        cpu = (time.process_time() - cpu0) / args.steps  # every thread of this process
         await transport.close()
         pipe.close()
         all_times = comm.gather(times[args.warmup:], root=0)
@@ -181,13 +186,15 @@ def run_aioready(args: argparse.Namespace, trace: Any) -> list[dict[str, Any]] |
         grad_sq = comm.reduce(_grad_sq(stages), op=MPI.SUM, root=0)
         slept = comm.gather(list(injector.slept), root=0)
         counts = comm.gather(list(injector.count), root=0)
+        cpus = comm.gather(cpu, root=0)
         if rank != 0:
             return {}
         the_loss = next(v for v in losses if v is not None)
-        return _record(f"{hint}/{mode}", shape, all_times, the_loss, grad_sq, slept, counts)
+        return _record(f"{hint}/{mode}", shape, all_times, the_loss, grad_sq, slept, counts,
+                       cpus)
 
     async def all_configs() -> None:
-        for config in args.configs.split(","):
+        for config in configs:
             hint, mode = config.split("/")
             records.append(await one(hint, mode))
 
@@ -213,7 +220,8 @@ def _static_meta(args: argparse.Namespace, stage: int, num_stages: int) -> tuple
 
 
 # -- torch.distributed.pipelining under torchrun -----------------------------------------------
-def run_torch(args: argparse.Namespace, trace: Any) -> list[dict[str, Any]] | None:
+def run_torch(args: argparse.Namespace, trace: Any, configs: list[str]
+              ) -> list[dict[str, Any]] | None:
     import torch
     import torch.distributed as dist
     from torch.distributed import pipelining
@@ -227,7 +235,7 @@ def run_torch(args: argparse.Namespace, trace: Any) -> list[dict[str, Any]] | No
     M = args.microbatches
     straggler = parse_straggler(args.straggler)
     records = []
-    for name in args.configs.split(","):
+    for name in configs:
         style, chunks, split = TORCH_SCHEDULES[name]
         shape = RunShape(Placement(size * chunks, size, style), args.groups, split)
         mine = shape.placement.stages_of(rank)
@@ -247,6 +255,7 @@ def run_torch(args: argparse.Namespace, trace: Any) -> list[dict[str, Any]] | No
             injector.step = step
             if step == args.warmup:
                 injector.reset()
+                cpu0 = time.process_time()
             losses: list[Any] = []
             call_args = (x, tags) if has_first else ()
             kwargs: dict[str, Any] = {"target": y, "losses": losses} if has_last else {}
@@ -256,29 +265,56 @@ def run_torch(args: argparse.Namespace, trace: Any) -> list[dict[str, Any]] | No
             times.append(time.perf_counter() - t0)
             if has_last:
                 loss = float(sum(float(v.detach()) for v in losses) / M)
+        cpu = (time.process_time() - cpu0) / args.steps  # every thread of this process
         gathered: list[Any] = [None] * size
         dist.all_gather_object(gathered, (times[args.warmup:], loss if has_last else None,
                                           _grad_sq(modules), list(injector.slept),
-                                          list(injector.count)))
+                                          list(injector.count), cpu))
         if rank == 0:
             all_times = [g[0] for g in gathered]
             the_loss = next(g[1] for g in gathered if g[1] is not None)
             records.append(_record(name, shape, all_times, the_loss,
                                    sum(g[2] for g in gathered), [g[3] for g in gathered],
-                                   [g[4] for g in gathered]))
+                                   [g[4] for g in gathered], [g[5] for g in gathered]))
         dist.barrier()
     dist.destroy_process_group()
     return records if rank == 0 else None
 
 
+def _rank() -> int:
+    for var in ("RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK"):
+        if var in os.environ:
+            return int(os.environ[var])
+    return 0
+
+
+def _gloo_env_from_mpi() -> None:
+    """torch.distributed's env:// rendezvous from the MPI job: rank 0 picks a free port."""
+    import socket
+
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    port = None
+    if comm.Get_rank() == 0:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+    port = comm.bcast(port, root=0)
+    os.environ.update(RANK=str(comm.Get_rank()), WORLD_SIZE=str(comm.Get_size()),
+                      LOCAL_RANK=str(comm.Get_rank()), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("side", choices=("aioready", "torch"))
+    ap.add_argument("side", choices=("aioready", "torch", "both"),
+                    help="both: aioready then torch in the same mpiexec-launched processes "
+                    "(gloo set up from MPI ranks), one start-up for the two sides")
     ap.add_argument("--trace", required=True, help="group trace CSV (ms)")
     ap.add_argument("--groups", type=int, default=8)
     ap.add_argument("--straggler", default="", help="RANK:FACTOR")
-    ap.add_argument("--configs", required=True,
-                    help="aioready: hint/mode,...; torch: schedule class names")
+    ap.add_argument("--configs", default="", help="aioready: hint/mode,...")
+    ap.add_argument("--torch-configs", default="", help="torch schedule class names")
     ap.add_argument("--microbatches", type=int, default=8)
     ap.add_argument("--mb-size", type=int, default=2)
     ap.add_argument("--seq", type=int, default=16)
@@ -293,9 +329,17 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     from aioready.variability import read_trace
     trace = read_trace(args.trace, placement=Placement(args.groups, args.groups, "linear"))
-    run = run_aioready if args.side == "aioready" else run_torch
-    records = run(args, trace)
-    if records is not None:
+    a_cfg = [c for c in args.configs.split(",") if c]
+    t_cfg = [c for c in args.torch_configs.split(",") if c]
+    records: list[dict[str, Any]] | None = None
+    if args.side in ("aioready", "both") and a_cfg:
+        records = [dict(r, side="aioready") for r in run_aioready(args, trace, a_cfg) or []]
+    if args.side == "both" and t_cfg:
+        _gloo_env_from_mpi()
+    if args.side in ("torch", "both") and t_cfg:
+        records = (records or []) + [dict(r, side="torch")
+                                     for r in run_torch(args, trace, t_cfg) or []]
+    if records and _rank() == 0:
         tmp = args.out + ".tmp"
         with open(tmp, "w") as f:
             json.dump({"side": args.side, "records": records}, f)

@@ -1,6 +1,7 @@
 """The end-to-end benchmark harness at its smallest size, both sides, so it cannot silently rot.
 
-aioready (mpiexec, MPITransport) and torch.distributed.pipelining (torchrun, gloo) run the same
+aioready (MPITransport) and torch.distributed.pipelining (gloo) run, one after the other in the
+same mpiexec-launched processes (one start-up; the benchmark itself uses torchrun), the same
 float64 model on the same microbatches with the same injected durations. Checked: finite step
 times; every rank slept exactly what the trace gives its stages, on both sides, and the same on
 both; the same loss and gradient norm on both sides (an apples-to-apples check of the comparison).
@@ -44,7 +45,7 @@ def test_e2e_harness_smallest(tmp_path: Path) -> None:
                        task_ms=2.0, warmup=WARMUP, steps=STEPS,
                        aioready_configs=list(PAIRS), torch_configs=list(PAIRS.values()),
                        model_args=["--dtype", "float64", "--dim", "16", "--seq", "8",
-                                   "--vocab", "64"], timeout=350)
+                                   "--vocab", "64"], timeout=350, one_launch=True)
     summary = summarize(run, groups=GROUPS, microbatches=M, warmup=WARMUP, ranks=RANKS)
     rows = {r["name"]: r for r in summary["rows"]}
     assert set(rows) == set(PAIRS) | set(PAIRS.values())
@@ -53,6 +54,8 @@ def test_e2e_harness_smallest(tmp_path: Path) -> None:
         assert len(row["step_s"]) == STEPS
         assert all(math.isfinite(t) and t > 0 for t in row["step_s"]), row["step_s"]
         assert 0 < row["efficiency"] <= 1.05, (name, row["efficiency"])
+        assert len(row["cpu_s_per_step"]) == RANKS and all(
+            math.isfinite(c) and c > 0 for c in row["cpu_s_per_step"]), name
         shape = RunShape(Placement(row["num_stages"], RANKS, row["style"]), GROUPS,
                          row["split_backward"])
         for rank in range(RANKS):  # what each rank slept is what the trace gives its stages
