@@ -87,3 +87,34 @@ async def test_batch_split_into_equal_microbatches_matches_list_input() -> None:
     pipe.close()
     assert loss is not None
     assert max_grad_diff(stages, ref) <= TOL
+
+
+class _Tied(torch.nn.Module):
+    """A shared Linear used twice and a parameter that reaches the output off the input path."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shared = torch.nn.Linear(16, 16)
+        self.scale = torch.nn.Parameter(torch.randn(16, dtype=torch.float64))
+        self.gate = torch.nn.Parameter(torch.randn(4, 16, dtype=torch.float64))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.shared(x))
+        a, b = h.chunk(2, dim=-1)  # a multi-output node on the input path
+        h = torch.cat([b, a], dim=-1) * self.scale
+        off_path = torch.ones(4, dtype=torch.float64) @ self.gate  # needs no input
+        return self.shared(h) + off_path
+
+
+@pytest.mark.parametrize("mode", ["ready", "strict"])
+async def test_split_backward_with_shared_and_off_path_parameters(mode: str) -> None:
+    torch.manual_seed(0)
+    stages = [_Tied().double(), _Tied().double(), make_mlp_stages(1)[0]]
+    xs, ys = batch(3, seed=9)
+    ref_loss, ref = reference_step(stages, mse_loss, xs, ys)
+    pipe = aioready.Pipeline(stages, mse_loss, microbatches=3, hint="1f1b", mode=mode,
+                             split_backward=True)
+    loss = await pipe.step(xs, ys)
+    pipe.close()
+    assert abs(float(loss) - float(ref_loss)) <= TOL
+    assert max_grad_diff(stages, ref) <= TOL
