@@ -165,6 +165,7 @@ def test_scale_32_stages_128_microbatches() -> None:
 
 
 @pytest.mark.heavy
+@pytest.mark.timeout(900)  # about 15 s of CPU each; a loaded 2-core machine stretches the wall
 @pytest.mark.parametrize("mode", ["strict", "ready"])
 def test_scale_128_stages_512_microbatches(mode: str) -> None:
     r = simulate(stages=128, microbatches=512, mode=mode, jitter="lognormal:0.5", seed=0)
@@ -242,3 +243,17 @@ def test_simulator_agrees_with_real_sleeps(mode: str) -> None:
                     "durations agreed within 5%")
     raise AssertionError(f"simulated {simulated:.1f} ms, real {real:.1f} ms, overshoot "
                          f"{overshoots} ms per task")
+
+
+def test_strict_checks_each_ranks_own_sequence() -> None:
+    from aioready.hints import HintOrder
+    from aioready.tasks import Task
+    good = aioready.make_hint("1f1b", num_stages=2, num_microbatches=2)
+    bad_rank1 = (Task(Kind.B, 0), Task(Kind.F, 0), Task(Kind.F, 1), Task(Kind.B, 1))
+    hint = HintOrder("bad", good.placement, 2, False, (good.orders[0], bad_rank1))
+    hint.check_sequence(only_rank=0)
+    with pytest.raises(aioready.HintError, match="rank 1.*task B0"):
+        hint.check_sequence(only_rank=1)
+    with pytest.raises(aioready.HintError, match="rank 1.*task B0"):
+        simulate(stages=2, microbatches=2, hint=hint, mode="strict")
+    assert simulate(stages=2, microbatches=2, hint=hint, mode="ready").step_time > 0
