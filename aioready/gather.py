@@ -15,7 +15,7 @@ from typing import Any, Sequence
 
 from .telemetry import SPAN_COLUMNS, StepReport, spans_from_array, spans_to_array
 
-__all__ = ["gather_reports", "merge_rows", "STEP_COLUMNS"]
+__all__ = ["gather_reports", "merge_rows", "reduce_sum", "barrier", "STEP_COLUMNS"]
 
 STEP_COLUMNS = ("step", "start", "end", "peak_in_flight", "loss", "num_ranks", "rank")
 
@@ -68,10 +68,33 @@ async def gather_reports(reports: Sequence[StepReport], comm: Any, *,
     return merge_rows(all_spans, all_steps)
 
 
+async def barrier(comm: Any) -> None:
+    """Wait for every rank (e.g. before the first step, so start-up skew is not timed)."""
+    await _wait(comm.Ibarrier())
+
+
+async def reduce_sum(comm: Any, value: int, *, root: int = 0) -> int | None:
+    """Sum an integer over the ranks on `root` (None elsewhere): a buffer reduce, no pickle."""
+    import numpy as np
+    send = np.array([value], dtype=np.int64)
+    recv = np.zeros(1, dtype=np.int64) if comm.Get_rank() == root else None
+    await _wait(comm.Ireduce(send, recv, root=root))
+    return None if recv is None else int(recv[0])
+
+
 def merge_rows(span_rows: Any, step_rows: Any) -> list[tuple[StepReport, float | None]]:
-    """Rebuild merged step reports from gathered span and step rows."""
+    """Rebuild merged step reports from gathered span and step rows.
+
+    Note [step start across processes]: ranks run their steps independently, so a rank that
+    finished step k early (the last stage, in 1F1B) starts step k+1 while stage 0 still works on
+    step k, and waits there. A merged step therefore starts when the rank holding stage 0 starts
+    it (no task of the step can run earlier) and ends when the last rank ends it; steps then do
+    not overlap and their times add up to the run's wall time. In one process every rank starts
+    together and this is the earliest start.
+    """
     merged: dict[int, StepReport] = {}
     losses: dict[int, float | None] = {}
+    starts: dict[tuple[int, int], float] = {}
     for step_f, start, end, peak, loss, num_ranks, rank_f in step_rows.tolist():
         step, rank = int(step_f), int(rank_f)
         rep = merged.get(step)
@@ -79,12 +102,15 @@ def merge_rows(span_rows: Any, step_rows: Any) -> list[tuple[StepReport, float |
             rep = merged[step] = StepReport(step, start=start, end=end, num_ranks=int(num_ranks))
             losses[step] = None
         rep.start, rep.end = min(rep.start, start), max(rep.end, end)
+        starts[(step, rank)] = start
         if peak >= 0:
             rep.peak_in_flight[rank] = int(peak)
         if not math.isnan(loss):
             losses[step] = loss
     for step, span in spans_from_array(span_rows):
         merged[step].spans.append(span)
+        if span.stage == 0 and (step, span.rank) in starts:
+            merged[step].start = starts[(step, span.rank)]
     return [(merged[s], losses[s]) for s in sorted(merged)]
 
 

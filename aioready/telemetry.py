@@ -85,7 +85,7 @@ class StepMetrics:
     bubble_fraction: float
     """Idle share of all ranks' time: 1 - mean busy fraction."""
     lower_bound: float
-    """DESIGN.md's bound from the realized durations (aioready/bounds.py)."""
+    """DESIGN.md's bound from the realized durations (aioready.sim.lower_bound)."""
     efficiency: float
     """lower_bound / step_time (1.0: no schedule could have been faster)."""
     peak_in_flight: tuple[int, ...]
@@ -115,14 +115,6 @@ class SpanPlacement:
         return self._stages[rank] or (0,)
 
 
-def _lower_bound_fn() -> Any:
-    try:  # the simulator's definition when it has one (issue 5), else the shared one
-        from .sim import lower_bound  # type: ignore[attr-defined]
-    except ImportError:
-        from .bounds import lower_bound
-    return lower_bound
-
-
 def peak_in_flight(spans: Sequence[Span], rank: int) -> int:
     """Most microbatches in flight on `rank` at once: from its entry F's start to the end of its
     last local backward piece (W when split, else B) on the entry chunk."""
@@ -146,8 +138,9 @@ def step_metrics(report: StepReport) -> StepMetrics:
     placement = SpanPlacement(spans, report.num_ranks)
     num_mb = 1 + max(s.microbatch for s in spans)
     split = any(s.kind is Kind.W for s in spans)
-    lb = _lower_bound_fn()(placement, num_mb, split,
-                           lambda st, m, k: durations.get((st, m, int(k)), 0.0))
+    from .sim import lower_bound  # lazily: sim imports this module
+    lb = lower_bound(placement, num_mb, split,  # type: ignore[arg-type]
+                     lambda st, m, k: durations.get((st, m, int(k)), 0.0))
     busy = tuple(report.busy_fraction())
     t = report.step_time
     peaks = tuple(peak_in_flight(spans, r) for r in range(report.num_ranks))

@@ -125,7 +125,7 @@ async def train(cfg: TrainConfig, *, comm: Any = None,
     duration, source = paced_duration(
         placement=placement, num_microbatches=cfg.microbatches,
         split_backward=cfg.split_backward, task_ms=cfg.task_ms, jitter=cfg.jitter,
-        seed=cfg.seed, trace=cfg.trace)
+        seed=cfg.seed, trace=cfg.trace, steps=cfg.steps)
     devices: list[PacedDevice] = []
 
     def make_device(r: int) -> PacedDevice:
@@ -138,6 +138,9 @@ async def train(cfg: TrainConfig, *, comm: Any = None,
     params = [p for m in modules if m is not None for p in m.parameters()]
     opt = torch.optim.AdamW(params, lr=cfg.lr) if params else None
     result = TrainResult(rank=rank, world_size=world, durations=source)
+    if world > 1:
+        from .gather import barrier
+        await barrier(comm)  # ranks built their models at different speeds: start together
     with _live_metrics(cfg, pipe, rank) as instruments:
         try:
             for step in range(cfg.steps):
@@ -163,7 +166,11 @@ async def train(cfg: TrainConfig, *, comm: Any = None,
             pipe.close()
             if transport is not None:
                 await transport.close()
-    result.overruns = sum(d.num_overruns for d in devices)
+    overruns = sum(d.num_overruns for d in devices)
+    if world > 1:
+        from .gather import reduce_sum
+        overruns = await reduce_sum(comm, overruns) or 0
+    result.overruns = overruns
     return result
 
 

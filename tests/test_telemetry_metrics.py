@@ -9,13 +9,13 @@ import sys
 
 import pytest
 
-from aioready.bounds import lower_bound
 from aioready.clock import run_virtual
 from aioready.devices.base import TaskInfo
 from aioready.devices.sim import SimDevice
 from aioready.instruments import Instruments, InstrumentedDevice, instrument_pipeline
 from aioready.pipeline import Pipeline
 from aioready.placement import Placement
+from aioready.sim import lower_bound
 from aioready.tasks import Kind
 from aioready.telemetry import (StepReport, peak_in_flight, spans_from_array, spans_to_array,
                                 step_metrics)
@@ -155,7 +155,7 @@ def test_telemetry_modules_load_without_torch_or_mpi() -> None:
             "        if name.split('.')[0] in ('torch', 'mpi4py'):\n"
             "            raise ImportError('blocked ' + name)\n"
             "sys.meta_path.insert(0, Block())\n"
-            "import aioready.telemetry, aioready.bounds, aioready.export, aioready.instruments\n"
+            "import aioready.telemetry, aioready.export, aioready.instruments\n"
             "import aioready.gather, aioready.durations, aioready.plots, aioready.live\n"
             "import aioready.devices.paced\n"
             "print('ok')\n")

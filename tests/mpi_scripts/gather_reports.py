@@ -13,8 +13,8 @@ from aioready.telemetry import Span, StepReport
 def report(step: int, rank: int, n: int) -> StepReport:
     spans = [Span(rank, rank, 0, m, kind, step + 0.1 * m, step + 0.1 * m + 0.01 * rank,
                   step + 0.1 * m + 0.05) for m in range(3) for kind in (Kind.F, Kind.B)]
-    rep = StepReport(step, spans, start=step + 0.001 * rank, end=step + 1 + 0.001 * rank,
-                     num_ranks=n)
+    rep = StepReport(step, spans, start=step + 0.001 * (n - 1 - rank),
+                     end=step + 1 + 0.001 * rank, num_ranks=n)
     rep.peak_in_flight[rank] = 3 - rank
     return rep
 
