@@ -209,7 +209,7 @@ def _plot(summaries: list[dict[str, Any]], path: Path) -> bool:
         lb = min(r["lower_bound_s"] for r in rows) * 1e3
         ax.axvline(lb, color="k", ls="--", lw=1, label=f"lowest lower bound {lb:.0f} ms")
         ax.set_title(s["scenario"], fontsize=10)
-        ax.set_xlabel("median step time, ms (blue aioready, orange torch)")
+        ax.set_xlabel("median step ms (blue aioready, orange torch)", fontsize=8)
         ax.tick_params(axis="y", labelsize=7)
         ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()

@@ -122,6 +122,12 @@ def _grad_sq(stages: list[Any]) -> float:
                      for p in s.inner.parameters() if p.grad is not None))
 
 
+def _per_step(cpu: list[float], warmup: int) -> float:
+    """Process CPU time (every thread) inside the measured steps, barriers excluded, per step."""
+    measured = cpu[warmup:]
+    return sum(measured) / len(measured)
+
+
 def _record(name: str, shape: RunShape, times: list[list[float]], loss: float,
             grad_sq: float, slept: list[list[float]], counts: list[list[int]],
             cpu: list[float]) -> dict[str, Any]:
@@ -164,21 +170,20 @@ def run_aioready(args: argparse.Namespace, trace: Any, configs: list[str]
         pipe = Pipeline(stages, lm_loss, microbatches=M, hint=hint, mode=mode,
                         transport=transport, split_backward=split,
                         num_stages=shape.placement.num_stages)
-        times, loss = [], None
+        times, cpu, loss = [], [], None
         for step in range(args.warmup + args.steps):
             for s in stages:
                 s.zero_grad(set_to_none=True)
             injector.step = step
             if step == args.warmup:
                 injector.reset()
-                cpu0 = time.process_time()
             comm.Barrier()
-            t0 = time.perf_counter()
+            c0, t0 = time.process_time(), time.perf_counter()
             out = await pipe.step(inputs, targets)
             times.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
             if out is not None:
                 loss = float(out)
-        cpu = (time.process_time() - cpu0) / args.steps  # every thread of this process
         await transport.close()
         pipe.close()
         all_times = comm.gather(times[args.warmup:], root=0)
@@ -186,7 +191,7 @@ def run_aioready(args: argparse.Namespace, trace: Any, configs: list[str]
         grad_sq = comm.reduce(_grad_sq(stages), op=MPI.SUM, root=0)
         slept = comm.gather(list(injector.slept), root=0)
         counts = comm.gather(list(injector.count), root=0)
-        cpus = comm.gather(cpu, root=0)
+        cpus = comm.gather(_per_step(cpu, args.warmup), root=0)
         if rank != 0:
             return {}
         the_loss = next(v for v in losses if v is not None)
@@ -248,28 +253,27 @@ def run_torch(args: argparse.Namespace, trace: Any, configs: list[str]
         schedule = cls(stages if chunks > 1 else stages[0], n_microbatches=M, loss_fn=lm_loss,
                        scale_grads=True)
         has_first, has_last = 0 in mine, S - 1 in mine
-        times, loss = [], 0.0
+        times, cpu, loss = [], [], 0.0
         for step in range(args.warmup + args.steps):
             for m in modules:
                 m.zero_grad(set_to_none=True)
             injector.step = step
             if step == args.warmup:
                 injector.reset()
-                cpu0 = time.process_time()
             losses: list[Any] = []
             call_args = (x, tags) if has_first else ()
             kwargs: dict[str, Any] = {"target": y, "losses": losses} if has_last else {}
             dist.barrier()
-            t0 = time.perf_counter()
+            c0, t0 = time.process_time(), time.perf_counter()
             schedule.step(*call_args, **kwargs)
             times.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
             if has_last:
                 loss = float(sum(float(v.detach()) for v in losses) / M)
-        cpu = (time.process_time() - cpu0) / args.steps  # every thread of this process
         gathered: list[Any] = [None] * size
         dist.all_gather_object(gathered, (times[args.warmup:], loss if has_last else None,
                                           _grad_sq(modules), list(injector.slept),
-                                          list(injector.count), cpu))
+                                          list(injector.count), _per_step(cpu, args.warmup)))
         if rank == 0:
             all_times = [g[0] for g in gathered]
             the_loss = next(g[1] for g in gathered if g[1] is not None)
