@@ -16,6 +16,9 @@ over steps), and the CPU time each rank's process used per step (all its threads
 bench/results/e2e.md, e2e.json and e2e.png.
 
 Run: python -m bench.e2e [--quick] [--scenarios none,multimodal:0.3:3] [--steps N]
+
+The launched processes inherit the environment, so aioready's polling knobs can be tried as
+`AIOREADY_SPIN_US=0 AIOREADY_PARK_US=3000 python -m bench.e2e` (progress.py; defaults otherwise).
 """
 
 from __future__ import annotations
