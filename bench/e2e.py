@@ -281,7 +281,7 @@ def _body(summaries: list[dict[str, Any]], args: argparse.Namespace, steps: int,
         f"Median of {steps} measured steps after {args.warmup} warm-up step(s). "
         "aioready runs under mpiexec with MPITransport; torch.distributed.pipelining with gloo, "
         + ("in the same mpiexec-launched processes, after aioready." if args.one_launch else
-           "under torchrun, in separate processes."), "",
+           "under torchrun, in separate processes.") + " " + _knobs(), "",
         "## Summary", "",
         "| scenario | aioready best | ms | eff | torch best | ms | eff | torch best / aioready best |",
         "|---|---|---|---|---|---|---|---|"]
@@ -302,6 +302,12 @@ def _body(summaries: list[dict[str, Any]], args: argparse.Namespace, steps: int,
         lines += _table(s)
     lines += ["## Not run", "", _not_run(summaries)]
     return "\n".join(lines)
+
+
+def _knobs() -> str:
+    knobs = sorted(f"{k}={v}" for k, v in os.environ.items() if k.startswith("AIOREADY_"))
+    return ("aioready's settings from the environment: " + ", ".join(knobs) + "." if knobs
+            else "aioready runs with its default polling settings.")
 
 
 def _not_run(summaries: list[dict[str, Any]]) -> str:
