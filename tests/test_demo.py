@@ -21,12 +21,18 @@ def check_outputs(text: str, out: Path) -> None:
 
 
 @pytest.mark.timeout(120)
-def test_demo_runs_in_process_at_reduced_size(tmp_path: Path,
-                                              capsys: pytest.CaptureFixture[str]) -> None:
-    assert main([*ARGS, "--in-process", "--out", str(tmp_path)]) == 0
+def test_demo_falls_back_to_in_process_when_mpiexec_fails(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import aioready.demo
+    monkeypatch.setattr(aioready.demo, "mpi_launcher", lambda: ("/bin/false", "MPI via false"))
+    assert main([*ARGS, "--out", str(tmp_path)]) == 0
     text = capsys.readouterr().out
-    assert "transport: in-process (--in-process given)" in text
+    assert "the MPI run failed (mpiexec exited with 1" in text
+    assert "falling back to in-process for both modes" in text
     check_outputs(text, tmp_path)
+    for mode in ("strict", "ready"):
+        assert '"transport": "inproc"' in (tmp_path / f"{mode}.json").read_text()
 
 
 @pytest.mark.mpi
