@@ -56,6 +56,8 @@ class TrainConfig:
     lr: float = 3e-3
     metrics_port: int | None = None
     """serve Prometheus metrics on this port (+ rank under MPI); None: off"""
+    sleep_only: bool = False
+    """tasks only sleep their durations, no model compute (replays a trace's timing alone)"""
 
     def __post_init__(self) -> None:
         for name in ("stages", "microbatches", "steps", "batch", "seq", "dim", "heads",
@@ -92,6 +94,7 @@ class TrainResult:
             "trace": cfg.trace, "task_ms": cfg.task_ms, "durations": self.durations,
             "transport": "mpi" if self.world_size > 1 else "inproc",
             "ranks": self.world_size, "overruns": self.overruns,
+            "sleep_only": cfg.sleep_only,
         }
 
 
@@ -118,7 +121,7 @@ async def train(cfg: TrainConfig, *, comm: Any = None,
     model = gpt_stages(cfg.stages, vocab=cfg.vocab, dim=cfg.dim, heads=cfg.heads,
                        layers_per_stage=cfg.layers_per_stage, seq=cfg.seq, seed=cfg.seed)
     mine = placement.stages_of(rank) if transport is not None else tuple(range(cfg.stages))
-    modules = [model[s] for s in mine]
+    modules = [None if cfg.sleep_only else model[s] for s in mine]
     duration, source = paced_duration(
         placement=placement, num_microbatches=cfg.microbatches,
         split_backward=cfg.split_backward, task_ms=cfg.task_ms, jitter=cfg.jitter,
@@ -132,8 +135,8 @@ async def train(cfg: TrainConfig, *, comm: Any = None,
     pipe = Pipeline(modules, lm_loss, microbatches=cfg.microbatches, hint=hint, mode=cfg.mode,
                     transport=transport, split_backward=cfg.split_backward, cap=cfg.cap,
                     device=make_device, num_stages=cfg.stages)
-    params = [p for m in modules for p in m.parameters()]
-    opt = torch.optim.AdamW(params, lr=cfg.lr)
+    params = [p for m in modules if m is not None for p in m.parameters()]
+    opt = torch.optim.AdamW(params, lr=cfg.lr) if params else None
     result = TrainResult(rank=rank, world_size=world, durations=source)
     if world > 1:
         from .gather import barrier
@@ -142,8 +145,9 @@ async def train(cfg: TrainConfig, *, comm: Any = None,
         try:
             for step in range(cfg.steps):
                 loss = await pipe.step(*_batch(cfg, step, mine))
-                opt.step()
-                opt.zero_grad(set_to_none=True)
+                if opt is not None:
+                    opt.step()
+                    opt.zero_grad(set_to_none=True)
                 report, loss_value = await _collect(pipe, comm if world > 1 else None, loss)
                 if instruments:
                     local = pipe.last_step
