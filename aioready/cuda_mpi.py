@@ -127,7 +127,8 @@ class HostStager:
 
     `to_host(t, ready)` waits (on the GPU) for the producer's event, copies into a pinned buffer
     and returns it with the copy's event; `to_device(host)` copies back. Await the events with
-    `wait()` (the completion engine) before handing buffers to MPI or reading them.
+    `wait()` (the completion engine) before handing buffers to MPI or reading them, and
+    `release()` host buffers for reuse.
     """
 
     def __init__(self, device: Any = None, *, wake: str = "poll") -> None:
@@ -137,10 +138,22 @@ class HostStager:
         self.stream = torch.cuda.Stream(self.device)
         self.wake = wake
         self._source: Any = None
+        self._pool: dict[tuple[Any, ...], list[Any]] = {}
+
+    def _pinned(self, shape: Any, dtype: Any) -> Any:
+        """A pinned buffer from the pool (pinning is slow: reuse, never allocate per message)."""
+        free = self._pool.get((tuple(shape), dtype))
+        if free:
+            return free.pop()
+        return self._torch.empty(shape, dtype=dtype, pin_memory=True)
+
+    def release(self, host: Any) -> None:
+        """Give a staging buffer back once MPI and the copies are done with it."""
+        self._pool.setdefault((tuple(host.shape), host.dtype), []).append(host)
 
     def to_host(self, t: Any, ready: Any = None) -> tuple[Any, Any]:
         torch = self._torch
-        host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        host = self._pinned(t.shape, t.dtype)
         with torch.cuda.stream(self.stream):
             if ready is not None:
                 self.stream.wait_event(ready)

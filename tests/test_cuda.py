@@ -180,8 +180,10 @@ def test_pipeline_device_cuda_without_gpu_is_a_clear_error() -> None:
 @gpu
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", ["strict", "ready"])
-@pytest.mark.parametrize("wake", ["poll", "thread"])
-async def test_gpu_pipeline_matches_unsplit_model(mode: str, wake: str) -> None:
+@pytest.mark.parametrize("wake", ["poll", "hybrid", "thread"])
+def test_gpu_pipeline_matches_unsplit_model(mode: str, wake: str) -> None:
+    """Plain (not async) so it also runs where pytest-asyncio is missing (the GPU image)."""
+    import aioready
     from aioready.pipeline import Pipeline
     from aioready.testing import make_mlp_stages, max_grad_diff, mse_loss, reference_step
     stages = [s.cuda() for s in make_mlp_stages(4)]
@@ -191,8 +193,29 @@ async def test_gpu_pipeline_matches_unsplit_model(mode: str, wake: str) -> None:
     ref_loss, ref = reference_step(stages, mse_loss, xs, ys)
     pipe = Pipeline(stages, mse_loss, microbatches=8, mode=mode,
                     device=lambda r: CUDADevice(r, wake=wake))
-    loss = await asyncio.wait_for(pipe.step(xs, ys), 60)
+
+    async def step() -> torch.Tensor:
+        return await asyncio.wait_for(pipe.step(xs, ys), 60)
+
+    loss = aioready.run(step())
     torch.cuda.synchronize()
+    assert {rt.device.stream.cuda_stream for rt in pipe.runtimes}.__len__() == 4
     assert abs(float(loss) - float(ref_loss)) <= 1e-10
     assert max_grad_diff(stages, ref) <= 1e-10
     pipe.close()
+
+async def test_hybrid_spins_then_hands_pending_events_to_waiters() -> None:
+    engine = FakeEngine()
+    src = CUDAEventSource(wake="hybrid", engine=engine, spin_s=0.005)
+    fast, slow = FakeEvent(), FakeEvent()
+    f_fast = src.add(fast, "s")
+    assert engine.kicks == 1 and src.wants_hot() and not src._waiters
+    fast.finish()
+    assert src.poll() == 1 and f_fast.done()
+    f_slow = src.add(slow, "s")
+    await asyncio.sleep(0.01)
+    assert not src.wants_hot()  # window over: parked, a waiter thread took the event
+    assert list(src._waiters) == ["s"]
+    threading.Timer(0.005, slow.finish).start()
+    await asyncio.wait_for(f_slow, 5)
+    src.close()

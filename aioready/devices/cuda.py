@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
+import time
 from typing import Any, Callable, TypeVar
 
 import torch
@@ -90,6 +91,8 @@ class CUDADevice:
         self._source: CUDAEventSource | None = None
         self._free: list[torch.cuda.Event] = []
         self.num_tasks = 0
+        self.enqueue_s = 0.0  # host time spent launching tasks' work (on the loop thread)
+        self.wait_s = 0.0  # time from the last launch to the host learning of completion
 
     def _source_for(self, loop: asyncio.AbstractEventLoop) -> CUDAEventSource:
         src = self._source
@@ -102,7 +105,7 @@ class CUDADevice:
     def _event(self) -> torch.cuda.Event:
         if self._free:
             return self._free.pop()
-        return torch.cuda.Event(blocking=self.wake == "thread")
+        return torch.cuda.Event(blocking=self.wake in ("thread", "hybrid"))
 
     def _adopt(self, value: Any) -> Any:
         """Make a task input usable on this stream (see the module docstring)."""
@@ -134,6 +137,7 @@ class CUDADevice:
     async def run(self, info: TaskInfo, fn: Callable[[], T]) -> T:
         loop = asyncio.get_running_loop()
         source = self._source_for(loop)
+        t0 = time.perf_counter()
         outer = torch.cuda.current_stream(self.device)
         with torch.cuda.stream(self.stream):
             start = None
@@ -149,8 +153,12 @@ class CUDADevice:
             event.record(self.stream)
         self._release(result, outer)
         self.num_tasks += 1
+        t1 = time.perf_counter()
         await source.add(event, self.stream.cuda_stream, device=self.device)
-        self._free.append(event)
+        self.enqueue_s += t1 - t0
+        self.wait_s += time.perf_counter() - t1
+        if self.wake == "poll":  # elsewhere a waiter may still hold it: never re-record those
+            self._free.append(event)
         return result
 
     def synchronize(self) -> None:

@@ -9,6 +9,9 @@ learns of a completion is the `wake` mode:
 - ``thread``: one waiter thread per stream blocks in `Event.synchronize()` (which releases the
   GIL; events are created with `blocking=True` so the thread sleeps) and wakes the loop with
   `call_soon_threadsafe`. The engine may park.
+- ``hybrid``: hot as ``poll`` for `spin_s` after the last new event (ASYNC.md: stay hot while a
+  completion is expected soon), then the pending events go to the waiter threads of ``thread``
+  and the engine may park. Short tasks get poll latency; long ones stop costing a spinning core.
 - ``hostfn``: a C function (never a Python callable: a host callback that needs the GIL can
   deadlock against a thread holding the GIL and calling CUDA) enqueued with `cuLaunchHostFunc`
   on a side notify stream, after `wait_event`, writes to an eventfd the loop watches. The compute
@@ -30,14 +33,16 @@ import shutil
 import subprocess
 import tempfile
 import threading
+import time
 from typing import Any, Callable, Hashable
 
 from ..errors import ConfigError, StageError
 from .local_engine import engine_for
 
-__all__ = ["CUDAEventSource", "WAKE_MODES", "hostfn_available", "notify_shim"]
+__all__ = ["CUDAEventSource", "WAKE_MODES", "DEFAULT_SPIN_S", "hostfn_available", "notify_shim"]
 
-WAKE_MODES = ("poll", "thread", "hostfn")
+WAKE_MODES = ("poll", "hybrid", "thread", "hostfn")
+DEFAULT_SPIN_S = 0.002
 
 _SHIM_C = rb"""
 #include <stdint.h>
@@ -165,7 +170,7 @@ class CUDAEventSource:
     """Completion source of CUDA events: per-stream FIFOs, only heads are queried."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop | None = None, *, wake: str = "poll",
-                 engine: Any = None) -> None:
+                 engine: Any = None, spin_s: float = DEFAULT_SPIN_S) -> None:
         if wake not in WAKE_MODES:
             raise ConfigError("unknown CUDA wake mode", expected=" | ".join(WAKE_MODES),
                               got=repr(wake))
@@ -173,7 +178,9 @@ class CUDAEventSource:
         self.wake = wake
         self.engine = engine if engine is not None else engine_for(self.loop)
         self.engine.add_source(self)
-        self._fifos: dict[Hashable, collections.deque[tuple[Any, asyncio.Future[None]]]] = {}
+        self.spin_s = spin_s
+        self._hot_until = 0.0
+        self._fifos: dict[Hashable, collections.deque[list[Any]]] = {}
         self._pending = 0
         self._waiters: dict[Hashable, _Waiter] = {}
         self._notifier: _HostFnNotifier | None = None
@@ -186,20 +193,34 @@ class CUDAEventSource:
         fifo = self._fifos.get(stream)
         if fifo is None:
             fifo = self._fifos[stream] = collections.deque()
-        fifo.append((event, fut))
+        entry = [event, fut, False]  # event, future, handed to a waiter thread
+        fifo.append(entry)
         self._pending += 1
         if self.wake == "poll":
             self.engine.kick()
+        elif self.wake == "hybrid":
+            self._hot_until = time.monotonic() + self.spin_s
+            self.engine.kick()
         elif self.wake == "thread":
-            waiter = self._waiters.get(stream)
-            if waiter is None:
-                waiter = self._waiters[stream] = _Waiter(self.loop, self._on_wake)
-            waiter.submit(event)
+            self._submit(stream, entry)
         else:
             if self._notifier is None:
                 self._notifier = _HostFnNotifier(self.loop, self._on_wake)
             self._notifier.launch(stream, event, device)
         return fut
+
+    def _submit(self, stream: Hashable, entry: list[Any]) -> None:
+        waiter = self._waiters.get(stream)
+        if waiter is None:
+            waiter = self._waiters[stream] = _Waiter(self.loop, self._on_wake)
+        entry[2] = True
+        waiter.submit(entry[0])
+
+    def _park(self) -> None:
+        for stream, fifo in self._fifos.items():
+            for entry in fifo:
+                if not entry[2]:
+                    self._submit(stream, entry)
 
     def _on_wake(self) -> None:
         self.poll()
@@ -209,7 +230,7 @@ class CUDAEventSource:
         done = 0
         for fifo in self._fifos.values():
             while fifo:
-                event, fut = fifo[0]
+                event, fut, _ = fifo[0]
                 self.num_queries += 1
                 try:
                     finished = event.query()
@@ -236,7 +257,12 @@ class CUDAEventSource:
         return self._pending
 
     def wants_hot(self) -> bool:
-        return self.wake == "poll" and self._pending > 0
+        if self._pending == 0 or self.wake in ("thread", "hostfn"):
+            return False
+        if self.wake == "poll" or time.monotonic() < self._hot_until:
+            return True
+        self._park()  # hybrid, spin window over: waiter threads take the pending events
+        return False
 
     def close(self) -> None:
         for waiter in self._waiters.values():
