@@ -234,6 +234,21 @@ async def check_event_cost(quick: bool) -> None:
     RESULTS["event_cost"] = res
 
 
+async def check_event_cost_again(quick: bool) -> None:
+    """Two more runs of section 2, for the spread between runs (medians of each run)."""
+    first = RESULTS["event_cost"]
+    runs = [first]
+    for _ in range(2):
+        await check_event_cost(quick)
+        runs.append(RESULTS["event_cost"])
+    RESULTS["event_cost"] = first
+    RESULTS["event_cost_runs"] = {
+        size: {k: [round(r[size]["overhead_vs_sync_spin_us"][k], 1) for r in runs]
+               for k in first[size]["overhead_vs_sync_spin_us"]}
+        for size in ("20us", "200us", "5000us")}
+    log("event overhead per run", RESULTS["event_cost_runs"])
+
+
 # -- 3. GPT pipeline, variable-length microbatches ---------------------------------------------
 def gpu_busy(devices: list[CUDADevice], t0_event: torch.cuda.Event) -> tuple[float, float]:
     """Union of the tasks' GPU intervals over the span from the step's first to last event (ms)."""
@@ -257,8 +272,10 @@ def gpu_busy(devices: list[CUDADevice], t0_event: torch.cuda.Event) -> tuple[flo
     return busy, total
 
 
-async def check_gpt(quick: bool) -> None:
-    dim, heads, layers, vocab, batch = (1024, 16, 2, 8192, 8)
+async def check_gpt(quick: bool, batch: int = 8, key: str = "gpt_pipeline") -> None:
+    """batch=8 leaves the one loop thread launching for all 4 stages most of the time (host
+    bound); batch=32 gives each launch 4x the GPU work."""
+    dim, heads, layers, vocab = (1024, 16, 2, 8192)
     lengths = [128, 1024, 256, 768, 64, 896, 384, 512]
     stages = gpt_stages(4, vocab=vocab, dim=dim, heads=heads, layers=layers, seq=1024,
                         dtype=torch.bfloat16)
@@ -325,8 +342,8 @@ async def check_gpt(quick: bool) -> None:
     res["rank0_order"] = order
     for p in pipes.values():
         p.close()
-    RESULTS["gpt_pipeline"] = res
-    log("gpt", {m: {k: round(v, 3) for k, v in res[m].items() if k.startswith("median")}
+    RESULTS[key] = res
+    log(key, {m: {k: round(v, 3) for k, v in res[m].items() if k.startswith("median")}
                 for m in rows})
 
 
@@ -373,8 +390,12 @@ async def check_staging() -> None:
 
 
 async def main(args: argparse.Namespace) -> None:
-    for name, step in [("exactness", check_exactness), ("event_cost", check_event_cost),
-                       ("gpt_pipeline", check_gpt), ("staging", lambda q: check_staging())]:
+    steps = [("exactness", check_exactness), ("event_cost", check_event_cost),
+             ("gpt_pipeline", check_gpt), ("staging", lambda q: check_staging())]
+    if not args.quick:
+        steps += [("event_cost_again", check_event_cost_again),
+                  ("gpt_pipeline_b32", lambda q: check_gpt(q, 32, "gpt_pipeline_b32"))]
+    for name, step in steps:
         t0 = time.perf_counter()
         try:
             await step(args.quick)
@@ -422,8 +443,9 @@ if __name__ == "__main__":
             log("event", k, {n: round(v, 1) for n, v in ec[k]["median_us"].items()})
             log("  cpu", k, {n: round(v, 1) for n, v in ec[k]["median_cpu_us"].items()})
     log("query_us", ec.get("query_us"))
-    gp = RESULTS.get("gpt_pipeline", {})
-    log("gpt ready/strict wall", gp.get("ready_over_strict_wall"))
-    for k, v in gp.items():
-        if isinstance(v, dict) and "median_wall_ms" in v:
-            log("gpt", k, {kk: round(vv, 3) for kk, vv in v.items() if kk.startswith("median")})
+    for key in ("gpt_pipeline", "gpt_pipeline_b32"):
+        gp = RESULTS.get(key, {})
+        log(key, "ready/strict wall", gp.get("ready_over_strict_wall"))
+        for k, v in gp.items():
+            if isinstance(v, dict) and "median_wall_ms" in v:
+                log(" ", k, {kk: round(vv, 3) for kk, vv in v.items() if kk.startswith("median")})
