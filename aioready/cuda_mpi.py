@@ -3,7 +3,7 @@
 mpi4py 4.1 has no query for CUDA-awareness, so `cuda_mpi_support()` asks the MPI library that
 mpi4py loaded: it finds it in /proc/self/maps (mpi4py loads it RTLD_LOCAL, so `CDLL(None)` cannot
 see its symbols) and calls `MPIX_Query_cuda_support` (MPICH, Open MPI); failing that it reads the
-MPI 4.1 `mpi_memory_alloc_kinds` info key for a `cuda` kind. `AIOREADY_CUDA_AWARE_MPI=0|1`
+MPI 4.1 `mpi_memory_alloc_kinds` info key for a `cuda` kind. `AIOREADY_MPI_CUDA_AWARE=0|1`
 overrides both. The PyPI MPICH wheel answers 0: not CUDA-aware.
 
 mpi4py never synchronizes CUDA streams (it exports torch tensors with `__dlpack__(stream=-1)`),
@@ -82,11 +82,11 @@ def cuda_mpi_support(comm: Any = None, *, refresh: bool = False) -> CudaMPISuppo
     global _cached
     if _cached is not None and not refresh:
         return _cached
-    forced = os.environ.get("AIOREADY_CUDA_AWARE_MPI")
+    forced = os.environ.get("AIOREADY_MPI_CUDA_AWARE")
     if forced is not None:
         if forced not in ("0", "1"):
-            raise ConfigError("AIOREADY_CUDA_AWARE_MPI", expected="0 or 1", got=repr(forced))
-        result = CudaMPISupport(forced == "1", "env", None, "AIOREADY_CUDA_AWARE_MPI")
+            raise ConfigError("AIOREADY_MPI_CUDA_AWARE", expected="0 or 1", got=repr(forced))
+        result = CudaMPISupport(forced == "1", "env", None, "AIOREADY_MPI_CUDA_AWARE")
     else:
         from mpi4py import MPI
         lib = find_libmpi()

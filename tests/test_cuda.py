@@ -13,7 +13,6 @@ import torch
 from aioready.devices import cuda_events
 from aioready.devices.cuda import CUDADevice, cuda_available
 from aioready.devices.cuda_events import CUDAEventSource
-from aioready.devices.local_engine import LocalEngine
 from aioready.errors import ConfigError, StageError
 
 gpu = pytest.mark.skipif(not cuda_available(), reason="no CUDA device visible to torch")
@@ -91,26 +90,27 @@ async def test_query_error_fails_that_task_only() -> None:
     assert f_good.result() is None
 
 
-async def test_local_engine_resolves_futures_hot_and_parks() -> None:
+async def test_progress_engine_resolves_futures_and_goes_idle() -> None:
+    from aioready.progress import ProgressEngine
     loop = asyncio.get_running_loop()
-    engine = LocalEngine(loop)
-    src = CUDAEventSource(wake="poll", engine=engine)
+    engine = ProgressEngine.for_loop(loop)
+    src = CUDAEventSource(wake="poll")
+    assert src.engine is engine
     events = [FakeEvent() for _ in range(4)]
     futs = [src.add(e, i % 2) for i, e in enumerate(events)]
     for i, e in enumerate(events):
         loop.call_later(0.001 * (i + 1), e.finish)
     await asyncio.wait_for(asyncio.gather(*futs), 5)
-    assert src.num_pending() == 0
-    await asyncio.sleep(0.01)  # engine parks: no more polls while nothing is pending
-    polls = engine.num_polls
+    assert src.num_pending() == 0 and src.num_completed == 4
     await asyncio.sleep(0.01)
-    assert engine.num_polls == polls
+    idle = engine.statistics().num_idle_waits
+    assert idle >= 1  # nothing pending: the engine waits for a kick, it does not spin
     e = FakeEvent()
     fut = src.add(e, 0)
     loop.call_later(0.002, e.finish)
     await asyncio.wait_for(fut, 5)
-    assert engine.num_polls > polls
-    engine._task.cancel()
+    src.close()
+    engine.close()
 
 
 async def test_thread_wake_does_not_keep_the_engine_hot() -> None:

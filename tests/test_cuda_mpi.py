@@ -40,11 +40,11 @@ def test_detection_on_the_loaded_mpi(child_env) -> None:
 
 
 def test_env_override_and_its_bad_value(monkeypatch) -> None:
-    monkeypatch.setenv("AIOREADY_CUDA_AWARE_MPI", "1")
+    monkeypatch.setenv("AIOREADY_MPI_CUDA_AWARE", "1")
     got = cuda_mpi.cuda_mpi_support(refresh=True)
     assert got.aware is True and got.method == "env"
     assert cuda_mpi.transfer_path(got) == "device"
-    monkeypatch.setenv("AIOREADY_CUDA_AWARE_MPI", "yes")
+    monkeypatch.setenv("AIOREADY_MPI_CUDA_AWARE", "yes")
     with pytest.raises(ConfigError, match="0 or 1"):
         cuda_mpi.cuda_mpi_support(refresh=True)
     monkeypatch.setattr(cuda_mpi, "_cached", None)

@@ -37,7 +37,7 @@ import time
 from typing import Any, Callable, Hashable
 
 from ..errors import ConfigError, StageError
-from .local_engine import engine_for
+from ..progress import ProgressEngine
 
 __all__ = ["CUDAEventSource", "WAKE_MODES", "DEFAULT_SPIN_S", "hostfn_available", "notify_shim"]
 
@@ -176,7 +176,7 @@ class CUDAEventSource:
                               got=repr(wake))
         self.loop = loop or asyncio.get_running_loop()
         self.wake = wake
-        self.engine = engine if engine is not None else engine_for(self.loop)
+        self.engine = engine if engine is not None else ProgressEngine.for_loop(self.loop)
         self.engine.add_source(self)
         self.spin_s = spin_s
         self._hot_until = 0.0
