@@ -6,7 +6,8 @@
    (median microseconds from launch to the host knowing), per wake mode, and `query()` cost;
 3. a 4-stage GPT-style pipeline with variable-length microbatches: strict vs ready step times
    (interleaved repeats, medians) and GPU busy fraction (union of per-task GPU intervals);
-4. CUDA-aware MPI detection and the pinned-host staging round trip;
+4. CUDA-aware MPI detection, the pinned-host staging round trip, and MPI ranks sharing the GPU
+   (bench/gpu_mpi_check.py under mpiexec: MPITransport + CUDADevice, exactness);
 and writes everything as JSON (--out). Usage: python3 bench/gpu_check.py --out gpu_check.json
 [--quick]. Runs without pytest-asyncio: everything is driven by aioready.run.
 """
@@ -362,6 +363,41 @@ def check_mpi() -> None:
     log("cuda_mpi", RESULTS["cuda_mpi"])
 
 
+def check_mpi_ranks(quick: bool) -> None:
+    """bench/gpu_mpi_check.py under mpiexec: 2 and 4 ranks sharing the GPU, MPITransport."""
+    import shutil
+    here = os.path.dirname(os.path.abspath(__file__))
+    mpiexec = shutil.which("mpiexec")
+    if mpiexec is None:
+        RESULTS["mpi_ranks"] = {"error": "no mpiexec on PATH"}
+        return
+    version = subprocess.run([mpiexec, "--version"], capture_output=True, text=True,
+                             timeout=30).stdout
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(here), OMPI_ALLOW_RUN_AS_ROOT="1",
+               OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_rmaps_base_oversubscribe="1",
+               OMPI_MCA_btl_vader_single_copy_mechanism="none")
+    res: dict = {"mpiexec": mpiexec, "version": version.strip().splitlines()[:1], "runs": []}
+    for n in ((2,) if quick else (2, 4)):
+        t0 = time.perf_counter()
+        try:
+            done = subprocess.run([mpiexec, "-n", str(n), sys.executable,
+                                   os.path.join(here, "gpu_mpi_check.py")], env=env,
+                                  capture_output=True, text=True, timeout=150)
+            lines = [json.loads(line[7:]) for line in done.stdout.splitlines()
+                     if line.startswith("RESULT ")]
+            run = {"ranks": n, "rc": done.returncode, "cases": lines,
+                   "all_ok": bool(lines) and all(c["ok"] for c in lines)}
+            if done.returncode or not lines:
+                run["stderr"] = done.stderr[-3000:]
+        except subprocess.TimeoutExpired as exc:
+            run = {"ranks": n, "error": "timeout", "stderr": str(exc.stderr)[-2000:]}
+        run["seconds"] = time.perf_counter() - t0
+        res["runs"].append(run)
+        log("mpi ranks", n, {k: v for k, v in run.items() if k != "cases"},
+            [(c["mode"], c["split_backward"], c["width"], c["ok"]) for c in run.get("cases", [])])
+    RESULTS["mpi_ranks"] = res
+
+
 async def check_staging() -> None:
     from aioready.cuda_mpi import HostStager
     stager = HostStager(torch.device("cuda", 0))
@@ -392,6 +428,7 @@ async def check_staging() -> None:
 async def main(args: argparse.Namespace) -> None:
     steps = [("exactness", check_exactness), ("event_cost", check_event_cost),
              ("gpt_pipeline", check_gpt), ("staging", lambda q: check_staging())]
+    steps += [("mpi_ranks", lambda q: asyncio.to_thread(check_mpi_ranks, q))]
     if not args.quick:
         steps += [("event_cost_again", check_event_cost_again),
                   ("gpt_pipeline_b32", lambda q: check_gpt(q, 32, "gpt_pipeline_b32"))]
@@ -423,7 +460,8 @@ if __name__ == "__main__":
     RESULTS["env"] = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
                       "gpu": props.name, "torch": torch.__version__,
                       "cuda": torch.version.cuda, "python": sys.version.split()[0],
-                      "hostfn_available": hostfn_available(), "wakes": wakes()}
+                      "hostfn_available": hostfn_available(), "wakes": wakes(),
+                      "engine": "aioready.progress.ProgressEngine"}
     try:
         import uvloop
         RESULTS["env"]["uvloop"] = uvloop.__version__

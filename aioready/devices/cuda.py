@@ -11,9 +11,11 @@ Streams and the caching allocator: a tensor made on stream A and used on stream 
 stages sharing a GPU, the runtime summing losses on the default stream) must not have its memory
 handed out again on A while B's kernels may still read it. So every CUDA tensor a task receives
 is marked `record_stream(s)` of the consuming stream, and every CUDA tensor it returns is marked
-for the loop thread's current stream. Data dependencies need no `wait_event`: the consumer's
-kernels are enqueued only after the host saw the producer's event complete. Tensors on the CPU
-or another GPU are copied to this device on `s` before `fn` runs.
+for the loop thread's current stream. Inputs from another stage need no `wait_event`: the
+consumer's kernels are enqueued only after the host saw the producer's event complete. Work the
+loop thread left on its current stream (the caller's inputs, a transport's host-to-device copy)
+is not observed by the host, so `s` waits for that stream first (`wait_stream`, on the GPU).
+Tensors on the CPU or another GPU are copied to this device on `s` before `fn` runs.
 """
 
 from __future__ import annotations
@@ -141,6 +143,9 @@ class CUDADevice:
         source = self._source_for(loop)
         t0 = time.perf_counter()
         outer = torch.cuda.current_stream(self.device)
+        # Work the loop thread enqueued on its own stream (inputs made by the caller, a
+        # transport's host-to-device copy) is ordered before this task on the GPU.
+        self.stream.wait_stream(outer)
         with torch.cuda.stream(self.stream):
             start = None
             if self.timing:
