@@ -44,7 +44,8 @@ async def case(comm: MPI.Comm, mode: str, split: bool, width: int, M: int) -> di
     ys = [torch.randn(2, L, width, generator=gen, dtype=torch.float64).to(dev) for L in lens]
     transport = MPITransport(comm, device=dev if gpu else None)
     pipe = Pipeline([full[rank]], mse_loss, microbatches=M, mode=mode, transport=transport,
-                    split_backward=split, device=CUDADevice if gpu else "cpu")
+                    split_backward=split,
+                    device=(lambda r: CUDADevice(r)) if gpu else "cpu")
     comm.Barrier()
     t0 = time.perf_counter()
     loss = await pipe.step(xs, ys)

@@ -37,8 +37,8 @@ __all__ = ["CUDADevice", "cuda_available", "DEFAULT_WAKE"]
 T = TypeVar("T")
 
 # Measured on an H200 (bench/gpu_check.py, bench/results/gpu.md): hot polling learns of a
-# completion 6-18 us after a spinning synchronize(); the parked wakes (thread, hostfn) take
-# 40-260 us. `hybrid` halves the CPU of long tasks for ~0.2 ms more. AIOREADY_CUDA_WAKE overrides.
+# completion 2-18 us after a spinning synchronize(); the parked wakes (thread, hostfn) take
+# 30-260 us. `hybrid` cuts the CPU of long tasks for ~0.15 ms more. AIOREADY_CUDA_WAKE overrides.
 DEFAULT_WAKE = "poll"
 
 
