@@ -19,6 +19,7 @@ from .schedulers import make_hint
 from .telemetry import StepReport
 from .transports.base import Transport
 from .transports.inproc import InprocWorld
+from .watchdog import DEFAULT, STALL_TIMEOUT_S, StallWatchdog, StepGuard, resolve_timeout
 
 __all__ = ["Pipeline", "split_microbatches"]
 
@@ -66,7 +67,8 @@ class Pipeline:
         microbatches: int = 8, hint: str | HintOrder = "1f1b", mode: str = "ready",
         transport: Transport | None = None, split_backward: bool = False,
         cap: int | Sequence[int] | None = None, device: Any = "cpu",
-        num_stages: int | None = None,
+        num_stages: int | None = None, stall_timeout: float | None = DEFAULT,
+        peer_timeout: float | None = DEFAULT,
     ) -> None:
         if not isinstance(microbatches, int) or isinstance(microbatches, bool) or microbatches < 1:
             raise ConfigError("microbatches must be a positive integer", expected=">= 1",
@@ -122,6 +124,21 @@ class Pipeline:
         self._step = 0
         self.last_step: StepReport | None = None
         self.history: list[list[StepReport]] = []
+        self._guard = StepGuard()
+        self._stall_arg = stall_timeout
+        self.stall_timeout = resolve_timeout("stall_timeout", stall_timeout,
+                                             "AIOREADY_STALL_TIMEOUT", STALL_TIMEOUT_S)
+        self.stall_watchdog = (None if self.stall_timeout is None else
+                               StallWatchdog(self.runtimes, self._guard, self.stall_timeout))
+        self.peer_monitor = None
+        if transport is not None and transport.world_size > 1:
+            from .faults import PEER_TIMEOUT_S, PeerMonitor
+            self.peer_timeout = resolve_timeout("peer_timeout", peer_timeout,
+                                                "AIOREADY_PEER_TIMEOUT", PEER_TIMEOUT_S)
+            self.peer_monitor = PeerMonitor(self.runtimes[0], self._guard, self.peer_timeout)
+        else:
+            self.peer_timeout = resolve_timeout("peer_timeout", peer_timeout,
+                                                "AIOREADY_PEER_TIMEOUT", None)
 
     def _caps(self, cap: Any, num_ranks: int) -> list[int | None]:
         if cap is None or isinstance(cap, int):
@@ -165,23 +182,29 @@ class Pipeline:
         mbs = split_microbatches(inputs, M, name="inputs")
         tgts = split_microbatches(targets, M, name="targets")
         step = self._step
-        if len(self.runtimes) == 1:
-            loss = await self.runtimes[0].run_step(step, mbs, tgts)
-        else:
-            try:
-                async with asyncio.TaskGroup() as group:
-                    tasks = [group.create_task(rt.run_step(step, mbs, tgts))
-                             for rt in self.runtimes]
-            except BaseExceptionGroup as group_error:
-                raise _first_cause(group_error) from None
-            loss = tasks[-1].result() if tasks else None
-            for t in tasks:
-                if t.result() is not None:
-                    loss = t.result()
+        if self.stall_watchdog is not None and self._stall_arg is DEFAULT:
+            from .clock import VirtualClockLoop  # simulated time: the default is off
+            virtual = isinstance(asyncio.get_running_loop(), VirtualClockLoop)
+            self.stall_watchdog.enabled = not virtual
+        loss = await self._guard.run(self._run_ranks(step, mbs, tgts), step)
         self._step += 1
         reports = [rt.reports[-1] for rt in self.runtimes]
         self.history.append(reports)
         self.last_step = _merge(reports)
+        return loss
+
+    async def _run_ranks(self, step: int, mbs: Any, tgts: Any) -> Any:
+        if len(self.runtimes) == 1:
+            return await self.runtimes[0].run_step(step, mbs, tgts)
+        try:
+            async with asyncio.TaskGroup() as group:
+                tasks = [group.create_task(rt.run_step(step, mbs, tgts)) for rt in self.runtimes]
+        except BaseExceptionGroup as group_error:
+            raise _first_cause(group_error) from None
+        loss = tasks[-1].result() if tasks else None
+        for t in tasks:
+            if t.result() is not None:
+                loss = t.result()
         return loss
 
     def close(self) -> None:
