@@ -67,8 +67,7 @@ class PeerMonitor:
         loop = asyncio.get_running_loop()
         now = loop.time()
         self._last_seen = {r: now for r in self.peers}
-        if self._handle is None:
-            self._beat()
+        if self._handle is None:  # first beat a quarter timeout later, once peers are open
             self._schedule(loop)
 
     def _schedule(self, loop: asyncio.AbstractEventLoop) -> None:
