@@ -171,6 +171,20 @@ class Pipeline:
         for rt in self.runtimes:
             rt.step_index = step - 1
 
+    def state_dict(self, optimizers: Any = None) -> dict[int, dict[str, Any]]:
+        """{rank: modules, optimizers, step, RNG} for this process's ranks (checkpoint.py).
+
+        Like torch's `state_dict`, it references the live tensors: copy it to keep a snapshot.
+        """
+        from .checkpoint import state_dict
+        return state_dict(self, optimizers)
+
+    def load_state_dict(self, state: Any, optimizers: Any = None, *,
+                        check_config: bool = True) -> int:
+        """Validate, then restore a `state_dict()`; return the index of the next step."""
+        from .checkpoint import load_state_dict
+        return load_state_dict(self, state, optimizers, check_config=check_config)
+
     async def step(self, inputs: Any = None, targets: Any = None) -> Any:
         """Run one step; return the summed loss where the last stage lives, else None.
 
@@ -208,6 +222,8 @@ class Pipeline:
         return loss
 
     def close(self) -> None:
+        if self.peer_monitor is not None:
+            self.peer_monitor.close()
         for rt in self.runtimes:
             rt.device.close()
 
