@@ -1,0 +1,324 @@
+"""The completion engine: one polling coroutine per event loop completes every MPI request and
+CUDA event of the rank (ASYNC.md, "Recommendation").
+
+MPI has no file descriptor to wait on, and a helper thread blocked in `MPI_Waitany` spins a core
+and fights MPICH's global lock (ASYNC.md 4), so completion is polled on the loop thread. Every
+completion source (MPI requests, CUDA events, fakes in the simulator) sits behind one small
+protocol, `CompletionSource`; the engine only decides *when* to poll:
+
+- **hot** (`await asyncio.sleep(0)`, ~1 us per pass on uvloop) while a source says a transfer needs
+  progress (`wants_hot()`: a rendezvous-size message is in flight), for `spin_s` after the last
+  completion or `kick()`, or until a deadline set with `stay_hot()`. A 2 ms window, not 200 us:
+  shorter windows let two ranks drift into missing each other by one sleep (ASYNC.md 2).
+- **parked** on a timerfd registered with `loop.add_reader` otherwise: `park_s` (250 us) for
+  `park_window_s` after the last progress, then doubling up to `backoff_max_s` for long bubbles.
+  Not `asyncio.sleep`: uvloop turns sub-millisecond sleeps into 0 (a spin) and the default loop
+  stretches them to ~1.1 ms. Without a timerfd (non-Linux, or a loop without `add_reader` such as
+  the virtual clock) the engine falls back to `loop.call_later` with at least `min_sleep_s` (1 ms).
+- **idle** on a future (0 % CPU) when no source has anything pending; `kick()` wakes it.
+
+Knobs live in `ProgressConfig` and are read once from `AIOREADY_*` environment variables.
+This module imports neither mpi4py nor torch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import ctypes.util
+import logging
+import os
+import struct
+import sys
+import time
+import weakref
+from dataclasses import dataclass, fields
+from typing import Protocol, runtime_checkable
+
+from .errors import ConfigError
+
+__all__ = ["CompletionSource", "ProgressConfig", "ProgressEngine", "ProgressStatistics"]
+
+log = logging.getLogger(__name__)
+
+
+@runtime_checkable
+class CompletionSource(Protocol):
+    """The whole surface the engine needs from a source of completions.
+
+    - `poll()`: complete what has finished (resolve futures, call handlers); return how many.
+      Runs on the loop thread and must not block.
+    - `num_pending()`: items still outstanding; 0 lets the engine sleep until `kick()`.
+    - `wants_hot()`: True while an outstanding item only moves when polled (MPI rendezvous).
+    """
+
+    def poll(self) -> int: ...
+
+    def num_pending(self) -> int: ...
+
+    def wants_hot(self) -> bool: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressConfig:
+    """Polling policy knobs (seconds); env: AIOREADY_SPIN_US, AIOREADY_PARK_US, ..."""
+
+    spin_s: float = 2e-3  # AIOREADY_SPIN_US: stay hot this long after progress or a kick
+    park_s: float = 250e-6  # AIOREADY_PARK_US: timerfd period once the spin window is over
+    park_window_s: float = 50e-3  # AIOREADY_PARK_WINDOW_MS: how long to park at park_s
+    backoff_max_s: float = 8e-3  # AIOREADY_BACKOFF_MAX_MS: longest park in a long bubble
+    hot_max_s: float = 20e-3  # AIOREADY_HOT_MAX_MS: cap on spinning for wants_hot() alone
+    min_sleep_s: float = 1e-3  # AIOREADY_MIN_SLEEP_MS: shortest park without a timerfd
+    timer: str = "auto"  # AIOREADY_TIMER: auto | timerfd | call_later
+
+    _ENV = {"spin_s": ("AIOREADY_SPIN_US", 1e-6), "park_s": ("AIOREADY_PARK_US", 1e-6),
+            "park_window_s": ("AIOREADY_PARK_WINDOW_MS", 1e-3),
+            "backoff_max_s": ("AIOREADY_BACKOFF_MAX_MS", 1e-3),
+            "hot_max_s": ("AIOREADY_HOT_MAX_MS", 1e-3),
+            "min_sleep_s": ("AIOREADY_MIN_SLEEP_MS", 1e-3)}
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not value >= 0:
+                raise ConfigError(f"progress knob {f.name} must be >= 0", expected=">= 0",
+                                  got=value)
+        if self.timer not in ("auto", "timerfd", "call_later"):
+            raise ConfigError("progress knob timer", expected="auto | timerfd | call_later",
+                              got=repr(self.timer))
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None) -> "ProgressConfig":
+        """Defaults overridden by AIOREADY_* variables (units in the variable name)."""
+        env = os.environ if environ is None else environ
+        kwargs: dict[str, object] = {}
+        for name, (var, unit) in cls._ENV.items():  # type: ignore[attr-defined]
+            if var in env:
+                try:
+                    kwargs[name] = float(env[var]) * unit
+                except ValueError:
+                    raise ConfigError(f"{var} is not a number", expected="a number",
+                                      got=repr(env[var])) from None
+        if "AIOREADY_TIMER" in env:
+            kwargs["timer"] = env["AIOREADY_TIMER"]
+        return cls(**kwargs)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressStatistics:
+    """Counters since the engine started (for benches and stall dumps)."""
+
+    num_sources: int
+    num_pending: int
+    num_completed: int
+    num_hot_passes: int
+    num_parks: int
+    num_idle_waits: int
+    timer: str
+
+
+class _TimerFd:
+    """A one-shot CLOCK_MONOTONIC timerfd: os.timerfd_* on 3.13+, libc through ctypes before."""
+
+    def __init__(self) -> None:
+        if hasattr(os, "timerfd_create"):
+            self.fd = os.timerfd_create(time.CLOCK_MONOTONIC,
+                                        flags=os.TFD_NONBLOCK | os.TFD_CLOEXEC)
+            self._set = lambda s: os.timerfd_settime(self.fd, initial=max(s, 1e-6))  # type: ignore
+            self._closer = weakref.finalize(self, os.close, self.fd)
+            return
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        fd = libc.timerfd_create(1, 0o4000 | 0o2000000)  # CLOCK_MONOTONIC, NONBLOCK|CLOEXEC
+        if fd < 0:
+            raise OSError(ctypes.get_errno(), "timerfd_create failed")
+        self.fd = fd
+        self._closer = weakref.finalize(self, os.close, fd)
+        settime = libc.timerfd_settime
+        spec = (ctypes.c_long * 4)()
+
+        def _set(seconds: float) -> None:
+            ns = max(int(seconds * 1e9), 1000)
+            spec[0] = spec[1] = 0
+            spec[2], spec[3] = divmod(ns, 1_000_000_000)
+            if settime(self.fd, 0, ctypes.byref(spec), None) != 0:
+                raise OSError(ctypes.get_errno(), "timerfd_settime failed")
+
+        self._set = _set
+
+    def arm(self, seconds: float) -> None:
+        self._set(seconds)  # re-arming also resets a pending expiration count
+
+    def drain(self) -> None:
+        try:
+            os.read(self.fd, 8)
+        except BlockingIOError:
+            pass
+
+    def close(self) -> None:
+        self._closer()
+
+
+_ENGINES: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, ProgressEngine]" = (
+    weakref.WeakKeyDictionary())
+
+
+class ProgressEngine:
+    """The one completion engine of an event loop; get it with `ProgressEngine.for_loop()`."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop,
+                 config: ProgressConfig | None = None) -> None:
+        self.loop = loop
+        self.config = config or ProgressConfig.from_env()
+        self._sources: list[CompletionSource] = []
+        self._task: asyncio.Task[None] | None = None
+        self._wake: asyncio.Future[None] | None = None
+        self._last_progress = loop.time()
+        self._hot_until = 0.0
+        self._timer: _TimerFd | None = None
+        self._timer_kind = self._choose_timer()
+        self.num_completed = self.num_hot_passes = self.num_parks = self.num_idle_waits = 0
+
+    @classmethod
+    def for_loop(cls, loop: asyncio.AbstractEventLoop | None = None) -> "ProgressEngine":
+        """The engine of `loop` (default: the running loop), created on first use."""
+        loop = loop or asyncio.get_running_loop()
+        engine = _ENGINES.get(loop)
+        if engine is None:
+            engine = _ENGINES[loop] = cls(loop)
+        return engine
+
+    def _choose_timer(self) -> str:
+        kind = self.config.timer
+        if kind == "call_later":
+            return kind
+        usable = sys.platform.startswith("linux") and type(self.loop).__name__ != \
+            "VirtualClockLoop"
+        if usable:
+            try:
+                self._timer = _TimerFd()
+                return "timerfd"
+            except (OSError, AttributeError):
+                usable = False
+        if kind == "timerfd":
+            raise ConfigError("no timerfd on this platform or loop", expected="Linux and a "
+                              "real-time loop", got=f"{sys.platform}, {type(self.loop).__name__}",
+                              fix="set AIOREADY_TIMER=call_later")
+        return "call_later"
+
+    # -- the surface used by transports and devices -----------------------------------------
+    def add_source(self, source: CompletionSource) -> None:
+        """Poll `source` from now on (until `remove_source`)."""
+        if source not in self._sources:
+            self._sources.append(source)
+        self.kick()
+
+    def remove_source(self, source: CompletionSource) -> None:
+        if source in self._sources:
+            self._sources.remove(source)
+
+    def kick(self) -> None:
+        """New work was started: poll soon, and stay hot for the spin window."""
+        self._last_progress = self.loop.time()
+        wake = self._wake
+        if wake is not None and not wake.done():
+            wake.set_result(None)
+        if self._task is None or self._task.done():
+            self._task = self.loop.create_task(self._run(), name="aioready-progress")
+
+    def stay_hot(self, seconds: float) -> None:
+        """A completion is expected within `seconds` (from the schedule): keep polling hot."""
+        self._hot_until = max(self._hot_until, self.loop.time() + seconds)
+        self.kick()
+
+    def poll(self) -> int:
+        """Poll every source once, now (the arbiter may call this between task launches)."""
+        done = 0
+        for src in tuple(self._sources):
+            try:
+                done += src.poll()
+            except Exception:  # a source must report its own errors; never kill the poller
+                log.exception("completion source %r raised in poll(); removing it", src)
+                self.remove_source(src)
+        if done:
+            self.num_completed += done
+            self._last_progress = self.loop.time()
+        return done
+
+    def statistics(self) -> ProgressStatistics:
+        return ProgressStatistics(len(self._sources), self._num_pending(), self.num_completed,
+                                  self.num_hot_passes, self.num_parks, self.num_idle_waits,
+                                  self._timer_kind)
+
+    # -- the poller ----------------------------------------------------------------------
+    def _num_pending(self) -> int:
+        return sum(src.num_pending() for src in self._sources)
+
+    def _wants_hot(self) -> bool:
+        return any(src.wants_hot() for src in self._sources)
+
+    async def _run(self) -> None:
+        cfg = self.config
+        loop = self.loop
+        while True:
+            self.poll()
+            if not self._num_pending():
+                self.num_idle_waits += 1
+                await self._wait(None)
+                continue
+            now = loop.time()
+            quiet = now - self._last_progress
+            if (quiet < cfg.spin_s or now < self._hot_until
+                    or (quiet < cfg.hot_max_s and self._wants_hot())):
+                self.num_hot_passes += 1
+                await asyncio.sleep(0)
+                continue
+            if self._wants_hot() or quiet < cfg.park_window_s:
+                delay = cfg.park_s
+            else:  # a long bubble: back off, growing with the time spent quiet
+                delay = min(cfg.backoff_max_s, max(cfg.park_s, (quiet - cfg.park_window_s)))
+            self.num_parks += 1
+            await self._wait(delay)
+
+    async def _wait(self, delay: float | None) -> None:
+        """Sleep until `delay` passed (None: forever) or kick() is called."""
+        loop = self.loop
+        wake = self._wake = loop.create_future()
+        handle = None
+        try:
+            if delay is not None:
+                if self._timer is not None:
+                    self._timer.arm(delay)
+                    loop.add_reader(self._timer.fd, self._on_timer, wake)
+                else:
+                    handle = loop.call_later(max(delay, self.config.min_sleep_s),
+                                             _resolve, wake)
+            await wake
+        finally:
+            self._wake = None
+            if handle is not None:
+                handle.cancel()
+            elif delay is not None and self._timer is not None:
+                loop.remove_reader(self._timer.fd)
+
+    def _on_timer(self, wake: asyncio.Future[None]) -> None:
+        assert self._timer is not None
+        self._timer.drain()
+        _resolve(wake)
+
+    def close(self) -> None:
+        """Stop polling and release the timerfd (the loop is closing)."""
+        if self._task is not None:
+            self._task.cancel()
+        if self._timer is not None:
+            self._timer.close()
+            self._timer = None
+        _ENGINES.pop(self.loop, None)
+
+    def __repr__(self) -> str:
+        return (f"<ProgressEngine sources={len(self._sources)} pending={self._num_pending()} "
+                f"timer={self._timer_kind}>")
+
+
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)

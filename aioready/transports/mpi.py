@@ -1,0 +1,413 @@
+"""MPITransport: message-driven, nonblocking point-to-point over mpi4py.
+
+Wire format (DESIGN.md "Communication"). Two duplicates of the communicator keep the two kinds of
+traffic apart, so a header can never match a payload receive or the reverse:
+
+- *header channel*: one message per `Message`, tag = a per-destination sequence number. It holds
+  the fixed binary header of transports/base.py, and, when the payload is small
+  (<= `inline_bytes`), the payload itself right after it (16-byte aligned): one MPI message per
+  stage boundary, as cheap as a raw send.
+- *payload channel*: for larger payloads, one message per non-empty tensor, tag =
+  seq * MAX_TENSORS + slot, sent straight from the tensor's storage.
+
+The receiver never posts a receive for a message it does not know: it matches headers with
+`Improbe` (any source, any order) and receives them with `Imrecv`, then posts the payload
+receives into freshly allocated tensors of the advertised dtype and shape (which may differ per
+microbatch). No call blocks, so no rank can block another. Completion of every request is polled
+by the loop's ProgressEngine (progress.py), of which this transport is a CompletionSource.
+
+CPU tensors travel without copies through numpy views of their storage (0.2 us against 7 us for
+DLPack, ASYNC.md 4); non-contiguous tensors are made contiguous and grad-requiring ones detached.
+CUDA tensors go through CUDA-aware MPI when the library says it is (mpi_cuda.py), else through
+pinned host buffers; which path is logged at start. A send to this rank itself (V placements) is
+delivered locally on the loop, by reference.
+
+A header that does not parse, or sizes that do not match it, raise ProtocolError on the receiving
+rank: the runtime's step fails with it (see `open`), and `python -m aioready` or
+`aioready.launch.abort_on_error` turn it into MPI_Abort so the whole job stops.
+
+`MPITransport(comm)` duplicates `comm`, a collective call: every rank constructs its transport at
+the same point of the program.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from functools import partial
+from typing import Any, Callable
+
+import numpy as np
+
+from ..errors import AioreadyError, InternalError, ProtocolError
+from ..progress import ProgressEngine
+from .base import (_DESC, _FIXED, MAX_TENSORS, Deliver, Message, TensorSpec, decode_header,
+                   encode_header)
+from .mpi_cuda import StagedSend, query_cuda_aware, receive_buffer
+
+__all__ = ["MPITransport", "INLINE_BYTES", "HOT_BYTES"]
+
+log = logging.getLogger(__name__)
+
+INLINE_BYTES = int(os.environ.get("AIOREADY_MPI_INLINE_BYTES", 16384))
+HOT_BYTES = int(os.environ.get("AIOREADY_MPI_HOT_BYTES", 65536))
+_SEQ_MOD = 32768 // MAX_TENSORS  # payload tags stay under the guaranteed MPI tag bound (32767)
+_ALIGN = 16
+_PROBES_PER_POLL = 64
+
+
+def _align(n: int) -> int:
+    return (n + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+def _header_size(specs: list[TensorSpec]) -> int:
+    return _FIXED.size + sum(_DESC.size + 8 * len(s.shape) for s in specs)
+
+
+def _torch() -> Any:
+    import torch
+    return torch
+
+
+def _dtype_name(t: Any) -> str:
+    return str(t.dtype).removeprefix("torch.")
+
+
+def _host_bytes(t: Any) -> np.ndarray:
+    """A uint8 numpy view of a CPU tensor's storage (copying only if it is not contiguous)."""
+    t = t.detach()
+    if not t.is_contiguous():
+        t = t.contiguous()
+    return t.reshape(-1).view(_torch().uint8).numpy()  # type: ignore[no-any-return]
+
+
+class _Inbound:
+    """A message whose header arrived and whose payload receives are outstanding."""
+
+    __slots__ = ("msg", "tensors", "left", "device_copy")
+
+    def __init__(self, msg: Message, tensors: list[Any], left: int, device_copy: bool) -> None:
+        self.msg = msg
+        self.tensors = tensors
+        self.left = left
+        self.device_copy = device_copy
+
+
+class MPITransport:
+    """The Transport protocol over MPI point-to-point; one per rank, on that rank's loop."""
+
+    def __init__(self, comm: Any = None, *, device: Any = None,
+                 inline_bytes: int = INLINE_BYTES, hot_bytes: int = HOT_BYTES) -> None:
+        from mpi4py import MPI
+        self._MPI = MPI
+        comm = MPI.COMM_WORLD if comm is None else comm
+        self._rank = comm.Get_rank()
+        self._size = comm.Get_size()
+        self._hdr = comm.Dup()
+        self._data = comm.Dup()
+        self._device = device
+        self.inline_bytes = inline_bytes
+        self.hot_bytes = hot_bytes
+        self.cuda_aware, how = query_cuda_aware()
+        path = "CUDA-aware MPI" if self.cuda_aware else "staged through pinned host memory"
+        log.info("rank %d/%d: CUDA tensors %s (%s)", self._rank, self._size, path, how)
+        self._seq = [0] * self._size
+        self._status = MPI.Status()
+        self._reqs: list[Any] = []
+        self._done: list[Callable[[], None]] = []
+        self._big: list[bool] = []
+        self._num_big = 0
+        self._staged: list[tuple[StagedSend, Callable[[], None]]] = []
+        self._num_sending = 0
+        self._num_local = 0
+        self._sent_waiters: list[asyncio.Future[None]] = []
+        self._deliver: Deliver | None = None
+        self._fail: Callable[[BaseException], None] | None = None
+        self._engine: ProgressEngine | None = None
+        self._error: BaseException | None = None
+        self.num_sent = self.num_received = 0
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        return self._size
+
+    # -- Transport ------------------------------------------------------------------------
+    def open(self, deliver: Deliver) -> None:
+        """Start matching headers on the running loop.
+
+        Errors found while receiving fail the step of the runtime `deliver` is bound to (its
+        `fail` method, when it has one), and are raised again by `send_nowait`/`wait_sent`.
+        """
+        self._deliver = deliver
+        owner = getattr(deliver, "__self__", None)
+        self._fail = getattr(owner, "fail", None)
+        self._engine = ProgressEngine.for_loop()
+        self._engine.add_source(self)
+
+    def send_nowait(self, dest: int, msg: Message) -> None:
+        if self._error is not None:
+            raise self._error
+        if not 0 <= dest < self._size:
+            raise ProtocolError("send to a rank outside the world", rank=self._rank,
+                                expected=f"0..{self._size - 1}", got=dest)
+        self.num_sent += 1
+        if dest == self._rank:
+            self._num_local += 1
+            asyncio.get_running_loop().call_soon(self._arrive_local, msg)
+            return
+        tensors = msg.tensors
+        specs = [TensorSpec(None, ()) if t is None else TensorSpec(_dtype_name(t), tuple(t.shape))
+                 for t in tensors]
+        header = encode_header(msg, specs)
+        seq = self._seq[dest]
+        self._seq[dest] = (seq + 1) % _SEQ_MOD
+        sizes = [0 if t is None else t.numel() * t.element_size() for t in tensors]
+        on_cuda = any(t is not None and t.is_cuda for t in tensors)
+        if not on_cuda and sum(sizes) <= self.inline_bytes:
+            self._send_inline(dest, seq, header, tensors, sizes)
+        else:
+            self._isend(self._hdr, np.frombuffer(header, np.uint8), dest, seq, False)
+            for i, (t, n) in enumerate(zip(tensors, sizes)):
+                if n:
+                    self._send_payload(dest, seq * MAX_TENSORS + i, t, n)
+        assert self._engine is not None, "send_nowait before open()"
+        self._engine.kick()
+
+    async def wait_sent(self) -> None:
+        while self._num_sending or self._num_local or self._staged:
+            fut = asyncio.get_running_loop().create_future()
+            self._sent_waiters.append(fut)
+            await fut
+        if self._error is not None:
+            raise self._error
+
+    async def close(self) -> None:
+        try:
+            await self.wait_sent()
+        finally:
+            if self._engine is not None:
+                self._engine.remove_source(self)
+            self._deliver = None
+            for comm in (self._hdr, self._data):
+                if comm != self._MPI.COMM_NULL:
+                    comm.Free()
+
+    # -- sending --------------------------------------------------------------------------
+    def _send_inline(self, dest: int, seq: int, header: bytes, tensors: tuple[Any, ...],
+                     sizes: list[int]) -> None:
+        off = _align(len(header))
+        buf = np.empty(off + sum(_align(n) for n in sizes), np.uint8)
+        buf[:len(header)] = np.frombuffer(header, np.uint8)
+        for t, n in zip(tensors, sizes):
+            if n:
+                buf[off:off + n] = _host_bytes(t)
+                off += _align(n)
+        self._isend(self._hdr, buf, dest, seq, False)
+
+    def _send_payload(self, dest: int, tag: int, t: Any, n: int) -> None:
+        if not t.is_cuda:
+            self._isend(self._data, _host_bytes(t), dest, tag, n >= self.hot_bytes)
+            return
+        staged = StagedSend(t.detach().contiguous(), cuda_aware=self.cuda_aware)
+        self._num_sending += 1  # counted until its Isend completes
+
+        def start() -> None:
+            self._num_sending -= 1
+            buf = staged.buffer if self.cuda_aware else _host_bytes(staged.buffer)
+            self._isend(self._data, buf, dest, tag, n >= self.hot_bytes)
+
+        self._staged.append((staged, start))
+
+    def _isend(self, comm: Any, buf: Any, dest: int, tag: int, big: bool) -> None:
+        req = comm.Isend(buf, dest, tag)
+        self._num_sending += 1
+        self._track(req, partial(self._sent, buf), big)
+
+    def _sent(self, buf: Any) -> None:
+        self._num_sending -= 1  # `buf` was kept alive until here by this partial
+        self._maybe_idle()
+
+    def _arrive_local(self, msg: Message) -> None:
+        self._num_local -= 1
+        self._hand_over(msg)
+        self._maybe_idle()
+
+    def _maybe_idle(self) -> None:
+        if not (self._num_sending or self._num_local or self._staged):
+            waiters, self._sent_waiters = self._sent_waiters, []
+            for fut in waiters:
+                if not fut.done():
+                    fut.set_result(None)
+
+    # -- CompletionSource -----------------------------------------------------------------
+    def _track(self, req: Any, done: Callable[[], None], big: bool) -> None:
+        self._reqs.append(req)
+        self._done.append(done)
+        self._big.append(big)
+        self._num_big += big
+
+    def poll(self) -> int:
+        try:
+            return self._poll()
+        except AioreadyError as exc:
+            self._raise(exc)
+        except Exception as exc:  # a bug here must fail the step, not silently stop polling
+            self._raise(InternalError(f"{type(exc).__name__} while polling MPI: {exc}; please "
+                                      "file a bug", rank=self._rank))
+        return 1
+
+    def _poll(self) -> int:
+        n = self._probe() if self._deliver is not None else 0
+        if self._staged:
+            n += self._start_staged()
+        if not self._reqs:
+            return n
+        idx = self._MPI.Request.Testsome(self._reqs)
+        if not idx:
+            return n
+        finished = set(idx)
+        done = [self._done[i] for i in idx]
+        keep = [i for i in range(len(self._reqs)) if i not in finished]
+        self._num_big -= sum(self._big[i] for i in idx)
+        self._reqs = [self._reqs[i] for i in keep]
+        self._done = [self._done[i] for i in keep]
+        self._big = [self._big[i] for i in keep]
+        for fn in done:
+            fn()
+        return n + len(done)
+
+    def num_pending(self) -> int:
+        return len(self._reqs) + len(self._staged) + (self._deliver is not None)
+
+    def wants_hot(self) -> bool:
+        return self._num_big > 0 or bool(self._staged)
+
+    def _start_staged(self) -> int:
+        started = 0
+        while self._staged and self._staged[0][0].ready():  # one stream: complete in order
+            self._staged.pop(0)[1]()
+            started += 1
+        return started
+
+    # -- receiving ------------------------------------------------------------------------
+    def _probe(self) -> int:
+        n = 0
+        status = self._status
+        for _ in range(_PROBES_PER_POLL):
+            m = self._hdr.Improbe(self._MPI.ANY_SOURCE, self._MPI.ANY_TAG, status)
+            if m is None:
+                break
+            src, seq = status.Get_source(), status.Get_tag()
+            buf = np.empty(status.Get_count(self._MPI.BYTE), np.uint8)
+            req = m.Irecv(buf)
+            n += 1
+            if req.Test():
+                self._on_header(src, seq, buf)
+            else:
+                self._track(req, partial(self._on_header, src, seq, buf), False)
+        return n
+
+    def _on_header(self, src: int, seq: int, buf: np.ndarray) -> None:
+        try:
+            self._route_header(src, seq, buf)
+        except AioreadyError as exc:
+            self._raise(exc)
+
+    def _route_header(self, src: int, seq: int, buf: np.ndarray) -> None:
+        msg, specs = decode_header(memoryview(buf), source=src)
+        torch = _torch()
+        dtypes = [None if s.dtype is None else getattr(torch, s.dtype) for s in specs]
+        sizes = [0 if d is None else _numel(s.shape) * d.itemsize for s, d in zip(specs, dtypes)]
+        hlen = _header_size(specs)
+        inline_len = _align(hlen) + sum(_align(n) for n in sizes)
+        if len(buf) == inline_len or (len(buf) == hlen and not sum(sizes)):
+            off = _align(hlen)
+            tensors = []
+            for s, d, n in zip(specs, dtypes, sizes):
+                if d is None:
+                    tensors.append(None)
+                    continue
+                t = torch.from_numpy(buf[off:off + n]).view(d).view(s.shape) if n else \
+                    torch.empty(s.shape, dtype=d)
+                tensors.append(self._to_device(t))
+                off += _align(n)
+            self._hand_over(_with(msg, tuple(tensors)))
+            return
+        if len(buf) != hlen:
+            raise ProtocolError(f"message from rank {src} does not match its header",
+                                rank=self._rank, expected=f"{hlen} bytes (header) or "
+                                f"{inline_len} (header and payload)", got=f"{len(buf)} bytes")
+        device = self._device
+        staged = device is not None and not self.cuda_aware
+        tensors = [None if d is None else receive_buffer(s.shape, d, device, self.cuda_aware)
+                   for s, d in zip(specs, dtypes)]
+        inbound = _Inbound(msg, tensors, sum(1 for n in sizes if n), staged)
+        for i, (t, n) in enumerate(zip(tensors, sizes)):
+            if n:
+                dst = t if t.is_cuda else t.reshape(-1).view(torch.uint8).numpy()
+                req = self._data.Irecv(dst, src, seq * MAX_TENSORS + i)
+                self._track(req, partial(self._payload_done, inbound), n >= self.hot_bytes)
+
+    def _payload_done(self, inbound: _Inbound) -> None:
+        inbound.left -= 1
+        if inbound.left:
+            return
+        tensors = inbound.tensors
+        if inbound.device_copy:
+            tensors = [self._to_device(t) for t in tensors]
+        self._hand_over(_with(inbound.msg, tuple(tensors)))
+
+    def _to_device(self, t: Any) -> Any:
+        if t is None or self._device is None or t.device == _torch().device(self._device):
+            return t
+        return t.to(self._device, non_blocking=True)
+
+    def _hand_over(self, msg: Message) -> None:
+        self.num_received += 1
+        deliver = self._deliver
+        if deliver is None:
+            self._raise(ProtocolError("message after the transport was closed", rank=self._rank,
+                                      expected="no message", got=msg.describe()))
+            return
+        try:
+            deliver(msg)
+        except AioreadyError as exc:
+            self._raise(exc)
+        except Exception as exc:
+            self._raise(InternalError(f"deliver raised {type(exc).__name__}: {exc}",
+                                      rank=self._rank))
+
+    def _raise(self, exc: BaseException) -> None:
+        """An error found on the loop while receiving: fail the step, keep it for later calls."""
+        log.error("rank %d: %s", self._rank, exc)
+        if self._error is None:
+            self._error = exc
+        if self._fail is not None:
+            self._fail(exc)
+        self._maybe_idle_with_error()
+
+    def _maybe_idle_with_error(self) -> None:
+        waiters, self._sent_waiters = self._sent_waiters, []
+        for fut in waiters:
+            if not fut.done():
+                fut.set_exception(self._error)  # type: ignore[arg-type]
+
+    def __repr__(self) -> str:
+        return (f"<MPITransport rank={self._rank}/{self._size} sending={self._num_sending} "
+                f"requests={len(self._reqs)} cuda_aware={self.cuda_aware}>")
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _with(msg: Message, tensors: tuple[Any, ...]) -> Message:
+    return Message(msg.step, msg.kind, msg.stage, msg.microbatch, tensors, msg.tag)
