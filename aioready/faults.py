@@ -21,6 +21,7 @@ sender's rank) and an error's text as a uint8 tensor, never a pickle. Configurat
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 from typing import Any
 
@@ -34,6 +35,9 @@ __all__ = ["PeerMonitor", "PEER_TIMEOUT_S", "HEARTBEAT", "STAGE_FAILED", "RANK_F
 PEER_TIMEOUT_S = 30.0
 HEARTBEAT, STAGE_FAILED, RANK_FAILED = 1, 2, 3
 MAX_ERROR_BYTES = 4096
+FLUSH_S = 1.0  # how long a failing rank waits for its error broadcast to leave
+
+log = logging.getLogger(__name__)
 
 
 class PeerMonitor:
@@ -131,11 +135,22 @@ class PeerMonitor:
         code = STAGE_FAILED if isinstance(exc, StageError) else RANK_FAILED
         text = (f"rank {self.rank} of {self.world_size} on {socket.gethostname()}: "
                 f"{type(exc).__name__}: {exc}")
+        log.error("%s", text)  # said here first: a peer's MPI_Abort may end this process soon
         data = text.encode("utf-8", "replace")[:MAX_ERROR_BYTES]
         payload = torch.tensor(list(data), dtype=torch.uint8)
         step = max(self.runtime.step_index, 0)
         for peer in self.peers:
             self._send(peer, Message(step, MessageKind.CONTROL, 0, self.rank, (payload,), code))
+
+    async def flush(self) -> None:
+        """After this rank's own failure: give the error broadcast up to FLUSH_S to leave."""
+        if not self._broadcast_done or self._remote_error is not None:
+            return
+        try:
+            await asyncio.wait_for(self.transport.wait_sent(), FLUSH_S)
+        except BaseException as exc:  # a dead peer's sends may never complete: move on
+            if isinstance(exc, asyncio.CancelledError) and asyncio.current_task().cancelling():
+                raise
 
     def _on_control(self, msg: Message) -> None:
         src = msg.microbatch

@@ -200,7 +200,12 @@ class Pipeline:
             from .clock import VirtualClockLoop  # simulated time: the default is off
             virtual = isinstance(asyncio.get_running_loop(), VirtualClockLoop)
             self.stall_watchdog.enabled = not virtual
-        loss = await self._guard.run(self._run_ranks(step, mbs, tgts), step)
+        try:
+            loss = await self._guard.run(self._run_ranks(step, mbs, tgts), step)
+        except Exception:
+            if self.peer_monitor is not None:
+                await self.peer_monitor.flush()
+            raise
         self._step += 1
         reports = [rt.reports[-1] for rt in self.runtimes]
         self.history.append(reports)
