@@ -1,6 +1,6 @@
 """A 4-rank training run with one injected fault, for tests/test_faults_mpi.py and bench/faults.
 
-Usage: mpiexec -n 4 python tests/mpi_scripts/fault.py FAULT VICTIM STEP
+Usage: mpiexec -n 4 python tests/mpi_scripts/peer_fault.py FAULT VICTIM STEP
 FAULT = kill (SIGKILL) | stop (SIGSTOP) | raise (ValueError in the victim's forward) | none.
 The victim injects it in its forward of microbatch 1 of step STEP, after printing
 `FAULT rank=R t=<unix time>`; a rank whose step fails prints `DETECTED rank=R t=... type=... msg=...`
