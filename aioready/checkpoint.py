@@ -8,8 +8,9 @@ previous checkpoint whole; `latest(DIR)` returns the newest step directory that 
 file. On a shared file system all ranks agree on it.
 
 The optimizers belong to the user: pass them as `optimizers=`, either a sequence with one per
-local stage (the order of the `stages` given to the Pipeline; None where a stage has none) or a
-mapping {stage index: optimizer}. Each optimizer must hold only its stage's parameters.
+local stage (the order of the `stages` given to the Pipeline; None where a stage has none), a
+mapping {stage index: optimizer}, each holding only its stage's parameters, or one optimizer over
+all of this process's stages (kept in the file of the process's first rank).
 
 Content is tensors and primitives only and is read with `torch.load(weights_only=True)`: nothing
 is unpickled. A file carries a manifest (format version, rank, stages, stage count, parameter
@@ -52,10 +53,20 @@ def _local_stages(pipe: Any) -> dict[int, tuple[int, Any]]:
     return out
 
 
+_WHOLE = -1  # key of an optimizer that spans every local stage
+
+
 def _optimizers(pipe: Any, optimizers: Any) -> dict[int, Any]:
     stages = _local_stages(pipe)
     if optimizers is None:
         return {}
+    if hasattr(optimizers, "param_groups") and hasattr(optimizers, "state_dict"):
+        mine = {id(p) for _, m in stages.values() for p in m.parameters()}
+        if any(id(p) not in mine for g in optimizers.param_groups for p in g["params"]):
+            raise ConfigError("the optimizer holds parameters of modules outside this "
+                              "pipeline", expected="parameters of the local stages",
+                              got="foreign parameters")
+        return {_WHOLE: optimizers}
     if isinstance(optimizers, Mapping):
         found = dict(optimizers)
     elif isinstance(optimizers, Sequence):
@@ -117,6 +128,8 @@ def _manifest(pipe: Any, rank: int, stages: list[int], modules: dict[int, Any],
         "params": {s: [[n, list(t.shape), str(t.dtype).removeprefix("torch.")]
                        for n, t in modules[s].state_dict().items()] for s in stages},
         "optimizers": {s: type(opts[s]).__name__ for s in stages if s in opts},
+        "process_optimizer": (type(opts[_WHOLE]).__name__
+                              if _WHOLE in opts and rank == pipe.runtimes[0].rank else None),
     }
 
 
@@ -137,6 +150,8 @@ def state_dict(pipe: Any, optimizers: Any = None, *, step: int | None = None
                            "optimizer": opts[s].state_dict() if s in opts else None}
                        for s in stages},
             "rng": rng,
+            "process_optimizer": (opts[_WHOLE].state_dict() if _WHOLE in opts
+                                  and rt is pipe.runtimes[0] else None),
         }
     return out
 
@@ -175,6 +190,13 @@ def _validate(pipe: Any, states: Mapping[int, Any], opts: dict[int, Any], check_
             _differs("microbatch count", pipe.microbatches, man["microbatches"], rt.rank, fix)
             _differs("split_backward", pipe.hint.split_backward, man["split_backward"],
                      rt.rank, fix)
+        whole = type(opts[_WHOLE]).__name__ if _WHOLE in opts and rt is pipe.runtimes[0] \
+            else None
+        if man.get("process_optimizer") != whole:
+            raise CheckpointError("the optimizers do not match", rank=rt.rank,
+                                  expected=f"{whole or 'no optimizer'} over all local stages "
+                                  "(given)", got=f"{man.get('process_optimizer') or 'none'} "
+                                  "(the checkpoint)")
         for s in rt.stages:
             _check_params(s, local[s][1], man["params"].get(s), rt.rank)
             saved_opt = man["optimizers"].get(s)
@@ -221,6 +243,8 @@ def load_state_dict(pipe: Any, states: Mapping[int, Any], optimizers: Any = None
             local[s][1].load_state_dict(states[rt.rank]["stages"][s]["model"], strict=True)
             if s in opts:
                 opts[s].load_state_dict(states[rt.rank]["stages"][s]["optimizer"])
+    if _WHOLE in opts:
+        opts[_WHOLE].load_state_dict(states[pipe.runtimes[0].rank]["process_optimizer"])
     _set_rng_state(states[pipe.runtimes[0].rank]["rng"])
     step = steps.pop()
     pipe.set_step_index(step)

@@ -168,3 +168,25 @@ async def test_state_dict_roundtrip_in_memory() -> None:
     with pytest.raises(Exception, match="optimizers: one per local stage"):
         pipe.state_dict(opts[:2])
     pipe.close()
+
+
+async def test_one_optimizer_over_all_stages(tmp_path: Path) -> None:
+    stages = make_mlp_stages(4)
+    opt = torch.optim.AdamW([p for s in stages for p in s.parameters()], lr=1e-2)
+    pipe = Pipeline(stages, mse_loss, microbatches=4, hint="1f1b", mode="strict")
+    await _train(pipe, [opt], 2)
+    checkpoint.save_checkpoint(tmp_path, pipe, opt)
+    want, want_opt = _params(pipe), copy.deepcopy(opt.state_dict())
+    stages2 = make_mlp_stages(4, seed=5)
+    opt2 = torch.optim.AdamW([p for s in stages2 for p in s.parameters()], lr=1e-2)
+    pipe2 = Pipeline(stages2, mse_loss, microbatches=4, hint="1f1b", mode="strict")
+    with pytest.raises(CheckpointError, match="optimizers do not match"):
+        checkpoint.load_checkpoint(tmp_path, pipe2, None)
+    assert checkpoint.load_checkpoint(tmp_path, pipe2, opt2) == 2
+    assert all(torch.equal(a, b) for a, b in zip(_params(pipe2), want))
+    got = opt2.state_dict()["state"]
+    assert all(torch.equal(got[k]["exp_avg"], v["exp_avg"]) for k, v in want_opt["state"].items())
+    with pytest.raises(Exception, match="outside this pipeline"):
+        checkpoint.save_checkpoint(tmp_path, pipe2, opt)
+    pipe.close()
+    pipe2.close()
