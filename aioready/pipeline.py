@@ -44,6 +44,23 @@ def split_microbatches(value: Any, num: int, *, name: str) -> list[Any] | None:
     return list(value.split(size // num))
 
 
+def _check_types(loss_fn: Any, split_backward: Any, cap: Any, device: Any) -> None:
+    """Refuse wrongly typed arguments here, not with a TypeError deep inside the first step."""
+    if loss_fn is not None and not callable(loss_fn):
+        raise ConfigError("loss_fn must be callable", expected="loss_fn(output, target)",
+                          got=type(loss_fn).__name__)
+    if not isinstance(split_backward, bool):
+        raise ConfigError("split_backward", expected="True or False", got=repr(split_backward))
+    caps = [cap] if cap is None or isinstance(cap, (int, str)) else cap
+    if isinstance(cap, str) or not all(c is None or (isinstance(c, int) and not isinstance(
+            c, bool)) for c in caps):
+        raise ConfigError("cap", expected="None, an int >= 1, or one int per rank",
+                          got=repr(cap))
+    if not (isinstance(device, str) or hasattr(device, "run") or callable(device)):
+        raise ConfigError("device", expected="'cpu', 'cuda', a Device or a factory(rank)",
+                          got=type(device).__name__)
+
+
 def _make_device(spec: Any, rank: int) -> Device:
     if spec == "cpu":
         from .devices.cpu import CPUDevice
@@ -77,6 +94,7 @@ class Pipeline:
             raise ConfigError("mode", expected=" | ".join(MODES), got=repr(mode))
         if not stages:
             raise ConfigError("stages is empty", expected="at least one module", got=0)
+        _check_types(loss_fn, split_backward, cap, device)
         self.microbatches = microbatches
         self.mode = mode
         self.transport = transport
@@ -155,6 +173,10 @@ class Pipeline:
                    loss_fn: Any) -> list[Any] | None:
         if all(modules[s] is None for s in stages):
             return None
+        last = self.hint.placement.num_stages - 1
+        if loss_fn is None and last in stages and modules[last] is not None:
+            raise ConfigError("the last stage needs a loss function", expected="loss_fn(output, "
+                              "target)", got=None, fix="pass loss_fn to Pipeline")
         from .stage import StageExecutor
         return [StageExecutor(modules[s], stage=s, num_stages=self.hint.placement.num_stages,
                               loss_fn=loss_fn, num_microbatches=self.microbatches)
