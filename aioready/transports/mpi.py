@@ -319,7 +319,18 @@ class MPITransport:
             self._raise(exc)
 
     def _route_header(self, src: int, seq: int, buf: np.ndarray) -> None:
-        msg, specs = decode_header(memoryview(buf), source=src)
+        try:
+            msg, specs = decode_header(memoryview(buf), source=src)
+        except ProtocolError as exc:
+            raise ProtocolError(exc.what, rank=self._rank, expected=exc.expected,
+                                got=exc.got) from None
+        if not specs:  # nothing to allocate: no torch needed (simulated stages)
+            if len(buf) != _align(_FIXED.size):
+                raise ProtocolError(f"message from rank {src} does not match its header",
+                                    rank=self._rank, expected=f"{_align(_FIXED.size)} bytes",
+                                    got=f"{len(buf)} bytes")
+            self._hand_over(msg)
+            return
         torch = _torch()
         dtypes = [None if s.dtype is None else getattr(torch, s.dtype) for s in specs]
         sizes = [0 if d is None else _numel(s.shape) * d.itemsize for s, d in zip(specs, dtypes)]

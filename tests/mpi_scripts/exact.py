@@ -3,10 +3,14 @@
 Usage: mpiexec -n R python tests/mpi_scripts/exact.py CASE [CASE ...]
 CASE = hint:mode:split:varlen, e.g. 1f1b:ready:1:0. Every rank builds the same full model from a
 fixed seed and keeps its own stages; the reference runs the whole model on every rank.
+CASE = ooo (2 ranks): rank 0 is a raw MPITransport sender that runs stage 0 by hand and sends
+microbatch 3 first, the others 0.3 s later; rank 1 runs stage 1 in ready mode and must run F3
+first. Gradients of both stages are still checked against the reference.
 """
 
 import asyncio
 import sys
+import time
 
 import numpy as np
 import torch
@@ -16,6 +20,7 @@ from aioready.launch import run
 from aioready.pipeline import Pipeline
 from aioready.schedulers import HINTS, make_hint
 from aioready.testing import make_mlp_stages, mse_loss, reference_step
+from aioready.transports.base import Message, MessageKind
 from aioready.transports.mpi import MPITransport
 
 WIDTH = 16
@@ -66,11 +71,54 @@ async def one_case(comm, case: str, seed: int) -> None:
               f"loss_seen={int(has_loss)}", flush=True)
 
 
+async def out_of_order(comm, seed: int) -> None:
+    rank, M = comm.Get_rank(), 4
+    full = make_mlp_stages(2, width=WIDTH, seed=seed)
+    xs, ys = batch(M, True, seed + 1)
+    transport = MPITransport(comm)
+    order = ""
+    if rank == 0:
+        grads: dict[int, tuple] = {}
+        transport.open(lambda msg: grads.__setitem__(msg.microbatch, msg.tensors))
+        outs = {m: full[0](xs[m]) for m in range(M)}
+        for m in (3, 2, 1, 0):
+            transport.send_nowait(1, Message(0, MessageKind.ACTIVATION, 1, m,
+                                             (outs[m].detach(),)))
+            if m == 3:
+                await transport.wait_sent()
+                await asyncio.sleep(0.3)
+        while len(grads) < M:
+            await asyncio.sleep(0.001)
+        for m in range(M):
+            outs[m].backward(grads[m][0])
+    else:
+        pipe = Pipeline([full[1]], mse_loss, microbatches=M, hint="1f1b", mode="ready",
+                        transport=transport)
+        await pipe.step(None, ys)
+        pipe.close()
+        spans = sorted((s for s in pipe.last_step.spans if s.kind.name == "F"),
+                       key=lambda s: s.start)
+        order = ",".join(f"F{s.microbatch}" for s in spans)
+    await transport.close()
+    _, ref = reference_step(make_mlp_stages(2, width=WIDTH, seed=seed), mse_loss, xs, ys)
+    gdiff = max(float((p.grad - q.grad).abs().max())
+                for p, q in zip(full[rank].parameters(), ref[rank].parameters()))
+    gdiff = max_all(comm, gdiff)
+    if rank == 1:
+        print(f"RESULT ooo order={order} grad_diff={gdiff:.3e}", flush=True)
+
+
 async def main() -> None:
     comm = MPI.COMM_WORLD
     for i, case in enumerate(sys.argv[1:]):
-        await one_case(comm, case, seed=100 + i)
+        t0 = time.perf_counter()
+        if case == "ooo":
+            await out_of_order(comm, seed=100 + i)
+        else:
+            await one_case(comm, case, seed=100 + i)
         comm.Barrier()
+        if comm.Get_rank() == 0:
+            print(f"TIME {case} {time.perf_counter() - t0:.2f}s", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,130 @@
+"""MPITransport under mpiexec: exactness against the unsplit model, variable shapes, out-of-order
+arrival, and bad messages ending the job. Each launch runs several cases (one torch import)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from aioready.schedulers import HINTS
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = ROOT / "tests" / "mpi_scripts"
+MPIEXEC = shutil.which("mpiexec", path=str(Path(sys.executable).parent)) or shutil.which("mpiexec")
+TOL = 1e-10
+
+try:
+    import mpi4py  # noqa: F401
+    HAVE_MPI4PY = True
+except ImportError:
+    HAVE_MPI4PY = False
+
+pytestmark = [
+    pytest.mark.mpi,
+    pytest.mark.skipif(MPIEXEC is None or not HAVE_MPI4PY,
+                       reason="needs mpi4py and mpiexec (pip install 'aioready[mpi]')"),
+]
+
+
+def launch(n: int, script: str, *args: str, timeout: float = 100) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
+    cmd = [MPIEXEC, "-n", str(n), sys.executable, str(SCRIPTS / script), *args]
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def cases(num_ranks: int) -> list[str]:
+    """hint:mode:split:varlen for every registered hint that fits `num_ranks` ranks."""
+    out = []
+    for name in sorted(HINTS):
+        spec = HINTS[name]
+        if spec.style == "v" or (spec.style != "linear" and num_ranks < 2):
+            continue
+        splits = [0, 1] if spec.needs_split is None else [int(spec.needs_split)]
+        for mode in ("ready", "strict"):
+            for split in splits:
+                varlen = int(num_ranks == 2 or (mode == "ready") == bool(split))
+                out.append(f"{name}:{mode}:{split}:{varlen}")
+    return out
+
+
+_RUNS: dict[int, tuple[subprocess.CompletedProcess, dict[str, str]]] = {}
+
+
+def run_cases(n: int) -> tuple[subprocess.CompletedProcess, dict[str, str]]:
+    if n not in _RUNS:
+        extra = ["ooo"] if n == 2 else []
+        proc = launch(n, "exact.py", *cases(n), *extra)
+        results = {}
+        for line in proc.stdout.splitlines():
+            if line.startswith("RESULT "):
+                _, case, rest = line.split(" ", 2)
+                results[case] = rest
+        _RUNS[n] = (proc, results)
+    return _RUNS[n]
+
+
+def _field(text: str, name: str) -> str:
+    match = re.search(rf"{name}=(\S+)", text)
+    assert match, f"no {name} in {text!r}"
+    return match.group(1)
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("n", [2, 4])
+def test_pipeline_exact_over_mpi(n: int) -> None:
+    """Loss and every gradient equal the unsplit model's, for every hint, mode, split, shape."""
+    proc, results = run_cases(n)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    expected = cases(n)
+    assert sorted(results) == sorted(expected + (["ooo"] if n == 2 else [])), proc.stdout
+    for case in expected:
+        text = results[case]
+        assert _field(text, "loss_seen") == "1", (case, text)
+        assert float(_field(text, "loss_diff")) <= TOL, (case, text)
+        assert float(_field(text, "grad_diff")) <= TOL, (case, text)
+
+
+@pytest.mark.timeout(200)
+def test_out_of_order_arrival_runs_first_arrival_first() -> None:
+    """The sender sends microbatch 3 first: the receiver, in ready mode, runs F3 first."""
+    proc, results = run_cases(2)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    text = results["ooo"]
+    order = _field(text, "order").split(",")
+    assert order[0] == "F3", text
+    assert sorted(order) == ["F0", "F1", "F2", "F3"], text
+    assert float(_field(text, "grad_diff")) <= TOL, text
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("fault, message", [
+    ("malformed", r"header from rank 0 is not an aioready header \(expected magic 0xa10d"),
+    ("unexpected", r"rank 1, step 0: message for an unknown microbatch \(expected 0\.\.3, got "
+                   r"activation for stage 1 microbatch 99"),
+])
+def test_bad_message_ends_the_job(fault: str, message: str) -> None:
+    """The receiving rank raises ProtocolError and MPI_Abort stops every rank, in seconds."""
+    start = time.monotonic()
+    proc = launch(2, "faults.py", fault, timeout=60)
+    took = time.monotonic() - start
+    assert proc.returncode != 0
+    assert "ProtocolError" in proc.stderr and re.search(message, proc.stderr), proc.stderr[-3000:]
+    assert "rank 1 of 2" in proc.stderr
+    assert "SENDER got" not in proc.stdout  # the sender was stopped, not left to finish
+    assert took < 50, f"the job took {took:.1f} s to stop"
+
+
+@pytest.mark.timeout(120)
+def test_fault_script_control_run_succeeds() -> None:
+    """The same script with good messages completes: the failures above come from the fault."""
+    proc = launch(2, "faults.py", "none", timeout=60)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "RECEIVER ran" in proc.stdout and "SENDER got [0, 1, 2, 3]" in proc.stdout
