@@ -58,10 +58,14 @@ async def run_arbiter(
     """Run `num_tasks` tasks, each as soon as the chooser offers it.
 
     `check` runs before each decision and raises to abort the step (an error delivered by a
-    message handler, for example).
+    message handler, for example). On a virtual-clock loop (aioready.clock) each decision first
+    waits for the end of the current instant, so same-instant completions are all seen first.
     """
+    settle = getattr(asyncio.get_running_loop(), "wait_idle", None)
     left = num_tasks
     while left:
+        if settle is not None:
+            await settle()
         if check is not None:
             check()
         task = chooser.pop_nowait()

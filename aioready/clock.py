@@ -7,8 +7,11 @@ few lines so the simulator needs no extra dependency and no uvloop). The jump se
 timer's own deadline, so times add up exactly (no `now + (when - now)` rounding).
 
 Same-instant order: asyncio runs every callback that is ready, then timers that are due, in
-deadline order and then in scheduling order (heap of (when, seq)); a completion (a timer firing)
-therefore resolves its future, whose waiters run in the next pass, before any later timer. With no
+deadline order and then in scheduling order. On top of that, `wait_idle()` returns a future that
+resolves only once nothing else is left to run at the current instant (no ready callback, no due
+timer), before the clock moves; waiters are released in the order they began to wait. The arbiter
+awaits it before every decision, so every completion and message of an instant is seen before any
+rank decides what to run next (DESIGN.md: completions before the arbiter's next decision). With no
 threads in the process this makes a run a pure function of its inputs.
 
 If nothing is ready, no timer is scheduled and nothing is being waited for on a descriptor, the
@@ -41,6 +44,12 @@ class _JumpingSelector(selectors.DefaultSelector):
             return events
         loop = self.loop
         assert loop is not None
+        if loop._idle:  # the instant is over: release the decisions waiting for it
+            waiters, loop._idle = loop._idle, []
+            for fut in waiters:
+                if not fut.done():
+                    fut.set_result(None)
+            return []
         scheduled = loop._scheduled  # type: ignore[attr-defined]
         if scheduled:
             loop._now = max(loop._now, scheduled[0].when())
@@ -59,9 +68,16 @@ class VirtualClockLoop(asyncio.SelectorEventLoop):
         super().__init__(selector)
         selector.loop = self
         self._now = start
+        self._idle: list[asyncio.Future[None]] = []
 
     def time(self) -> float:
         return self._now
+
+    def wait_idle(self) -> asyncio.Future[None]:
+        """A future that resolves when nothing else is left to run at the current instant."""
+        fut = self.create_future()
+        self._idle.append(fut)
+        return fut
 
 
 def run_virtual(main: Awaitable[T], *, start: float = 0.0) -> T:

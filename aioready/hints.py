@@ -28,7 +28,7 @@ __all__ = ["HintOrder", "peak_in_flight", "first_dependency_violation"]
 
 def peak_in_flight(order: Sequence[Task], *, num_chunks: int, split_backward: bool) -> int:
     """Largest number of microbatches in flight on a rank that runs `order` in sequence."""
-    pieces = num_chunks * (2 if split_backward else 1)
+    pieces = num_chunks  # one last-kind piece (B unsplit, W split) per chunk
     last_kind = Kind.W if split_backward else Kind.B
     left: dict[int, int] = {}
     now = peak = 0

@@ -103,9 +103,17 @@ class Pipeline:
             total = num_local if num_stages is None else num_stages
         else:
             total = num_stages or transport.world_size * num_local
-        self.hint = make_hint(hint, num_stages=total, num_microbatches=microbatches,
-                              split_backward=split_backward,
-                              num_ranks=None if transport is None else transport.world_size)
+        try:
+            self.hint = make_hint(hint, num_stages=total, num_microbatches=microbatches,
+                                  split_backward=split_backward,
+                                  num_ranks=None if transport is None else transport.world_size)
+        except ConfigError as exc:
+            if transport is None:
+                raise
+            raise ConfigError(
+                f"the stage list does not match the transport's world of "
+                f"{transport.world_size} ranks: {exc.what}", rank=transport.rank,
+                expected=exc.expected, got=exc.got, fix=exc.fix) from None
         if self.hint.num_microbatches != microbatches or self.hint.split_backward != split_backward:
             raise ConfigError(f"hint {self.hint.name!r} was built for another step shape",
                               expected=f"microbatches={microbatches}, split_backward="

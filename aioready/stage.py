@@ -10,8 +10,11 @@ written here from its description (SCHEDULES.md 5):
   outputs to the inputs, or are outputs) and that have a child leading to a parameter off that
   path. Prehooks on them stash the gradient that flows in during the input-gradient pass.
 - W runs autograd from those intermediates (as GradientEdges, seeded with the stashed gradients)
-  to the parameters. Prehooks replace whatever flows into an intermediate with its stashed
-  gradient, so a parameter reached through two intermediates is counted once.
+  to the parameters. When every parameter hangs off one intermediate only (the usual case), W runs
+  one small autograd call per intermediate, asking only for that intermediate's own parameters,
+  so autograd never walks the input-gradient path again. With shared parameters it runs one call
+  from all intermediates, with prehooks that replace whatever flows into an intermediate by its
+  stashed gradient, so nothing is counted twice (correct, but it recomputes part of B).
 When the inputs need no gradient (stage 0) B does nothing and W is a full backward, as in torch.
 """
 
@@ -46,6 +49,7 @@ class _Saved:
     inputs: tuple[Any, ...]
     outputs: tuple[Any, ...]
     stash: dict[Node, list[Any]] = field(default_factory=dict)
+    owned: dict[Node, list[int]] | None = None
     grads: tuple[Any, ...] = ()
     full_backward_at_w: bool = False
 
@@ -135,7 +139,7 @@ class StageExecutor:
                 return self._grad_inputs_only(saved, outs, gs, wanted)
             return tuple(None for _ in saved.inputs)
         try:
-            inter, on_path = self._intermediates(outs, wanted)
+            inter, on_path, owned = self._intermediates(outs, wanted)
         except _NoSplit:
             self.num_split_fallbacks += 1
             saved.full_backward_at_w = True
@@ -158,6 +162,7 @@ class StageExecutor:
             for h in handles:
                 h.remove()
         saved.stash = inter
+        saved.owned = owned
         it = iter(dx)
         return tuple(next(it) if isinstance(x, torch.Tensor) and x.requires_grad else None
                      for x in saved.inputs)
@@ -182,12 +187,10 @@ class StageExecutor:
                                             allow_unused=True)
                 self._accumulate(grads)
                 return
-            edges, seeds = [], []
-            for node, slot in saved.stash.items():
-                for i, g in enumerate(slot):
-                    if g is not None:
-                        edges.append(GradientEdge(node, i))
-                        seeds.append(g)
+            if saved.owned is not None:
+                self._weight_per_intermediate(saved.stash, saved.owned)
+                return
+            edges, seeds = _seeds(saved.stash)
             if not edges:
                 return
             handles = [n.register_prehook(_replacer(slot)) for n, slot in saved.stash.items()]
@@ -203,9 +206,20 @@ class StageExecutor:
             raise StageError(f"backward (weight) of stage {self.stage} raised "
                              f"{type(exc).__name__}: {exc}", task=f"W{mb}") from exc
 
-    def _accumulate(self, grads: Sequence[torch.Tensor | None]) -> None:
+    def _weight_per_intermediate(self, stash: dict[Node, list[Any]],
+                                 owned: dict[Node, list[int]]) -> None:
+        for node, idx in owned.items():
+            edges, seeds = _seeds({node: stash[node]})
+            if not edges or not idx:
+                continue
+            params = [self._params[i] for i in idx]
+            grads = torch.autograd.grad(edges, params, seeds, allow_unused=True)
+            self._accumulate(grads, params)
+
+    def _accumulate(self, grads: Sequence[torch.Tensor | None],
+                    params: Sequence[torch.Tensor] | None = None) -> None:
         with torch.no_grad():
-            for p, g in zip(self._params, grads):
+            for p, g in zip(self._params if params is None else params, grads):
                 if g is None:
                     continue
                 if p.grad is None:
@@ -214,8 +228,10 @@ class StageExecutor:
                     p.grad.add_(g)
 
     def _intermediates(self, outs: list[torch.Tensor], wanted: list[torch.Tensor]
-                       ) -> tuple[dict[Node, list[Any]], set[Node]]:
-        """Nodes where parameter subgraphs branch off the input-gradient path, with empty slots."""
+                       ) -> tuple[dict[Node, list[Any]], set[Node], dict[Node, list[int]] | None]:
+        """Nodes where parameter subgraphs branch off the input-gradient path (with empty
+        gradient slots), the input-path nodes, and which parameters each intermediate owns
+        (None when a parameter hangs off several intermediates)."""
         roots = [o.grad_fn for o in outs]
         if any(r is None for r in roots):
             raise _NoSplit
@@ -240,7 +256,17 @@ class StageExecutor:
         for n in children:
             if n in known and any(c not in known and c in to_param for c in children[n]):
                 inter[n] = [None] * _num_outputs(n)
-        return inter, on_path
+        index = {_node(p): i for i, p in enumerate(self._params)}
+        owned: dict[Node, list[int]] | None = {}
+        seen: set[int] = set()
+        for n in inter:
+            mine = _branch_params(children, n, known, index)
+            if seen & set(mine):
+                owned = None
+                break
+            seen.update(mine)
+            owned[n] = mine  # type: ignore[index]
+        return inter, on_path, owned
 
 
 class _NoSplit(Exception):
@@ -265,6 +291,33 @@ def _closure(children: dict[Node, list[Node]], targets: set[Node]) -> set[Node]:
             memo[n] = n in targets or any(memo.get(k, k in targets) for k in kids)
     result = {n for n, hit in memo.items() if hit}
     return result | {t for t in targets}
+
+
+def _branch_params(children: dict[Node, list[Node]], node: Node, known: set[Node],
+                   index: dict[Node, int]) -> list[int]:
+    """Indices of the parameters reachable from `node` without entering the input path."""
+    found: list[int] = []
+    stack = [c for c in children[node] if c not in known]
+    visited: set[Node] = set()
+    while stack:
+        n = stack.pop()
+        if n in visited:
+            continue
+        visited.add(n)
+        if n in index:
+            found.append(index[n])
+        stack.extend(c for c in children.get(n, ()) if c not in known and c not in visited)
+    return sorted(set(found))
+
+
+def _seeds(stash: dict[Node, list[Any]]) -> tuple[list[GradientEdge], list[Any]]:
+    edges, seeds = [], []
+    for node, slot in stash.items():
+        for i, g in enumerate(slot):
+            if g is not None:
+                edges.append(GradientEdge(node, i))
+                seeds.append(g)
+    return edges, seeds
 
 
 def _num_outputs(node: Node) -> int:

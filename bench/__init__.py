@@ -1,0 +1,1 @@
+"""aioready's benchmark suite: `python -m bench <name>|all` (see bench/__main__.py)."""

@@ -1,0 +1,50 @@
+"""Small helpers shared by the benchmarks: medians, machine description, result files."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import platform
+import statistics
+import subprocess
+from pathlib import Path
+from typing import Iterable
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def median(xs: Iterable[float]) -> float:
+    return statistics.median(list(xs))
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        model = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
+                     if line.startswith("model name"))
+        cpu = model
+    except (OSError, StopIteration):
+        pass
+    return f"{os.cpu_count()} cores ({cpu}), Python {platform.python_version()}, {platform.system()}"
+
+
+def other_load() -> str:
+    try:
+        return "load average " + " ".join(open("/proc/loadavg").read().split()[:3])
+    except OSError:
+        return "load unknown"
+
+
+def write_result(name: str, body: str, command: str) -> Path:
+    """Write bench/results/<name>.md with the command, the machine and the date."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit = "?"
+    head = (f"Command: `{command}`  \nMachine: {machine()}; {other_load()} at the start  \n"
+            f"Date: {_dt.datetime.now(_dt.timezone.utc):%Y-%m-%d %H:%M} UTC, commit {commit}\n\n")
+    path = RESULTS / f"{name}.md"
+    path.write_text(head + body.rstrip() + "\n")
+    return path
