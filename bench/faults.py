@@ -37,12 +37,19 @@ async def _inproc(case: str) -> dict[str, Any]:
     from aioready.transports.base import MessageKind
     stages = make_mlp_stages(4)
     t_fault: list[float] = []
+    armed: list[bool] = []
     if case == "raise":
         class Boom(torch.nn.Module):
+            def __init__(self, inner: torch.nn.Module) -> None:
+                super().__init__()
+                self.inner = inner
+
             def forward(self, x: torch.Tensor) -> torch.Tensor:
-                t_fault.append(time.time())
-                raise ValueError("injected failure in stage 2's forward")
-        stages[2] = Boom()
+                if armed:
+                    t_fault.append(time.time())
+                    raise ValueError("injected failure in stage 2's forward")
+                return self.inner(x)  # type: ignore[no-any-return]
+        stages[2] = Boom(stages[2])
     pipe = Pipeline(stages, mse_loss, microbatches=8, hint="1f1b",
                     mode="strict" if case == "cap" else "ready", stall_timeout=30.0)
     if case == "drop":
@@ -62,6 +69,7 @@ async def _inproc(case: str) -> dict[str, Any]:
         await pipe.step(x, y)
         world.drop = hook
         t_fault.clear()
+        armed.append(True)
     pipe.stall_watchdog.timeout = 2.0  # type: ignore[union-attr]
     try:
         await pipe.step(x, y)
