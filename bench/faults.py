@@ -25,8 +25,8 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "tests" / "mpi_scripts" / "peer_fault.py"
 
 
-def _first_line(text: str, limit: int = 230) -> str:
-    line = text.strip().splitlines()[0] if text.strip() else ""
+def _first_line(text: str, limit: int = 230, lines: int = 1) -> str:
+    line = " / ".join(text.strip().splitlines()[:lines]) if text.strip() else ""
     return line if len(line) <= limit else line[:limit] + " ..."
 
 
@@ -79,7 +79,8 @@ async def _inproc(case: str) -> dict[str, Any]:
     end = time.time()
     pipe.close()
     took = end - t_fault[0] if t_fault else float("nan")
-    return {"detect": took, "end": took, "kind": kind, "seen": _first_line(seen), "rc": "-"}
+    shown = _first_line(seen, 330, lines=2 if kind == "StallError" else 1)
+    return {"detect": took, "end": took, "kind": kind, "seen": shown, "rc": "-"}
 
 
 def _mpi(fault: str, peer_timeout: float | None) -> dict[str, Any]:
@@ -139,6 +140,19 @@ def main() -> None:
         lines.append(f"| {name} | {r['detect']:.2f} | {r['end']:.2f} | {r['rc']} | "
                      f"{r['kind']} | {seen} |")
         print(lines[-1], flush=True)
+    lines += ["", "Reading it:",
+              "- SIGKILL: MPICH's mpiexec (hydra) ends the whole job as soon as a rank dies from "
+              "a signal (also with -disable-auto-cleanup), before any peer notices; the user sees "
+              "hydra's banner and exit code 9. The peer timeout is the safety net for launchers "
+              "that do not, and for ranks that are alive but silent (SIGSTOP, a hung driver).",
+              "- A silent peer is declared lost between 1x and 1.25x peer_timeout after its last "
+              "heartbeat (heartbeats and checks every peer_timeout/4), by the ranks that wait on "
+              "it; they broadcast the error, so the others stop at once with it.",
+              "- An exception in a stage is broadcast by the rank that raised it: its peers stop "
+              "within milliseconds with StageError quoting it.",
+              "- A stall is reported between 1x and 1.25x stall_timeout after the last progress; "
+              "the StallError message carries every rank's dump (ready set, pending receives with "
+              "their source rank, in-flight microbatches, hint position)."]
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text("\n".join(lines) + "\n")
     print(f"wrote {args.out}")
