@@ -14,7 +14,6 @@ last local backward piece (B unsplit, W split, over every chunk) is done.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -23,12 +22,12 @@ from .errors import HintError
 from .placement import Placement
 from .tasks import Kind, Task, all_tasks, needs
 
-__all__ = ["HintOrder", "peak_in_flight", "first_dependency_violation"]
+__all__ = ["HintOrder", "peak_in_flight", "peak_chunk_activations", "first_dependency_violation"]
 
 
 def peak_in_flight(order: Sequence[Task], *, num_chunks: int, split_backward: bool) -> int:
     """Largest number of microbatches in flight on a rank that runs `order` in sequence."""
-    pieces = num_chunks  # one last-kind piece (B unsplit, W split) per chunk
+    pieces = num_chunks  # one last backward piece (B unsplit, W split) per chunk
     last_kind = Kind.W if split_backward else Kind.B
     left: dict[int, int] = {}
     now = peak = 0
@@ -37,10 +36,27 @@ def peak_in_flight(order: Sequence[Task], *, num_chunks: int, split_backward: bo
             left[task.microbatch] = pieces
             now += 1
             peak = max(peak, now)
-        elif task.kind is last_kind:
+        elif task.kind is last_kind and task.microbatch in left:  # else: invalid order
             left[task.microbatch] -= 1
             if left[task.microbatch] == 0:
                 now -= 1
+    return peak
+
+
+def peak_chunk_activations(order: Sequence[Task], *, split_backward: bool) -> int:
+    """Largest number of (chunk, microbatch) activations held on a rank that runs `order`.
+
+    A chunk's activation of a microbatch is held from its F until its last backward piece (B
+    unsplit, W split). This is the memory measure of multi-chunk hints (SCHEDULES.md 4.4).
+    """
+    last_kind = Kind.W if split_backward else Kind.B
+    now = peak = 0
+    for task in order:
+        if task.kind is Kind.F:
+            now += 1
+            peak = max(peak, now)
+        elif task.kind is last_kind:
+            now -= 1
     return peak
 
 
@@ -72,7 +88,11 @@ def first_dependency_violation(
 
 @dataclass(frozen=True, slots=True)
 class HintOrder:
-    """One ranking per rank; `orders[r][i]` has hint rank i on rank r."""
+    """One ranking per rank; `orders[r][i]` has hint rank i on rank r.
+
+    `sequence`, when given, is the order strict mode follows for a priority rule (one derived by
+    running the rule, see schedulers/listsched.py); for an order hint strict mode follows `orders`.
+    """
 
     name: str
     placement: Placement
@@ -82,43 +102,53 @@ class HintOrder:
     is_sequence: bool = True
     default_caps: tuple[int, ...] | None = None
     source: str = ""
+    sequence: tuple[tuple[Task, ...], ...] | None = None
     _priority: tuple[dict[Task, int], ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         orders = tuple(tuple(o) for o in self.orders)
         object.__setattr__(self, "orders", orders)
-        self._validate_tasks()
+        self._validate_tasks(orders, "")
+        if self.sequence is not None:
+            seq = tuple(tuple(o) for o in self.sequence)
+            object.__setattr__(self, "sequence", seq)
+            self._validate_tasks(seq, " (strict sequence)")
         object.__setattr__(
             self, "_priority", tuple({t: i for i, t in enumerate(o)} for o in orders)
         )
         if self.default_caps is None:
             caps = tuple(
-                peak_in_flight(o, num_chunks=self.placement.num_chunks,
-                               split_backward=self.split_backward)
-                if self.is_sequence else self.num_microbatches
-                for o in orders
+                self.peak(r) if self.is_sequence or self.sequence is not None
+                else self.num_microbatches
+                for r in range(len(orders))
             )
             object.__setattr__(self, "default_caps", caps)
+        else:
+            caps = tuple(int(c) for c in self.default_caps)
+            if len(caps) != len(orders) or min(caps) < 1:
+                raise HintError(f"hint {self.name!r} has bad default caps",
+                                expected=f"{len(orders)} caps >= 1", got=list(caps))
+            object.__setattr__(self, "default_caps", caps)
 
-    def _validate_tasks(self) -> None:
+    def _validate_tasks(self, orders: tuple[tuple[Task, ...], ...], what: str) -> None:
         R = self.placement.num_ranks
-        if len(self.orders) != R:
+        if len(orders) != R:
             raise HintError(
-                f"hint {self.name!r} has the wrong number of ranks",
-                expected=R, got=len(self.orders),
+                f"hint {self.name!r}{what} has the wrong number of ranks",
+                expected=R, got=len(orders),
             )
         expected = set(
             all_tasks(self.placement.num_chunks, self.num_microbatches, self.split_backward)
         )
-        for rank, order in enumerate(self.orders):
+        for rank, order in enumerate(orders):
             seen: set[Task] = set()
             for task in order:
                 if task in seen:
-                    raise HintError(f"hint {self.name!r} lists a task twice",
+                    raise HintError(f"hint {self.name!r}{what} lists a task twice",
                                     rank=rank, task=task, expected="each task once", got="twice")
                 if task not in expected:
                     raise HintError(
-                        f"hint {self.name!r} lists a task that is not part of this step",
+                        f"hint {self.name!r}{what} lists a task that is not part of this step",
                         rank=rank, task=task,
                         expected=f"tasks of {self.placement.num_chunks} chunk(s), "
                         f"{self.num_microbatches} microbatches, "
@@ -129,8 +159,9 @@ class HintOrder:
             if len(seen) != len(expected):
                 missing = sorted(expected - seen)
                 raise HintError(
-                    f"hint {self.name!r} misses tasks", rank=rank,
-                    expected=f"{len(expected)} tasks", got=f"{len(seen)}; first missing {missing[0]}",
+                    f"hint {self.name!r}{what} misses tasks", rank=rank,
+                    expected=f"{len(expected)} tasks",
+                    got=f"{len(seen)}; first missing {missing[0]}",
                 )
 
     @property
@@ -141,20 +172,39 @@ class HintOrder:
         """Task -> hint rank (smaller runs first) on `rank`."""
         return self._priority[rank]
 
+    def strict_order(self, rank: int) -> tuple[Task, ...]:
+        """The sequence strict mode runs on `rank`: the order itself, or a rule's derived one."""
+        if self.sequence is not None:
+            return self.sequence[rank]
+        return self.orders[rank]
+
     def peak(self, rank: int) -> int:
-        """Peak in-flight microbatches of this rank when the order runs in sequence."""
-        return peak_in_flight(self.orders[rank], num_chunks=self.placement.num_chunks,
+        """Peak in-flight microbatches of this rank when its strict order runs in sequence."""
+        return peak_in_flight(self.strict_order(rank), num_chunks=self.placement.num_chunks,
                               split_backward=self.split_backward)
 
-    def check_sequence(self) -> None:
-        """Refuse an order that breaks a local dependency (what strict mode needs)."""
-        if not self.is_sequence:
+    def peak_chunk_activations(self, rank: int) -> int:
+        """Peak (chunk, microbatch) activations held on `rank` under its strict order."""
+        return peak_chunk_activations(self.strict_order(rank),
+                                      split_backward=self.split_backward)
+
+    def check_sequence(self, only_rank: int | None = None) -> None:
+        """Refuse an order that breaks a local dependency (what strict mode needs).
+
+        `only_rank` checks that rank alone: each RankRuntime checks its own, so a pipeline of R
+        ranks costs O(R) checks, not O(R^2) (minutes at R=128).
+        """
+        if not self.is_sequence and self.sequence is None:
             raise HintError(
                 f"hint {self.name!r} is a priority rule, not a sequence",
                 expected="an order hint for strict mode", got="a priority rule",
-                fix="use mode='ready' or an order hint such as 1f1b",
+                fix="use mode='ready', an order hint such as 1f1b, or a rule from make_hint "
+                "(which derives a sequence for strict mode)",
             )
-        for rank, order in enumerate(self.orders):
+        for rank in range(self.num_ranks):
+            if only_rank is not None and rank != only_rank:
+                continue
+            order = self.strict_order(rank)
             bad = first_dependency_violation(order, self.placement, rank, self.split_backward)
             if bad is not None:
                 raise HintError(
@@ -164,60 +214,25 @@ class HintOrder:
                 )
 
     def dumps(self) -> str:
-        """The plain text form: a header comment, then one line per rank."""
-        multi = self.placement.num_chunks > 1
-        lines = [
-            f"# aioready hint {self.name}: stages={self.placement.num_stages} "
-            f"ranks={self.num_ranks} microbatches={self.num_microbatches} "
-            f"placement={self.placement.style} split_backward={str(self.split_backward).lower()}"
-        ]
-        for order in self.orders:
-            lines.append(" ".join(t.text(show_chunk=multi) for t in order))
-        return "\n".join(lines) + "\n"
+        """The plain text form (hint_text.py): a header comment, then one line per rank."""
+        from .hint_text import dumps
+        return dumps(self)
 
     @classmethod
     def loads(cls, text: str, *, name: str = "file", placement: str | None = None) -> "HintOrder":
-        """Parse the text form. Comment lines start with '#'; the header comment is optional."""
-        style = placement
-        rows: list[tuple[int, list[Task]]] = []
-        for lineno, raw in enumerate(text.splitlines(), start=1):
-            line = raw.strip()
-            if not line:
-                continue
-            if line.startswith("#"):
-                found = re.search(r"placement=(\w+)", line)
-                if found and style is None:
-                    style = found.group(1)
-                continue
-            tasks = []
-            for word in line.split():
-                try:
-                    tasks.append(Task.parse(word))
-                except HintError as exc:
-                    raise HintError(f"{name}, line {lineno}: cannot parse task {word!r}",
-                                    expected=exc.expected, got=exc.got) from None
-            rows.append((lineno, tasks))
-        if not rows:
-            raise HintError(f"{name}: no rank lines", expected="one line of tasks per rank",
-                            got="nothing")
-        every = [t for _, ts in rows for t in ts]
-        chunks = 1 + max(t.chunk for t in every)
-        mbs = 1 + max(t.microbatch for t in every)
-        split = any(t.kind is Kind.W for t in every)
-        style = style or ("linear" if chunks == 1 else "interleaved")
-        place = Placement(len(rows) * chunks, len(rows), style)
-        try:
-            return cls(name, place, mbs, split, tuple(tuple(ts) for _, ts in rows), source=name)
-        except HintError as exc:
-            line = rows[exc.rank][0] if exc.rank is not None and exc.rank < len(rows) else None
-            where = f"{name}, line {line}" if line else name
-            raise HintError(f"{where}: {exc.what}", rank=exc.rank, task=exc.task,
-                            expected=exc.expected, got=exc.got) from None
+        """Parse the text form (hint_text.py); errors name the file and the line."""
+        from .hint_text import loads
+        return loads(text, name=name, placement=placement)
 
     @classmethod
     def load(cls, path: str | Path, **kw: object) -> "HintOrder":
         p = Path(path)
-        return cls.loads(p.read_text(), name=str(p), **kw)  # type: ignore[arg-type]
+        try:
+            text = p.read_text()
+        except OSError as exc:
+            raise HintError(f"cannot read hint file {str(p)!r}", expected="a readable text file",
+                            got=type(exc).__name__) from None
+        return cls.loads(text, name=str(p), **kw)  # type: ignore[arg-type]
 
     @classmethod
     def from_orders(

@@ -70,7 +70,7 @@ class RankRuntime:
             raise ConfigError("cap must admit at least one microbatch", expected=">= 1",
                               got=self.cap, rank=rank)
         if mode == "strict":
-            hint.check_sequence()
+            hint.check_sequence(only_rank=rank)
             if self.cap < hint.peak(rank):
                 raise ConfigError(
                     f"strict mode cannot run hint {hint.name!r} under this cap", rank=rank,
@@ -103,7 +103,7 @@ class RankRuntime:
         self._ready = ReadySet(
             self.hint.priority(self.rank), cap=self.cap, num_chunks=n_chunks,
             split_backward=self.split_backward,
-            strict_order=self.hint.orders[self.rank] if self.mode == "strict" else None)
+            strict_order=self.hint.strict_order(self.rank) if self.mode == "strict" else None)
         self._missing: dict[Task, int] = {}
         self._ready_at: dict[Task, float] = {}
         self._acts: dict[tuple[int, int], tuple[Any, ...]] = {}

@@ -1,0 +1,42 @@
+"""Paced device: a task takes at least its given duration, with its real compute inside.
+
+It wraps another device (the CPU worker thread, so the loop stays free while torch computes),
+runs the task's compute there and then sleeps for whatever is left of the duration: "real compute
+plus a sleep for the rest". Used to replay jitter models and traces on a real model (aioready
+train, the demo). Unlike SimDevice, the compute never runs on the loop thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Callable, TypeVar
+
+from .base import Device, TaskInfo
+
+__all__ = ["PacedDevice"]
+
+T = TypeVar("T")
+
+
+class PacedDevice:
+    def __init__(self, inner: Device, duration: Callable[[TaskInfo], float]) -> None:
+        self.inner = inner
+        self.duration = duration
+        self.num_overruns = 0  # tasks whose compute alone took longer than their duration
+
+    async def run(self, info: TaskInfo, fn: Callable[[], T]) -> T:
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        result = await self.inner.run(info, fn)
+        left = start + self.duration(info) - loop.time()
+        if left > 0:
+            await asyncio.sleep(left)
+        else:
+            self.num_overruns += 1
+        return result
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def __repr__(self) -> str:
+        return f"<PacedDevice over {self.inner!r}, overruns={self.num_overruns}>"

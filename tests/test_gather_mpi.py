@@ -1,0 +1,44 @@
+"""Spans gathered to rank 0 as numbers over MPI (mpiexec -n 2), no pickle."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+MPIEXEC = (Path(sys.executable).parent / "mpiexec")
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(90)
+def test_gather_reports_under_mpiexec() -> None:
+    pytest.importorskip("mpi4py")
+    exe = str(MPIEXEC) if MPIEXEC.exists() else shutil.which("mpiexec")
+    if exe is None:
+        pytest.skip("no mpiexec")
+    out = subprocess.run([exe, "-n", "2", sys.executable,
+                          str(ROOT / "tests" / "mpi_scripts" / "gather_reports.py")],
+                         capture_output=True, text=True, timeout=80, cwd=ROOT,
+                         env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr
+    steps = json.loads(out.stdout)
+    assert [s["step"] for s in steps] == [0, 1]
+    for s in steps:
+        step = s["step"]
+        assert s["num_ranks"] == 2
+        assert s["loss"] == step + 0.5  # from the last rank
+        assert s["peaks"] == {"0": 3, "1": 2}
+        # rank 1 started first, but a step starts where stage 0 (rank 0) starts it; max end
+        assert s["start"] == step + 0.001 and s["end"] == step + 1.001
+        spans = s["spans"]
+        assert len(spans) == 2 * 3 * 2
+        assert {(sp[0], sp[3], sp[4]) for sp in spans} == \
+            {(r, m, k) for r in range(2) for m in range(3) for k in range(2)}
+        for rank, stage, chunk, mb, kind, ready, start, end in spans:
+            assert stage == rank and chunk == 0
+            assert start == step + 0.1 * mb + 0.01 * rank and end == step + 0.1 * mb + 0.05
