@@ -56,8 +56,15 @@ class TrainConfig:
     lr: float = 3e-3
     metrics_port: int | None = None
     """serve Prometheus metrics on this port (+ rank under MPI); None: off"""
+    checkpoint_dir: str | None = None
+    """write a checkpoint (aioready.checkpoint) here after every step; None: off"""
+    resume: bool = False
+    """continue from the latest checkpoint in checkpoint_dir (from step 0 if there is none)"""
 
     def __post_init__(self) -> None:
+        if self.resume and not self.checkpoint_dir:
+            raise ConfigError("resume needs a checkpoint directory",
+                              expected="checkpoint_dir (--checkpoint-dir D)", got=None)
         for name in ("stages", "microbatches", "steps", "batch", "seq", "dim", "heads",
                      "layers_per_stage", "vocab"):
             if getattr(self, name) < 1:
@@ -135,12 +142,19 @@ async def train(cfg: TrainConfig, *, comm: Any = None,
     params = [p for m in modules for p in m.parameters()]
     opt = torch.optim.AdamW(params, lr=cfg.lr)
     result = TrainResult(rank=rank, world_size=world, durations=source)
+    start = 0
+    if cfg.resume:
+        from .checkpoint import resume
+        start = resume(cfg.checkpoint_dir, pipe, opt)  # type: ignore[arg-type]
     with _live_metrics(cfg, pipe, rank) as instruments:
         try:
-            for step in range(cfg.steps):
+            for step in range(start, cfg.steps):
                 loss = await pipe.step(*_batch(cfg, step, mine))
                 opt.step()
                 opt.zero_grad(set_to_none=True)
+                if cfg.checkpoint_dir:
+                    from .checkpoint import save_checkpoint
+                    save_checkpoint(cfg.checkpoint_dir, pipe, opt)
                 report, loss_value = await _collect(pipe, comm if world > 1 else None, loss)
                 if instruments:
                     local = pipe.last_step
