@@ -63,9 +63,10 @@ class PeerMonitor:
     # -- heartbeats and the peer timeout ---------------------------------------------------
     def _arm(self, step: int) -> None:
         """At each step start: a fresh timeout for every peer; start the heartbeat timer."""
-        if self._remote_error is not None:
+        if self._remote_error is not None:  # a peer failed between steps: it is gone
             self.guard.abort(self._remote_error)
             return
+        self._broadcast_done = False
         if self.timeout is None:
             return
         loop = asyncio.get_running_loop()
