@@ -77,6 +77,7 @@ def test_exception_in_stage2_forward_ends_the_job_with_its_message() -> None:
     assert took < 30.0
 
 
+@pytest.mark.heavy  # ~10 s more of make test; the in-process twin is tests/test_faults.py
 def test_silent_rank_is_declared_lost() -> None:
     rc, out, took = run_fault("stop")
     assert rc != 0
