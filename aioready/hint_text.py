@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
-from .errors import HintError
+from .errors import ConfigError, HintError
 from .placement import Placement
 from .tasks import Kind, Task
 
@@ -131,7 +131,7 @@ def loads(text: str, *, name: str = "file", placement: str | None = None) -> "Hi
                             got=fields["caps"]) from None
     try:
         place = Placement(stages, len(rows), style)
-    except Exception as exc:
+    except ConfigError as exc:
         raise HintError(f"{where}: the rank lines do not fit a placement: {exc}",
                         expected=f"{stages} stages on {len(rows)} ranks ({style})",
                         got=f"{len(rows)} rank lines") from None

@@ -27,7 +27,7 @@ __all__ = ["HintOrder", "peak_in_flight", "peak_chunk_activations", "first_depen
 
 def peak_in_flight(order: Sequence[Task], *, num_chunks: int, split_backward: bool) -> int:
     """Largest number of microbatches in flight on a rank that runs `order` in sequence."""
-    pieces = num_chunks  # one last backward piece (B unsplit, W split) per chunk
+    pieces = num_chunks  # one last-kind piece (B unsplit, W split) per chunk
     last_kind = Kind.W if split_backward else Kind.B
     left: dict[int, int] = {}
     now = peak = 0

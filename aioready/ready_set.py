@@ -56,7 +56,7 @@ class ReadySet:
         self._in_flight = 0
         self._peak = 0
         self._left: dict[int, int] = {}
-        self._pieces = num_chunks  # one last backward piece (B unsplit, W split) per chunk
+        self._pieces = num_chunks  # one last-kind piece (B unsplit, W split) per chunk
         self._last_kind = Kind.W if split_backward else Kind.B
         self._strict = strict_order is not None
         self._order: Sequence[Task] = strict_order or ()
@@ -121,11 +121,6 @@ class ReadySet:
     @property
     def in_flight(self) -> int:
         return self._in_flight
-
-    @property
-    def in_flight_microbatches(self) -> list[int]:
-        """The admitted microbatches whose last backward piece has not ended (for dumps)."""
-        return sorted(self._left)
 
     @property
     def peak_in_flight(self) -> int:

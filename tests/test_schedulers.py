@@ -53,15 +53,6 @@ def _task(word: str, place: Placement) -> Task:
     return Task(kind[word[0]], int(word[1:]))
 
 
-def hint_cases() -> list[tuple[str, bool]]:
-    """Every registered hint with each backward mode it supports."""
-    out = []
-    for name in hint_names():
-        need = HINTS[name].needs_split
-        out += [(name, s) for s in ((need,) if need is not None else (False, True))]
-    return out
-
-
 @pytest.mark.parametrize("name,split", sorted(LITERAL), ids=lambda x: str(x))
 def test_literal_orders_r4_m8(name: str, split: bool) -> None:
     spec = HINTS[name]

@@ -84,7 +84,10 @@ def make_hint(
     split_backward: bool = False,
     placement: str | None = None,
 ) -> HintOrder:
-    """Resolve `hint` (a name, a hint file path, or a HintOrder) for this pipeline's shape.
+    """Resolve `hint` (a name, a hint file path, `torch:<Schedule>`, or a HintOrder).
+
+    `torch:Interleaved1F1B` (any torch.distributed.pipelining schedule name) imports torch's
+    compute order for this shape (from_torch.py; loads torch).
 
     `placement` chooses the placement style of a priority rule (bf, bfw work on any); an order
     hint has its own and refuses another.
@@ -92,6 +95,11 @@ def make_hint(
     if isinstance(hint, HintOrder):
         return hint
     key = str(hint)
+    if key.lower().startswith("torch:"):
+        from .from_torch import from_torch_for_shape
+        return from_torch_for_shape(key[6:], num_stages=num_stages, num_ranks=num_ranks,
+                                    num_microbatches=num_microbatches,
+                                    split_backward=split_backward)
     spec = HINTS.get(key.lower())
     if spec is None:
         path = Path(key)
@@ -99,7 +107,7 @@ def make_hint(
             return _from_file(path, num_stages, num_ranks, num_microbatches, split_backward)
         raise HintError(
             "unknown hint", expected=f"one of {', '.join(hint_names())} or a hint file path",
-            got=repr(key),
+            got=repr(key), fix="or torch:<Schedule> for a torch.distributed.pipelining order",
         )
     if spec.needs_split is not None and spec.needs_split != split_backward:
         raise HintError(

@@ -20,12 +20,12 @@ import re
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from ..errors import HintError
+from ..errors import ConfigError, HintError
 from ..hints import HintOrder
 from ..placement import STYLES, Placement
 from ..tasks import Kind, Task
 
-__all__ = ["from_torch_actions", "from_torch_csv", "from_torch_schedule"]
+__all__ = ["from_torch_actions", "from_torch_csv", "from_torch_schedule", "from_torch_for_shape"]
 
 _ONE = re.compile(r"^(\d+)(F|I|B|W|UNSHARD|RESHARD|REDUCE_GRAD|SEND_F|RECV_F|SEND_B|RECV_B)"
                   r"(\d*)$")
@@ -74,7 +74,7 @@ def _placement(rows: list[list[Raw]]) -> Placement:
     for style in STYLES:
         try:
             place = Placement(S, R, style)
-        except Exception:
+        except ConfigError:
             continue
         if all(place.rank_of(s) == r for s, r in owner.items()):
             return place
@@ -166,3 +166,22 @@ def from_torch_schedule(schedule: str, num_ranks: int, num_microbatches: int,
     rows = get_schedule_ops(schedule, num_ranks, num_microbatches, num_stages_per_rank)
     return from_torch_actions(rows, num_microbatches=num_microbatches, name=schedule,
                               fix_off_by_one=fix_off_by_one)
+
+
+def from_torch_for_shape(schedule: str, *, num_stages: int, num_ranks: int | None,
+                         num_microbatches: int, split_backward: bool) -> HintOrder:
+    """`make_hint("torch:<Schedule>", ...)`: torch's order for this pipeline shape."""
+    if num_ranks is None:
+        from torch.distributed.pipelining.schedules import (PipelineScheduleSingle,
+                                                            get_schedule_class)
+        single = issubclass(get_schedule_class(schedule), PipelineScheduleSingle)
+        num_ranks = num_stages if single else num_stages // 2
+    if num_ranks < 1 or num_stages % num_ranks:
+        raise HintError(f"torch schedule {schedule!r} cannot place {num_stages} stages",
+                        expected="a multiple of the ranks", got=f"{num_ranks} ranks")
+    hint = from_torch_schedule(schedule, num_ranks, num_microbatches, num_stages // num_ranks)
+    if hint.split_backward != split_backward:
+        raise HintError(f"torch schedule {schedule!r} needs split_backward="
+                        f"{hint.split_backward}", expected=f"split_backward={hint.split_backward}",
+                        got=f"split_backward={split_backward}")
+    return hint
