@@ -10,6 +10,9 @@ protocol, `CompletionSource`; the engine only decides *when* to poll:
   progress (`wants_hot()`: a rendezvous-size message is in flight), for `spin_s` after the last
   completion or `kick()`, or until a deadline set with `stay_hot()`. A 2 ms window, not 200 us:
   shorter windows let two ranks drift into missing each other by one sleep (ASYNC.md 2).
+  Every `yield_every` hot passes the poller calls `sched_yield()`: on an oversubscribed machine
+  the peer rank may share this core, and a poller that never yields makes every message wait
+  for the scheduler's next tick (measured here: ms instead of us, bench/results/transport.md).
 - **parked** on a timerfd registered with `loop.add_reader` otherwise: `park_s` (250 us) for
   `park_window_s` after the last progress, then doubling up to `backoff_max_s` for long bubbles.
   Not `asyncio.sleep`: uvloop turns sub-millisecond sleeps into 0 (a spin) and the default loop
@@ -69,6 +72,7 @@ class ProgressConfig:
     backoff_max_s: float = 8e-3  # AIOREADY_BACKOFF_MAX_MS: longest park in a long bubble
     hot_max_s: float = 20e-3  # AIOREADY_HOT_MAX_MS: cap on spinning for wants_hot() alone
     min_sleep_s: float = 1e-3  # AIOREADY_MIN_SLEEP_MS: shortest park without a timerfd
+    yield_every: int = 16  # AIOREADY_YIELD_EVERY: hot passes between sched_yield() (0: never)
     timer: str = "auto"  # AIOREADY_TIMER: auto | timerfd | call_later
 
     _ENV = {"spin_s": ("AIOREADY_SPIN_US", 1e-6), "park_s": ("AIOREADY_PARK_US", 1e-6),
@@ -80,7 +84,7 @@ class ProgressConfig:
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if isinstance(value, float) and not value >= 0:
+            if isinstance(value, (int, float)) and not value >= 0:
                 raise ConfigError(f"progress knob {f.name} must be >= 0", expected=">= 0",
                                   got=value)
         if self.timer not in ("auto", "timerfd", "call_later"):
@@ -99,6 +103,12 @@ class ProgressConfig:
                 except ValueError:
                     raise ConfigError(f"{var} is not a number", expected="a number",
                                       got=repr(env[var])) from None
+        if "AIOREADY_YIELD_EVERY" in env:
+            try:
+                kwargs["yield_every"] = int(env["AIOREADY_YIELD_EVERY"])
+            except ValueError:
+                raise ConfigError("AIOREADY_YIELD_EVERY is not an integer", expected="an "
+                                  "integer", got=repr(env["AIOREADY_YIELD_EVERY"])) from None
         if "AIOREADY_TIMER" in env:
             kwargs["timer"] = env["AIOREADY_TIMER"]
         return cls(**kwargs)  # type: ignore[arg-type]
@@ -173,8 +183,11 @@ class ProgressEngine:
         self._task: asyncio.Task[None] | None = None
         self._wake: asyncio.Future[None] | None = None
         self._last_progress = loop.time()
+        self._cpu_mark: float | None = None  # thread CPU time at the first hot pass after it
         self._hot_until = 0.0
         self._timer: _TimerFd | None = None
+        # a virtual clock only moves while the loop sleeps: never spin there, park exactly
+        self.virtual = type(loop).__name__ == "VirtualClockLoop"
         self._timer_kind = self._choose_timer()
         self.num_completed = self.num_hot_passes = self.num_parks = self.num_idle_waits = 0
 
@@ -191,8 +204,7 @@ class ProgressEngine:
         kind = self.config.timer
         if kind == "call_later":
             return kind
-        usable = sys.platform.startswith("linux") and type(self.loop).__name__ != \
-            "VirtualClockLoop"
+        usable = sys.platform.startswith("linux") and not self.virtual
         if usable:
             try:
                 self._timer = _TimerFd()
@@ -219,6 +231,7 @@ class ProgressEngine:
     def kick(self) -> None:
         """New work was started: poll soon, and stay hot for the spin window."""
         self._last_progress = self.loop.time()
+        self._cpu_mark = None
         wake = self._wake
         if wake is not None and not wake.done():
             wake.set_result(None)
@@ -242,6 +255,7 @@ class ProgressEngine:
         if done:
             self.num_completed += done
             self._last_progress = self.loop.time()
+            self._cpu_mark = None
         return done
 
     def statistics(self) -> ProgressStatistics:
@@ -259,6 +273,7 @@ class ProgressEngine:
     async def _run(self) -> None:
         cfg = self.config
         loop = self.loop
+        yield_every = cfg.yield_every if hasattr(os, "sched_yield") else 0
         while True:
             self.poll()
             if not self._num_pending():
@@ -267,9 +282,11 @@ class ProgressEngine:
                 continue
             now = loop.time()
             quiet = now - self._last_progress
-            if (quiet < cfg.spin_s or now < self._hot_until
-                    or (quiet < cfg.hot_max_s and self._wants_hot())):
+            if not self.virtual and (quiet < cfg.spin_s or now < self._hot_until
+                    or (quiet < cfg.hot_max_s and self._wants_hot()) or self._spun() < cfg.spin_s):
                 self.num_hot_passes += 1
+                if yield_every and self.num_hot_passes % yield_every == 0:
+                    os.sched_yield()  # let a peer rank sharing this core run (see above)
                 await asyncio.sleep(0)
                 continue
             if self._wants_hot() or quiet < cfg.park_window_s:
@@ -278,6 +295,18 @@ class ProgressEngine:
                 delay = min(cfg.backoff_max_s, max(cfg.park_s, (quiet - cfg.park_window_s)))
             self.num_parks += 1
             await self._wait(delay)
+
+    def _spun(self) -> float:
+        """CPU time this thread spent polling since the last progress.
+
+        The spin window must be spent on a CPU, not in the run queue: on an oversubscribed
+        machine a preempted poller would otherwise park before it ever looked for the reply, and
+        two ranks lock into missing each other by one (slow) wake-up.
+        """
+        now = time.thread_time()
+        if self._cpu_mark is None:
+            self._cpu_mark = now
+        return now - self._cpu_mark
 
     async def _wait(self, delay: float | None) -> None:
         """Sleep until `delay` passed (None: forever) or kick() is called."""
@@ -290,8 +319,9 @@ class ProgressEngine:
                     self._timer.arm(delay)
                     loop.add_reader(self._timer.fd, self._on_timer, wake)
                 else:
-                    handle = loop.call_later(max(delay, self.config.min_sleep_s),
-                                             _resolve, wake)
+                    if not self.virtual:
+                        delay = max(delay, self.config.min_sleep_s)
+                    handle = loop.call_later(delay, _resolve, wake)
             await wake
         finally:
             self._wake = None

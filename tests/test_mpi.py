@@ -41,26 +41,31 @@ def launch(n: int, script: str, *args: str, timeout: float = 100) -> subprocess.
 
 
 def cases(num_ranks: int) -> list[str]:
-    """hint:mode:split:varlen for every registered hint that fits `num_ranks` ranks."""
+    """hint:mode:split:varlen for every registered hint that fits `num_ranks` ranks.
+
+    4 ranks: every mode x split; 2 ranks (which also runs the extra cases): ready with split
+    backward and strict without, all with variable sequence lengths.
+    """
     out = []
     for name in sorted(HINTS):
         spec = HINTS[name]
-        if spec.style == "v" or (spec.style != "linear" and num_ranks < 2):
-            continue
         splits = [0, 1] if spec.needs_split is None else [int(spec.needs_split)]
         for mode in ("ready", "strict"):
             for split in splits:
+                if num_ranks == 2 and len(splits) == 2 and split != (mode == "ready"):
+                    continue
                 varlen = int(num_ranks == 2 or (mode == "ready") == bool(split))
                 out.append(f"{name}:{mode}:{split}:{varlen}")
     return out
 
 
+EXTRA = ["ooo", "dtypes"]
 _RUNS: dict[int, tuple[subprocess.CompletedProcess, dict[str, str]]] = {}
 
 
 def run_cases(n: int) -> tuple[subprocess.CompletedProcess, dict[str, str]]:
     if n not in _RUNS:
-        extra = ["ooo"] if n == 2 else []
+        extra = EXTRA if n == 2 else []
         proc = launch(n, "exact.py", *cases(n), *extra)
         results = {}
         for line in proc.stdout.splitlines():
@@ -84,7 +89,7 @@ def test_pipeline_exact_over_mpi(n: int) -> None:
     proc, results = run_cases(n)
     assert proc.returncode == 0, proc.stderr[-3000:]
     expected = cases(n)
-    assert sorted(results) == sorted(expected + (["ooo"] if n == 2 else [])), proc.stdout
+    assert sorted(results) == sorted(expected + (EXTRA if n == 2 else [])), proc.stdout
     for case in expected:
         text = results[case]
         assert _field(text, "loss_seen") == "1", (case, text)
@@ -102,6 +107,15 @@ def test_out_of_order_arrival_runs_first_arrival_first() -> None:
     assert order[0] == "F3", text
     assert sorted(order) == ["F0", "F1", "F2", "F3"], text
     assert float(_field(text, "grad_diff")) <= TOL, text
+
+
+@pytest.mark.timeout(200)
+def test_every_dtype_and_layout_arrives_intact() -> None:
+    """All wire dtypes, 0-d, empty, None slots, views, grad-requiring, inline and large payloads,
+    to a peer and to this rank itself, and echoed back: same dtype, shape and values."""
+    proc, results = run_cases(2)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert _field(results["dtypes"], "bad") == "0", results["dtypes"]
 
 
 @pytest.mark.timeout(120)

@@ -42,8 +42,8 @@ import numpy as np
 
 from ..errors import AioreadyError, InternalError, ProtocolError
 from ..progress import ProgressEngine
-from .base import (_DESC, _FIXED, MAX_TENSORS, Deliver, Message, TensorSpec, decode_header,
-                   encode_header)
+from .base import (_DESC, _FIXED, DTYPE_CODES, MAX_TENSORS, Deliver, Message, TensorSpec,
+                   decode_header, encode_header)
 from .mpi_cuda import StagedSend, query_cuda_aware, receive_buffer
 
 __all__ = ["MPITransport", "INLINE_BYTES", "HOT_BYTES"]
@@ -65,21 +65,54 @@ def _header_size(specs: list[TensorSpec]) -> int:
     return _FIXED.size + sum(_DESC.size + 8 * len(s.shape) for s in specs)
 
 
+_TORCH: Any = None
+_CODEC: dict[Any, tuple[str, Any, Any]] = {}  # torch dtype -> (wire name, numpy dtype, torch)
+_BY_NAME: dict[str, tuple[Any, Any]] = {}  # wire name -> (torch dtype, numpy dtype or None)
+
+
 def _torch() -> Any:
-    import torch
-    return torch
+    """torch, imported on first use and cached with the dtype tables (few calls per message)."""
+    global _TORCH
+    if _TORCH is None:
+        import torch
+        for name in DTYPE_CODES:
+            dt = getattr(torch, name)
+            try:
+                npdt = torch.empty(0, dtype=dt).numpy().dtype
+            except TypeError:  # bfloat16: no numpy dtype, bytes go through a same-size int view
+                npdt = None
+            _CODEC[dt] = (name, npdt, torch.int16 if npdt is None else dt)
+            _BY_NAME[name] = (dt, npdt)
+        _TORCH = torch
+    return _TORCH
 
 
-def _dtype_name(t: Any) -> str:
-    return str(t.dtype).removeprefix("torch.")
+def _spec(t: Any) -> TensorSpec:
+    if t is None:
+        return TensorSpec(None, ())
+    _torch()
+    return TensorSpec(_CODEC[t.dtype][0], t.shape)  # torch.Size is a tuple
 
 
 def _host_bytes(t: Any) -> np.ndarray:
-    """A uint8 numpy view of a CPU tensor's storage (copying only if it is not contiguous)."""
-    t = t.detach()
+    """A flat uint8 numpy view of a CPU tensor's storage (a copy only if not contiguous)."""
+    if t.requires_grad:
+        t = t.detach()
     if not t.is_contiguous():
         t = t.contiguous()
-    return t.reshape(-1).view(_torch().uint8).numpy()  # type: ignore[no-any-return]
+    _, npdt, as_dt = _CODEC[t.dtype]
+    if npdt is None:
+        t = t.view(as_dt)
+    return t.numpy().reshape(-1).view(np.uint8)  # type: ignore[no-any-return]
+
+
+def _from_bytes(buf: np.ndarray, name: str, shape: tuple[int, ...]) -> Any:
+    """A tensor viewing `buf` (uint8, aligned) as dtype `name` and `shape`, without copying."""
+    torch = _torch()
+    dt, npdt = _BY_NAME[name]
+    if npdt is not None:
+        return torch.from_numpy(buf.view(npdt).reshape(shape))
+    return torch.from_numpy(buf.view(np.int16)).view(dt).reshape(shape)
 
 
 class _Inbound:
@@ -161,12 +194,11 @@ class MPITransport:
             asyncio.get_running_loop().call_soon(self._arrive_local, msg)
             return
         tensors = msg.tensors
-        specs = [TensorSpec(None, ()) if t is None else TensorSpec(_dtype_name(t), tuple(t.shape))
-                 for t in tensors]
+        specs = [_spec(t) for t in tensors]
         header = encode_header(msg, specs)
         seq = self._seq[dest]
         self._seq[dest] = (seq + 1) % _SEQ_MOD
-        sizes = [0 if t is None else t.numel() * t.element_size() for t in tensors]
+        sizes = [0 if t is None else t.nbytes for t in tensors]
         on_cuda = any(t is not None and t.is_cuda for t in tensors)
         if not on_cuda and sum(sizes) <= self.inline_bytes:
             self._send_inline(dest, seq, header, tensors, sizes)
@@ -332,18 +364,18 @@ class MPITransport:
             self._hand_over(msg)
             return
         torch = _torch()
-        dtypes = [None if s.dtype is None else getattr(torch, s.dtype) for s in specs]
+        dtypes = [None if s.dtype is None else _BY_NAME[s.dtype][0] for s in specs]
         sizes = [0 if d is None else _numel(s.shape) * d.itemsize for s, d in zip(specs, dtypes)]
         hlen = _header_size(specs)
         inline_len = _align(hlen) + sum(_align(n) for n in sizes)
-        if len(buf) == inline_len or (len(buf) == hlen and not sum(sizes)):
+        if len(buf) == inline_len:
             off = _align(hlen)
             tensors = []
             for s, d, n in zip(specs, dtypes, sizes):
                 if d is None:
                     tensors.append(None)
                     continue
-                t = torch.from_numpy(buf[off:off + n]).view(d).view(s.shape) if n else \
+                t = _from_bytes(buf[off:off + n], s.dtype, s.shape) if n else \
                     torch.empty(s.shape, dtype=d)
                 tensors.append(self._to_device(t))
                 off += _align(n)
@@ -360,12 +392,14 @@ class MPITransport:
         inbound = _Inbound(msg, tensors, sum(1 for n in sizes if n), staged)
         for i, (t, n) in enumerate(zip(tensors, sizes)):
             if n:
-                dst = t if t.is_cuda else t.reshape(-1).view(torch.uint8).numpy()
+                dst = t if t.is_cuda else _host_bytes(t)
                 req = self._data.Irecv(dst, src, seq * MAX_TENSORS + i)
                 self._track(req, partial(self._payload_done, inbound), n >= self.hot_bytes)
+        if not inbound.left:  # only empty tensors: nothing more will arrive
+            self._payload_done(inbound, count=False)
 
-    def _payload_done(self, inbound: _Inbound) -> None:
-        inbound.left -= 1
+    def _payload_done(self, inbound: _Inbound, count: bool = True) -> None:
+        inbound.left -= count
         if inbound.left:
             return
         tensors = inbound.tensors

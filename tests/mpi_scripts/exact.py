@@ -20,7 +20,7 @@ from aioready.launch import run
 from aioready.pipeline import Pipeline
 from aioready.schedulers import HINTS, make_hint
 from aioready.testing import make_mlp_stages, mse_loss, reference_step
-from aioready.transports.base import Message, MessageKind
+from aioready.transports.base import DTYPE_CODES, Message, MessageKind
 from aioready.transports.mpi import MPITransport
 
 WIDTH = 16
@@ -108,12 +108,67 @@ async def out_of_order(comm, seed: int) -> None:
         print(f"RESULT ooo order={order} grad_diff={gdiff:.3e}", flush=True)
 
 
+def dtype_payload(m: int) -> tuple:
+    """Every wire dtype, inline-size and large, 0-d, empty, None, a view, a grad-requiring one."""
+    gen = torch.Generator().manual_seed(m)
+    out: list = []
+    if m % 2 == 0:  # every dtype (MAX_TENSORS slots at most per message)
+        for name in DTYPE_CODES:
+            dt = getattr(torch, name)
+            base = torch.randn(3, 5, generator=gen) * 50
+            out.append((base > 0) if dt is torch.bool else base.to(dt))
+        return tuple(out)
+    return (None, torch.randn(300, 70, generator=gen, dtype=torch.float64),  # 168 KB payload
+            torch.randn(2, 3, generator=gen, dtype=torch.bfloat16).expand(4, 2, 3),
+            torch.tensor(7, dtype=torch.int64), torch.empty(0, 4),
+            torch.randn(6, 4, generator=gen).t(), torch.randn(3, generator=gen).requires_grad_())
+
+
+async def dtypes(comm) -> None:
+    """Rank 0 sends every payload kind to rank 1 and to itself; rank 1 echoes back."""
+    rank = comm.Get_rank()
+    transport = MPITransport(comm, inline_bytes=4096)
+    got: dict[tuple[int, int], tuple] = {}
+    transport.open(lambda msg: got.__setitem__((msg.kind.value, msg.microbatch), msg.tensors))
+    bad = []
+    if rank == 0:
+        for m in range(4):
+            transport.send_nowait(1, Message(0, MessageKind.ACTIVATION, 1, m, dtype_payload(m)))
+            transport.send_nowait(0, Message(0, MessageKind.GRADIENT, 0, m, dtype_payload(m)))
+        while len(got) < 8:
+            await asyncio.sleep(0.001)
+        for (kind, m), tensors in got.items():
+            for i, (a, b) in enumerate(zip(tensors, dtype_payload(m % 10))):
+                same = a is None and b is None or (
+                    a is not None and b is not None and a.dtype == b.dtype
+                    and a.shape == b.shape and torch.equal(a, b.detach()))
+                if not same:
+                    bad.append(f"kind {kind} mb {m} slot {i}")
+            if len(tensors) != len(dtype_payload(m % 10)):
+                bad.append(f"kind {kind} mb {m}: {len(tensors)} slots")
+        if sorted(got) != sorted([(1, m) for m in range(4)] + [(1, 10 + m) for m in range(4)]):
+            bad.append(f"messages {sorted(got)}")
+    else:
+        while len(got) < 4:
+            await asyncio.sleep(0.001)
+        for (_, m), tensors in sorted(got.items()):
+            transport.send_nowait(0, Message(0, MessageKind.GRADIENT, 0, 10 + m, tensors))
+    await transport.wait_sent()
+    comm.Barrier()
+    await transport.close()
+    if rank == 0:
+        print(f"RESULT dtypes bad={len(bad)} first={'|'.join(bad[:3]).replace(' ', '_')}",
+              flush=True)
+
+
 async def main() -> None:
     comm = MPI.COMM_WORLD
     for i, case in enumerate(sys.argv[1:]):
         t0 = time.perf_counter()
         if case == "ooo":
             await out_of_order(comm, seed=100 + i)
+        elif case == "dtypes":
+            await dtypes(comm)
         else:
             await one_case(comm, case, seed=100 + i)
         comm.Barrier()

@@ -1,0 +1,170 @@
+"""The completion engine with fake sources: completes, parks, idles, wakes, and stays light."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import subprocess
+import sys
+
+import pytest
+
+from aioready.clock import run_virtual
+from aioready.errors import ConfigError
+from aioready.progress import CompletionSource, ProgressConfig, ProgressEngine
+
+
+class FakeSource:
+    """Items complete when their due time (loop clock) has passed."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.items: list[tuple[float, asyncio.Future[float]]] = []
+        self.hot = False
+
+    def add(self, delay: float) -> asyncio.Future[float]:
+        fut = self.loop.create_future()
+        self.items.append((self.loop.time() + delay, fut))
+        return fut
+
+    def poll(self) -> int:
+        now = self.loop.time()
+        done = [(t, f) for t, f in self.items if t <= now]
+        self.items = [(t, f) for t, f in self.items if t > now]
+        for _, f in done:
+            f.set_result(now)
+        return len(done)
+
+    def num_pending(self) -> int:
+        return len(self.items)
+
+    def wants_hot(self) -> bool:
+        return self.hot
+
+
+def engine_with(source_cfg: ProgressConfig | None = None) -> tuple[ProgressEngine, FakeSource]:
+    loop = asyncio.get_running_loop()
+    engine = ProgressEngine(loop, source_cfg or ProgressConfig())
+    src = FakeSource(loop)
+    engine.add_source(src)
+    return engine, src
+
+
+def test_progress_imports_without_mpi4py_or_torch() -> None:
+    code = ("import sys; sys.modules['mpi4py'] = None; sys.modules['torch'] = None; "
+            "import aioready.progress, aioready.runtime; print('ok')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    assert out.stdout.strip() == "ok", out.stderr
+
+
+def test_fake_source_is_a_completion_source() -> None:
+    assert isinstance(FakeSource(None), CompletionSource)  # type: ignore[arg-type]
+
+
+def test_config_from_env_and_validation() -> None:
+    cfg = ProgressConfig.from_env({"AIOREADY_SPIN_US": "500", "AIOREADY_PARK_US": "100",
+                                   "AIOREADY_BACKOFF_MAX_MS": "4", "AIOREADY_YIELD_EVERY": "0",
+                                   "AIOREADY_TIMER": "call_later"})
+    assert cfg.spin_s == pytest.approx(500e-6) and cfg.park_s == pytest.approx(100e-6)
+    assert cfg.backoff_max_s == pytest.approx(4e-3) and cfg.yield_every == 0
+    assert cfg.timer == "call_later"
+    assert ProgressConfig.from_env({}) == ProgressConfig()
+    with pytest.raises(ConfigError, match="AIOREADY_SPIN_US is not a number"):
+        ProgressConfig.from_env({"AIOREADY_SPIN_US": "fast"})
+    with pytest.raises(ConfigError, match="expected auto | timerfd | call_later"):
+        ProgressConfig(timer="select")
+    with pytest.raises(ConfigError, match="park_s must be >= 0"):
+        ProgressConfig(park_s=-1.0)
+
+
+async def test_for_loop_returns_one_engine_per_loop() -> None:
+    assert ProgressEngine.for_loop() is ProgressEngine.for_loop(asyncio.get_running_loop())
+
+
+async def test_completes_and_then_idles_without_polling() -> None:
+    engine, src = engine_with()
+    fut = src.add(0.005)
+    done_at = await asyncio.wait_for(fut, 5)
+    assert done_at >= fut.get_loop().time() - 5
+    before = engine.statistics()
+    await asyncio.sleep(0.1)  # nothing pending: the poller waits on a future, no passes at all
+    after = engine.statistics()
+    assert after.num_pending == 0
+    assert after.num_hot_passes == before.num_hot_passes
+    assert after.num_parks == before.num_parks
+    assert after.num_idle_waits >= 1
+    engine.close()
+
+
+async def test_long_wait_parks_instead_of_spinning() -> None:
+    engine, src = engine_with(ProgressConfig(spin_s=1e-3, park_window_s=20e-3))
+    fut = src.add(10.0)  # never completes during the test
+    await asyncio.sleep(0.1)  # past the spin window
+    s0 = engine.statistics()
+    await asyncio.sleep(0.2)
+    s1 = engine.statistics()
+    assert s1.num_hot_passes == s0.num_hot_passes, "the poller kept spinning while idle"
+    assert 0 < s1.num_parks - s0.num_parks < 200, "expected parks backing off to ms steps"
+    fut.cancel()
+    engine.close()
+
+
+async def test_wants_hot_keeps_polling_hot_then_gives_up() -> None:
+    engine, src = engine_with(ProgressConfig(spin_s=1e-3, hot_max_s=0.4))
+    src.hot = True
+    fut = src.add(10.0)
+    await asyncio.sleep(0.01)
+    assert engine.statistics().num_parks == 0  # still within hot_max_s: spinning
+    await asyncio.sleep(0.5)
+    s0 = engine.statistics()
+    await asyncio.sleep(0.05)
+    assert engine.statistics().num_parks > s0.num_parks  # capped: parks at park_s
+    fut.cancel()
+    engine.close()
+
+
+async def test_kick_wakes_an_idle_engine() -> None:
+    engine, src = engine_with()
+    await asyncio.sleep(0.02)
+    assert engine.statistics().num_idle_waits >= 1
+    fut = src.add(0.0)
+    engine.kick()
+    await asyncio.wait_for(fut, 1.0)
+    engine.close()
+
+
+async def test_raising_source_is_removed_and_others_keep_completing(caplog) -> None:
+    engine, src = engine_with()
+
+    class Broken:
+        def poll(self) -> int:
+            raise RuntimeError("boom")
+
+        def num_pending(self) -> int:
+            return 1
+
+        def wants_hot(self) -> bool:
+            return False
+
+    with caplog.at_level(logging.ERROR, logger="aioready.progress"):
+        engine.add_source(Broken())
+        fut = src.add(0.001)
+        await asyncio.wait_for(fut, 5)
+    assert "raised in poll()" in caplog.text
+    assert engine.statistics().num_sources == 1
+    engine.close()
+
+
+def test_virtual_clock_uses_call_later_and_completes_in_virtual_time() -> None:
+    async def main() -> tuple[float, str]:
+        engine, src = engine_with()
+        t0 = asyncio.get_running_loop().time()
+        done = await src.add(0.5)
+        kind = engine.statistics().timer
+        engine.close()
+        return done - t0, kind
+
+    took, kind = run_virtual(main())
+    assert kind == "call_later"
+    assert 0.5 <= took <= 0.5 + ProgressConfig().backoff_max_s + 1e-9
