@@ -48,14 +48,19 @@ def _train_args(a: argparse.Namespace, mode: str, out: Path) -> list[str]:
     return args
 
 
-def _run_mpi(exe: str, a: argparse.Namespace, mode: str, out: Path) -> None:
+def _run_mpi(exe: str, a: argparse.Namespace, mode: str, out: Path) -> str | None:
+    """Run one mode under mpiexec; None when it worked, else why it did not."""
     cmd = [exe, "-n", str(a.ranks), sys.executable, "-m", "aioready", "train",
            *_train_args(a, mode, out)]
     print("$", " ".join(cmd), flush=True)
-    proc = subprocess.run(cmd, timeout=a.timeout, capture_output=True, text=True)
+    try:
+        proc = subprocess.run(cmd, timeout=a.timeout, capture_output=True, text=True)
+    except subprocess.TimeoutExpired:
+        return f"mpiexec ran past {a.timeout:.0f} s"
     if proc.returncode != 0:
-        sys.stderr.write(proc.stdout + proc.stderr)
-        raise SystemExit(f"demo: the {mode} run failed (exit {proc.returncode})")
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-8:])
+        return f"mpiexec exited with {proc.returncode}:\n{tail}"
+    return None
 
 
 def _run_inprocess(a: argparse.Namespace, mode: str, out: Path) -> None:
@@ -136,9 +141,14 @@ def main(argv: list[str] | None = None) -> int:
           f"jitter {a.jitter}, seed {a.seed}")
     print(f"transport: {why}" if exe else f"transport: in-process ({why})", flush=True)
     for mode in ("strict", "ready"):
-        if exe:
-            _run_mpi(exe, a, mode, out)
-        else:
+        failed = _run_mpi(exe, a, mode, out) if exe else "not used"
+        if exe and failed:
+            print(f"the MPI run failed ({failed});\nfalling back to in-process for both modes",
+                  flush=True)
+            exe = None
+            if mode == "ready":
+                _run_inprocess(a, "strict", out)
+        if not exe:
             _run_inprocess(a, mode, out)
     _table(out)
     sim = simulated(a)

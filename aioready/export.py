@@ -35,14 +35,17 @@ def _num_ranks(reports: Sequence[StepReport]) -> int:
                1 + max((s.rank for r in reports for s in r.spans), default=0))
 
 
-def chrome_trace(reports: Sequence[StepReport]) -> dict[str, Any]:
-    """A Chrome trace (JSON object format) of the steps."""
+def chrome_trace(reports: Sequence[StepReport], *, clock_unit_s: float = 1.0
+                 ) -> dict[str, Any]:
+    """A Chrome trace (JSON object format) of the steps. `clock_unit_s`: seconds per unit of
+    the reports' clock (1.0 for real loops; the simulator's virtual clock counts ms: 1e-3)."""
     if not reports:
         raise ConfigError("nothing to export", expected="at least one step report", got=0)
     origin = min(r.start for r in reports)
+    scale = 1e6 * clock_unit_s
 
     def us(t: float) -> float:
-        return round((t - origin) * 1e6, 3)
+        return round((t - origin) * scale, 3)
 
     events: list[dict[str, Any]] = []
     for rank in range(_num_ranks(reports)):
@@ -56,21 +59,22 @@ def chrome_trace(reports: Sequence[StepReport]) -> dict[str, Any]:
         for s in rep.spans:
             events.append({
                 "name": s.label, "cat": s.kind.name, "ph": "X", "ts": us(s.start),
-                "dur": round((s.end - s.start) * 1e6, 3), "pid": s.rank, "tid": 0,
+                "dur": round((s.end - s.start) * scale, 3), "pid": s.rank, "tid": 0,
                 "cname": KIND_CNAME[s.kind],
                 "args": {"step": rep.step, "stage": s.stage, "chunk": s.chunk,
                          "microbatch": s.microbatch, "ready_us": us(s.ready),
-                         "waited_us": round((s.start - s.ready) * 1e6, 3)}})
+                         "waited_us": round((s.start - s.ready) * scale, 3)}})
     steps = [[r.step, us(r.start), us(r.end), r.num_ranks] for r in reports]
     return {"traceEvents": events, "displayTimeUnit": "ms",
-            "otherData": {"generator": "aioready", "origin_s": repr(origin),
+            "otherData": {"generator": "aioready", "origin_s": repr(origin * clock_unit_s),
                           "steps": json.dumps(steps)}}
 
 
-def write_chrome_trace(reports: Sequence[StepReport], path: str | Path) -> Path:
+def write_chrome_trace(reports: Sequence[StepReport], path: str | Path, *,
+                       clock_unit_s: float = 1.0) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(chrome_trace(reports)))
+    path.write_text(json.dumps(chrome_trace(reports, clock_unit_s=clock_unit_s)))
     return path
 
 

@@ -15,7 +15,7 @@ from typing import Any, Sequence
 
 from .telemetry import SPAN_COLUMNS, StepReport, spans_from_array, spans_to_array
 
-__all__ = ["gather_reports", "merge_rows", "STEP_COLUMNS"]
+__all__ = ["gather_reports", "merge_rows", "reduce_sum", "barrier", "STEP_COLUMNS"]
 
 STEP_COLUMNS = ("step", "start", "end", "peak_in_flight", "loss", "num_ranks", "rank")
 
@@ -66,6 +66,20 @@ async def gather_reports(reports: Sequence[StepReport], comm: Any, *,
     if rank != root:
         return None
     return merge_rows(all_spans, all_steps)
+
+
+async def barrier(comm: Any) -> None:
+    """Wait for every rank (e.g. before the first step, so start-up skew is not timed)."""
+    await _wait(comm.Ibarrier())
+
+
+async def reduce_sum(comm: Any, value: int, *, root: int = 0) -> int | None:
+    """Sum an integer over the ranks on `root` (None elsewhere): a buffer reduce, no pickle."""
+    import numpy as np
+    send = np.array([value], dtype=np.int64)
+    recv = np.zeros(1, dtype=np.int64) if comm.Get_rank() == root else None
+    await _wait(comm.Ireduce(send, recv, root=root))
+    return None if recv is None else int(recv[0])
 
 
 def merge_rows(span_rows: Any, step_rows: Any) -> list[tuple[StepReport, float | None]]:

@@ -32,25 +32,27 @@ def _figure(rows: int, num_ranks: int) -> tuple[Any, list[Any]]:
     return fig, list(axes)
 
 
-def _title(report: StepReport, label: str) -> str:
+def _title(report: StepReport, label: str, ms: float) -> str:
     m = step_metrics(report)
-    return (f"{label}step {report.step}: {m.step_time * 1e3:.1f} ms, lower bound "
-            f"{m.lower_bound * 1e3:.1f} ms, efficiency {m.efficiency:.2f}, bubbles "
+    return (f"{label}step {report.step}: {m.step_time * ms:.1f} ms, lower bound "
+            f"{m.lower_bound * ms:.1f} ms, efficiency {m.efficiency:.2f}, bubbles "
             f"{m.bubble_fraction:.0%}")
 
 
 def draw_timeline(ax: Any, report: StepReport, *, title: str | None = None,
-                  xmax_ms: float | None = None) -> None:
-    """Draw one step on a matplotlib Axes (times in ms from the step's start)."""
+                  xmax_ms: float | None = None, clock_unit_s: float = 1.0) -> None:
+    """Draw one step on a matplotlib Axes (times in ms from the step's start).
+    `clock_unit_s`: seconds per unit of the report's clock (the simulator's counts ms: 1e-3)."""
     from matplotlib.patches import Patch
+    ms = 1e3 * clock_unit_s
     n = max(report.num_ranks, 1 + max((s.rank for s in report.spans), default=0))
     t0 = report.start
-    span_ms = report.step_time * 1e3
+    span_ms = report.step_time * ms
     for r in range(n):
         ax.broken_barh([(0, span_ms)], (r - 0.4, 0.8), facecolors="#f2f2f2",
                        edgecolor="#bbbbbb", hatch="///", linewidth=0)
     for s in report.spans:
-        x, w = (s.start - t0) * 1e3, (s.end - s.start) * 1e3
+        x, w = (s.start - t0) * ms, (s.end - s.start) * ms
         ax.broken_barh([(x, w)], (s.rank - 0.4, 0.8), facecolors=KIND_COLOR[s.kind],
                        edgecolor="black", linewidth=0.5)
         if w > 0.012 * (xmax_ms or span_ms):
@@ -73,29 +75,34 @@ def draw_timeline(ax: Any, report: StepReport, *, title: str | None = None,
 _KIND_NAMES = {Kind.F: "F forward", Kind.B: "B backward", Kind.W: "W weight grad"}
 
 
-def plot_timeline(report: StepReport, path: str | Path, *, label: str = "") -> Path:
+def plot_timeline(report: StepReport, path: str | Path, *, label: str = "",
+                  clock_unit_s: float = 1.0) -> Path:
     """Write one step's timeline PNG; the title gives step time, lower bound and efficiency."""
     _check(report)
     fig, (ax,) = _figure(1, report.num_ranks)
-    draw_timeline(ax, report, title=_title(report, label))
+    draw_timeline(ax, report, title=_title(report, label, 1e3 * clock_unit_s),
+                  clock_unit_s=clock_unit_s)
     return _save(fig, path)
 
 
 def plot_compare(reports: Sequence[StepReport], path: str | Path,
-                 labels: Sequence[str] = ("strict", "ready")) -> Path:
+                 labels: Sequence[str] = ("strict", "ready"), *,
+                 clock_unit_s: float = 1.0) -> Path:
     """Timelines of the same step under different modes, one above the other, one time axis."""
     if len(reports) != len(labels):
         raise ConfigError("one label per report", expected=len(reports), got=len(labels))
     for r in reports:
         _check(r)
-    xmax = max(r.step_time for r in reports) * 1e3
+    ms = 1e3 * clock_unit_s
+    xmax = max(r.step_time for r in reports) * ms
     fig, axes = _figure(len(reports), max(r.num_ranks for r in reports))
     for ax, rep, lab in zip(axes, reports, labels):
-        draw_timeline(ax, rep, title=_title(rep, f"{lab}: "), xmax_ms=xmax)
+        draw_timeline(ax, rep, title=_title(rep, f"{lab}: ", ms), xmax_ms=xmax,
+                      clock_unit_s=clock_unit_s)
     if len(reports) == 2:
         a, b = (r.step_time for r in reports)
-        fig.suptitle(f"same durations: {labels[0]} {a * 1e3:.1f} ms, {labels[1]} "
-                     f"{b * 1e3:.1f} ms, speedup {a / b:.2f}x", fontsize=11)
+        fig.suptitle(f"same durations: {labels[0]} {a * ms:.1f} ms, {labels[1]} "
+                     f"{b * ms:.1f} ms, speedup {a / b:.2f}x", fontsize=11)
     return _save(fig, path)
 
 

@@ -76,7 +76,7 @@ SPAN_COLUMNS = ("step", "rank", "stage", "chunk", "microbatch", "kind", "ready",
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StepMetrics:
-    """The numbers of one step; times in seconds."""
+    """The numbers of one step; times in the loop clock's unit (seconds on a real loop)."""
 
     step: int
     step_time: float

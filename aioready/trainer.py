@@ -146,6 +146,9 @@ async def train(cfg: TrainConfig, *, comm: Any = None,
     if cfg.resume:
         from .checkpoint import resume
         start = resume(cfg.checkpoint_dir, pipe, opt)  # type: ignore[arg-type]
+    if world > 1:
+        from .gather import barrier
+        await barrier(comm)  # ranks built their models at different speeds: start together
     with _live_metrics(cfg, pipe, rank) as instruments:
         try:
             for step in range(start, cfg.steps):
@@ -173,7 +176,11 @@ async def train(cfg: TrainConfig, *, comm: Any = None,
             pipe.close()
             if transport is not None:
                 await transport.close()
-    result.overruns = sum(d.num_overruns for d in devices)
+    overruns = sum(d.num_overruns for d in devices)
+    if world > 1:
+        from .gather import reduce_sum
+        overruns = await reduce_sum(comm, overruns) or 0
+    result.overruns = overruns
     return result
 
 

@@ -16,13 +16,22 @@ import argparse
 import torch
 
 import aioready
-from aioready.launch import run, world
+from aioready.launch import run
 from aioready.models import gpt_stages, lm_loss
 from aioready.trainer import synthetic_microbatch
 
 
+def mpi_world() -> tuple[int, int]:
+    """(rank, size) of COMM_WORLD; (0, 1) without mpi4py or outside mpirun."""
+    try:
+        from mpi4py import MPI
+    except ImportError:
+        return 0, 1
+    return MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+
+
 async def main(args: argparse.Namespace) -> None:
-    rank, size = world()
+    rank, size = mpi_world()
     transport = None
     if size > 1:
         from aioready.transports import MPITransport

@@ -1,6 +1,6 @@
 """Simulate a 128-stage pipeline under multimodal jitter: strict vs ready, several hints and caps.
 
-    python examples/simulate_128.py                    # S=128, M=256, ~a minute on a laptop core
+    python examples/simulate_128.py                    # S=128, M=128: a few minutes
     python examples/simulate_128.py --stages 32 --microbatches 64   # quicker
 
 `aioready.simulate` runs the real runtime (ready set, arbiter, messages) on a virtual clock:
@@ -21,7 +21,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--stages", type=int, default=128)
-    p.add_argument("--microbatches", type=int, default=256)
+    p.add_argument("--microbatches", type=int, default=128)
     p.add_argument("--jitter", default="multimodal:0.3:3")
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args()

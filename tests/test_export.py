@@ -75,6 +75,14 @@ def test_chrome_trace_reads_back(tmp_path: Path) -> None:
             assert y.end - y.start == pytest.approx(x.end - x.start, abs=1e-6)
 
 
+def test_chrome_trace_of_a_clock_counting_ms() -> None:
+    # the simulator's virtual clock counts ms (the trace unit): one unit = 1000 us, not 1e6
+    (rep,) = reports(steps=1)
+    events = [e for e in chrome_trace([rep], clock_unit_s=1e-3)["traceEvents"] if e["ph"] == "X"]
+    durs = sorted(round((s.end - s.start) * 1e3, 3) for s in rep.spans)
+    assert sorted(e["dur"] for e in events) == durs
+
+
 @pytest.mark.parametrize("split", [False, True])
 def test_csv_round_trips_exactly(tmp_path: Path, split: bool) -> None:
     reps = reports(split=split, steps=3)

@@ -42,3 +42,32 @@ def test_gather_reports_under_mpiexec() -> None:
         for rank, stage, chunk, mb, kind, ready, start, end in spans:
             assert stage == rank and chunk == 0
             assert start == step + 0.1 * mb + 0.01 * rank and end == step + 0.1 * mb + 0.05
+
+
+@pytest.mark.mpi
+@pytest.mark.heavy  # two interpreters importing torch: ~20 s idle, ~95 s on a loaded 2-core box
+@pytest.mark.timeout(180)
+def test_train_under_mpiexec_matches_in_process(tmp_path: Path) -> None:
+    pytest.importorskip("mpi4py")
+    exe = str(MPIEXEC) if MPIEXEC.exists() else shutil.which("mpiexec")
+    if exe is None:
+        pytest.skip("no mpiexec")
+    args = ["train", "--stages", "2", "--microbatches", "3", "--steps", "2", "--task-ms", "2",
+            "--dim", "16", "--seq", "8", "--mode", "strict", "--no-progress"]
+    out = subprocess.run([exe, "-n", "2", sys.executable, "-m", "aioready", *args, "--json",
+                          str(tmp_path / "mpi.json"), "--chrome-trace",
+                          str(tmp_path / "mpi.trace.json")],
+                         capture_output=True, text=True, timeout=170, cwd=ROOT,
+                         env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stdout + out.stderr
+    mpi = json.loads((tmp_path / "mpi.json").read_text())
+    assert mpi["transport"] == "mpi" and mpi["ranks"] == 2
+    from aioready.cli import main
+    assert main([*args, "--json", str(tmp_path / "inproc.json")]) == 0
+    inproc = json.loads((tmp_path / "inproc.json").read_text())
+    assert inproc["transport"] == "inproc"
+    assert mpi["loss"] == pytest.approx(inproc["loss"], rel=1e-6)  # same model, data, order
+    assert all(0 < e <= 1 + 1e-9 for e in mpi["efficiency"])
+    events = json.loads((tmp_path / "mpi.trace.json").read_text())["traceEvents"]
+    assert {e["pid"] for e in events if e["ph"] == "X"} == {0, 1}  # both ranks' spans arrived
+    assert len([e for e in events if e["ph"] == "X"]) == 2 * 2 * 3 * 2

@@ -165,6 +165,7 @@ def test_scale_32_stages_128_microbatches() -> None:
 
 
 @pytest.mark.heavy
+@pytest.mark.timeout(900)  # about 15 s of CPU each; a loaded 2-core machine stretches the wall
 @pytest.mark.parametrize("mode", ["strict", "ready"])
 def test_scale_128_stages_512_microbatches(mode: str) -> None:
     r = simulate(stages=128, microbatches=512, mode=mode, jitter="lognormal:0.5", seed=0)

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from ..errors import ConfigError
+from ..telemetry import StepReport
 
 __all__ = ["add_parser", "run"]
 
@@ -34,7 +35,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.set_defaults(func=run)
 
 
-def _pick(path: str, step: int | None):  # type: ignore[no-untyped-def]
+def _pick(path: str, step: int | None) -> StepReport:
     from ..export import read_trace
     reports = read_trace(path)
     if step is None:

@@ -28,6 +28,8 @@ examples:
   aioready simulate --stages 8 --microbatches 32 --jitter lognormal:0.5 --seed 1 --compare
   aioready simulate --stages 8 --microbatches 32 --jitter multimodal:0.3:3+comm:0.1 \\
       --split-backward --cap 2x --compare --json out/sim.json
+  aioready simulate --stages 16 --microbatches 64 --hint bfw --split-backward \
+      --jitter multimodal:0.3:3 --seed 0 --cap 48 --compare
   aioready simulate --stages 4 --microbatches 8 --trace durations.csv --mode ready
   aioready simulate --stages 4 --microbatches 8 --jitter lognormal:0.5 --write-trace t.csv
 """

@@ -91,14 +91,14 @@ def mpi_comm() -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .. import run as run_loop
+    from ..launch import run as run_loop  # under mpirun: any error aborts every rank
     from ..trainer import train, write_outputs
     cfg = config_from_args(args)
     import torch
     torch.set_num_threads(1)  # a tiny model: one thread per rank's worker, no oversubscription
     comm = mpi_comm()
     rank = comm.Get_rank() if comm is not None else 0
-    with _progress(cfg.steps if rank == 0 and not args.no_progress and cfg.steps > 1 else 0
+    with _Progress(cfg.steps if rank == 0 and not args.no_progress and cfg.steps > 1 else 0
                    ) as on_step:
         result = run_loop(train(cfg, comm=comm, on_step=on_step))
     if rank != 0:
@@ -121,7 +121,7 @@ def _print_summary(result: Any, cfg: Any) -> None:
               f"{m.lower_bound * 1e3:8.1f} ms  efficiency {m.efficiency:.3f}")
 
 
-class _progress:
+class _Progress:
     """A rich progress bar (step, loss, step time, efficiency) when `total` > 0."""
 
     def __init__(self, total: int) -> None:
