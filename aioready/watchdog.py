@@ -147,7 +147,7 @@ class StallWatchdog:
         self._handle = loop.call_later(self.timeout / 4, self._check)
 
     def fire(self, idle: float) -> None:
-        self.last_dump = "\n".join(rt.dump() for rt in self.runtimes)
+        self.last_dump = "\n".join(_dump(rt) for rt in self.runtimes)
         ranks = [rt.rank for rt in self.runtimes]
         error = StallError(
             f"no progress for {idle:.3g} s (stall_timeout={self.timeout:g} s); state of "
@@ -157,3 +157,11 @@ class StallWatchdog:
                 "run; raise stall_timeout (AIOREADY_STALL_TIMEOUT) if one task legitimately "
                 "takes longer")
         self.guard.abort(error)
+
+
+def _dump(runtime: Any) -> str:
+    """A rank's dump; a failing dump must not keep the watchdog from stopping the step."""
+    try:
+        return str(runtime.dump())
+    except Exception as exc:
+        return f"rank {runtime.rank}: dump failed ({type(exc).__name__}: {exc})"
