@@ -7,6 +7,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+BENCH_ARGS ?=
 
 .PHONY: demo test bench clean
 
@@ -24,7 +25,7 @@ demo: $(STAMP)
 	$(PY) -m aioready.demo
 
 bench: $(STAMP)
-	$(PY) -m bench all
+	$(PY) -m bench all $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache out

@@ -84,8 +84,8 @@ class Pipeline:
         microbatches: int = 8, hint: str | HintOrder = "1f1b", mode: str = "ready",
         transport: Transport | None = None, split_backward: bool = False,
         cap: int | Sequence[int] | None = None, device: Any = "cpu",
-        num_stages: int | None = None, stall_timeout: float | None = DEFAULT,
-        peer_timeout: float | None = DEFAULT,
+        num_stages: int | None = None, coordinator: Any = None,
+        stall_timeout: float | None = DEFAULT, peer_timeout: float | None = DEFAULT,
     ) -> None:
         if not isinstance(microbatches, int) or isinstance(microbatches, bool) or microbatches < 1:
             raise ConfigError("microbatches must be a positive integer", expected=">= 1",
@@ -95,6 +95,9 @@ class Pipeline:
         if not stages:
             raise ConfigError("stages is empty", expected="at least one module", got=0)
         _check_types(loss_fn, split_backward, cap, device)
+        if coordinator is not None and transport is None:
+            raise ConfigError("a TP coordinator needs a transport (one rank per process)",
+                              expected="transport=... with coordinator=...", got="no transport")
         self.microbatches = microbatches
         self.mode = mode
         self.transport = transport
@@ -146,7 +149,7 @@ class Pipeline:
             executors = self._executors(modules, placement.stages_of(rank), loss_fn)
             self.runtimes.append(RankRuntime(
                 rank=rank, hint=self.hint, mode=mode, cap=caps[rank], executors=executors,
-                device=_make_device(device, rank), transport=endpoint))
+                device=_make_device(device, rank), transport=endpoint, coordinator=coordinator))
         self._step = 0
         self.last_step: StepReport | None = None
         self.history: list[list[StepReport]] = []

@@ -9,15 +9,19 @@ protocol, `CompletionSource`; the engine only decides *when* to poll:
 - **hot** (`await asyncio.sleep(0)`, ~1 us per pass on uvloop) while a source says a transfer needs
   progress (`wants_hot()`: a rendezvous-size message is in flight), for `spin_s` after the last
   completion or `kick()`, or until a deadline set with `stay_hot()`. A 2 ms window, not 200 us:
-  shorter windows let two ranks drift into missing each other by one sleep (ASYNC.md 2).
-  Every `yield_every` hot passes the poller calls `sched_yield()`: on an oversubscribed machine
-  the peer rank may share this core, and a poller that never yields makes every message wait
-  for the scheduler's next tick (measured here: ms instead of us, bench/results/transport.md).
+  shorter windows let two ranks drift into missing each other by one sleep (ASYNC.md 2). The
+  window must also have been spent on a CPU (thread time), so a preempted poller does not park
+  before it ever looked; `wants_hot()` alone keeps it hot for at most `hot_max_s`.
+  Optionally (`yield_every`, off by default) the poller calls `sched_yield()` every so many hot
+  passes, for ranks forced to share a core; measured here it hurt more than it helped once the
+  ranks were bound to their own cores (it hands the core to unrelated processes): bind instead.
 - **parked** on a timerfd registered with `loop.add_reader` otherwise: `park_s` (250 us) for
-  `park_window_s` after the last progress, then doubling up to `backoff_max_s` for long bubbles.
+  `park_window_s` after the last progress, then longer, growing with the quiet time up to
+  `backoff_max_s`, for long bubbles (~1-4 % CPU here, bench/results/transport.md).
   Not `asyncio.sleep`: uvloop turns sub-millisecond sleeps into 0 (a spin) and the default loop
   stretches them to ~1.1 ms. Without a timerfd (non-Linux, or a loop without `add_reader` such as
-  the virtual clock) the engine falls back to `loop.call_later` with at least `min_sleep_s` (1 ms).
+  the virtual clock) the engine falls back to `loop.call_later` with at least `min_sleep_s` (1 ms);
+  on the virtual clock it never spins (time only moves while the loop sleeps) and parks exactly.
 - **idle** on a future (0 % CPU) when no source has anything pending; `kick()` wakes it.
 
 Knobs live in `ProgressConfig` and are read once from `AIOREADY_*` environment variables.
@@ -31,7 +35,6 @@ import ctypes
 import ctypes.util
 import logging
 import os
-import struct
 import sys
 import time
 import weakref
@@ -70,9 +73,9 @@ class ProgressConfig:
     park_s: float = 250e-6  # AIOREADY_PARK_US: timerfd period once the spin window is over
     park_window_s: float = 50e-3  # AIOREADY_PARK_WINDOW_MS: how long to park at park_s
     backoff_max_s: float = 8e-3  # AIOREADY_BACKOFF_MAX_MS: longest park in a long bubble
-    hot_max_s: float = 20e-3  # AIOREADY_HOT_MAX_MS: cap on spinning for wants_hot() alone
+    hot_max_s: float = 0.25  # AIOREADY_HOT_MAX_MS: cap on spinning for wants_hot() alone
     min_sleep_s: float = 1e-3  # AIOREADY_MIN_SLEEP_MS: shortest park without a timerfd
-    yield_every: int = 16  # AIOREADY_YIELD_EVERY: hot passes between sched_yield() (0: never)
+    yield_every: int = 0  # AIOREADY_YIELD_EVERY: hot passes between sched_yield() (0: never)
     timer: str = "auto"  # AIOREADY_TIMER: auto | timerfd | call_later
 
     _ENV = {"spin_s": ("AIOREADY_SPIN_US", 1e-6), "park_s": ("AIOREADY_PARK_US", 1e-6),

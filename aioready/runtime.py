@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 from functools import partial
-from typing import Any, Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 from .arbiter import Wakeup, run_arbiter
 from .devices.base import Device, TaskInfo
@@ -25,6 +25,9 @@ from .ready_set import ReadySet
 from .tasks import Kind, Task, all_tasks
 from .telemetry import Span, StepReport
 from .transports.base import Message, MessageKind, Transport
+
+if TYPE_CHECKING:
+    from .coordination import StepCoordinator
 
 __all__ = ["RankRuntime", "Executor", "MODES"]
 
@@ -53,6 +56,7 @@ class RankRuntime:
     def __init__(
         self, *, rank: int, hint: HintOrder, mode: str, cap: int | None,
         executors: Sequence[Executor] | None, device: Device, transport: Transport,
+        coordinator: StepCoordinator | None = None,
     ) -> None:
         if mode not in MODES:
             raise ConfigError("unknown mode", expected=" | ".join(MODES), got=repr(mode))
@@ -82,6 +86,7 @@ class RankRuntime:
         self.executors = executors
         self.device = device
         self.transport = transport
+        self.coordinator = coordinator  # a TP group's decision stream (aioready.coordination)
         self.step_index = -1
         self._active = False
         self._early: dict[int, list[Message]] = {}
@@ -104,6 +109,9 @@ class RankRuntime:
             self.hint.priority(self.rank), cap=self.cap, num_chunks=n_chunks,
             split_backward=self.split_backward,
             strict_order=self.hint.strict_order(self.rank) if self.mode == "strict" else None)
+        if self.coordinator is not None:
+            self._ready = self.coordinator.wrap(self._ready, step=step, mode=self.mode,
+                                                wakeup=self._wakeup, fail=self.fail)
         self._missing: dict[Task, int] = {}
         self._ready_at: dict[Task, float] = {}
         self._acts: dict[tuple[int, int], tuple[Any, ...]] = {}
@@ -207,6 +215,8 @@ class RankRuntime:
             await run_arbiter(self._ready, self._execute, self._wakeup, len(self._missing),
                               self._check)
             await self.transport.wait_sent()
+            if self.coordinator is not None:
+                await self.coordinator.wait_sent()
         except AioreadyError as exc:
             exc.locate(rank=self.rank, step=step)
             raise

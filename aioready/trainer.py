@@ -56,6 +56,8 @@ class TrainConfig:
     lr: float = 3e-3
     metrics_port: int | None = None
     """serve Prometheus metrics on this port (+ rank under MPI); None: off"""
+    sleep_only: bool = False
+    """tasks only sleep their durations, no model compute (replays a trace's timing alone)"""
     checkpoint_dir: str | None = None
     """write a checkpoint (aioready.checkpoint) here after every step; None: off"""
     resume: bool = False
@@ -65,6 +67,9 @@ class TrainConfig:
         if self.resume and not self.checkpoint_dir:
             raise ConfigError("resume needs a checkpoint directory",
                               expected="checkpoint_dir (--checkpoint-dir D)", got=None)
+        if self.checkpoint_dir and self.sleep_only:
+            raise ConfigError("sleep_only runs no model: nothing to checkpoint",
+                              expected="checkpoint_dir without sleep_only", got="both")
         for name in ("stages", "microbatches", "steps", "batch", "seq", "dim", "heads",
                      "layers_per_stage", "vocab"):
             if getattr(self, name) < 1:
@@ -99,6 +104,7 @@ class TrainResult:
             "trace": cfg.trace, "task_ms": cfg.task_ms, "durations": self.durations,
             "transport": "mpi" if self.world_size > 1 else "inproc",
             "ranks": self.world_size, "overruns": self.overruns,
+            "sleep_only": cfg.sleep_only,
         }
 
 
@@ -125,7 +131,7 @@ async def train(cfg: TrainConfig, *, comm: Any = None,
     model = gpt_stages(cfg.stages, vocab=cfg.vocab, dim=cfg.dim, heads=cfg.heads,
                        layers_per_stage=cfg.layers_per_stage, seq=cfg.seq, seed=cfg.seed)
     mine = placement.stages_of(rank) if transport is not None else tuple(range(cfg.stages))
-    modules = [model[s] for s in mine]
+    modules = [None if cfg.sleep_only else model[s] for s in mine]
     duration, source = paced_duration(
         placement=placement, num_microbatches=cfg.microbatches,
         split_backward=cfg.split_backward, task_ms=cfg.task_ms, jitter=cfg.jitter,
@@ -139,8 +145,8 @@ async def train(cfg: TrainConfig, *, comm: Any = None,
     pipe = Pipeline(modules, lm_loss, microbatches=cfg.microbatches, hint=hint, mode=cfg.mode,
                     transport=transport, split_backward=cfg.split_backward, cap=cfg.cap,
                     device=make_device, num_stages=cfg.stages)
-    params = [p for m in modules for p in m.parameters()]
-    opt = torch.optim.AdamW(params, lr=cfg.lr)
+    params = [p for m in modules if m is not None for p in m.parameters()]
+    opt = torch.optim.AdamW(params, lr=cfg.lr) if params else None
     result = TrainResult(rank=rank, world_size=world, durations=source)
     start = 0
     if cfg.resume:
@@ -153,8 +159,9 @@ async def train(cfg: TrainConfig, *, comm: Any = None,
         try:
             for step in range(start, cfg.steps):
                 loss = await pipe.step(*_batch(cfg, step, mine))
-                opt.step()
-                opt.zero_grad(set_to_none=True)
+                if opt is not None:
+                    opt.step()
+                    opt.zero_grad(set_to_none=True)
                 if cfg.checkpoint_dir:
                     from .checkpoint import save_checkpoint
                     save_checkpoint(cfg.checkpoint_dir, pipe, opt)

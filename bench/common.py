@@ -20,8 +20,9 @@ def median(xs: Iterable[float]) -> float:
 def machine() -> str:
     cpu = platform.processor() or platform.machine()
     try:
-        model = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
-                     if line.startswith("model name"))
+        with open("/proc/cpuinfo") as f:
+            model = next(line.split(":", 1)[1].strip() for line in f
+                         if line.startswith("model name"))
         cpu = model
     except (OSError, StopIteration):
         pass
@@ -30,7 +31,8 @@ def machine() -> str:
 
 def other_load() -> str:
     try:
-        return "load average " + " ".join(open("/proc/loadavg").read().split()[:3])
+        with open("/proc/loadavg") as f:
+            return "load average " + " ".join(f.read().split()[:3])
     except OSError:
         return "load unknown"
 

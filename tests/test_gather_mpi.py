@@ -16,7 +16,7 @@ MPIEXEC = (Path(sys.executable).parent / "mpiexec")
 
 @pytest.mark.mpi
 @pytest.mark.timeout(90)
-def test_gather_reports_under_mpiexec() -> None:
+def test_gather_reports_under_mpiexec(child_env: dict[str, str]) -> None:
     pytest.importorskip("mpi4py")
     exe = str(MPIEXEC) if MPIEXEC.exists() else shutil.which("mpiexec")
     if exe is None:
@@ -24,7 +24,7 @@ def test_gather_reports_under_mpiexec() -> None:
     out = subprocess.run([exe, "-n", "2", sys.executable,
                           str(ROOT / "tests" / "mpi_scripts" / "gather_reports.py")],
                          capture_output=True, text=True, timeout=80, cwd=ROOT,
-                         env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+                         env=child_env)
     assert out.returncode == 0, out.stderr
     steps = json.loads(out.stdout)
     assert [s["step"] for s in steps] == [0, 1]
@@ -47,7 +47,8 @@ def test_gather_reports_under_mpiexec() -> None:
 @pytest.mark.mpi
 @pytest.mark.heavy  # two interpreters importing torch: ~20 s idle, ~95 s on a loaded 2-core box
 @pytest.mark.timeout(180)
-def test_train_under_mpiexec_matches_in_process(tmp_path: Path) -> None:
+def test_train_under_mpiexec_matches_in_process(tmp_path: Path,
+                                                child_env: dict[str, str]) -> None:
     pytest.importorskip("mpi4py")
     exe = str(MPIEXEC) if MPIEXEC.exists() else shutil.which("mpiexec")
     if exe is None:
@@ -58,7 +59,7 @@ def test_train_under_mpiexec_matches_in_process(tmp_path: Path) -> None:
                           str(tmp_path / "mpi.json"), "--chrome-trace",
                           str(tmp_path / "mpi.trace.json")],
                          capture_output=True, text=True, timeout=170, cwd=ROOT,
-                         env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+                         env=child_env)
     assert out.returncode == 0, out.stdout + out.stderr
     mpi = json.loads((tmp_path / "mpi.json").read_text())
     assert mpi["transport"] == "mpi" and mpi["ranks"] == 2

@@ -142,3 +142,15 @@ def test_fault_script_control_run_succeeds() -> None:
     proc = launch(2, "faults.py", "none", timeout=60)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "RECEIVER ran" in proc.stdout and "SENDER got [0, 1, 2, 3]" in proc.stdout
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(120)
+def test_cuda_tensors_arrive_intact() -> None:
+    """CUDA payloads (CUDA-aware or staged through pinned memory) arrive on the device intact."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    proc = launch(2, "cuda_roundtrip.py", timeout=100)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "CUDA OK" in proc.stdout, proc.stdout

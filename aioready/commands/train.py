@@ -16,6 +16,7 @@ EXAMPLES = """examples:
   aioready train --jitter multimodal:0.3:3 --seed 1 --mode strict --json out/strict.json
   aioready train --hint 1f1b --cap 8 --png out/ready.png --chrome-trace out/ready.json
   aioready train --split-backward --csv out/spans.csv --metrics-port 9100 --steps 50
+  aioready train --trace trace.csv --sleep-only --json out/replay.json
   mpiexec -n 4 python -m aioready train --stages 4 --microbatches 8 --steps 5
   aioready train --steps 50 --checkpoint-dir ckpt --resume   # rerun it after a crash
 """
@@ -42,6 +43,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--trace", default=None, metavar="FILE",
                    help="replay task durations from a trace CSV (step,stage,chunk,microbatch,"
                    "kind,ms)")
+    p.add_argument("--sleep-only", action="store_true",
+                   help="tasks only sleep their --trace/--jitter durations: no model compute")
     p.add_argument("--steps", type=int, default=3, help="training steps")
     p.add_argument("--split-backward", action="store_true", help="separate B and W tasks")
     p.add_argument("--task-ms", type=float, default=20.0,
@@ -73,7 +76,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
         cap=args.cap, jitter=args.jitter, seed=args.seed, trace=args.trace, steps=args.steps,
         split_backward=args.split_backward, task_ms=args.task_ms, batch=args.batch,
         seq=args.seq, dim=args.dim, lr=args.lr, metrics_port=args.metrics_port,
-        checkpoint_dir=args.checkpoint_dir, resume=args.resume)
+        sleep_only=args.sleep_only, checkpoint_dir=args.checkpoint_dir, resume=args.resume)
 
 
 def mpi_comm() -> Any:

@@ -42,16 +42,17 @@ import numpy as np
 
 from ..errors import AioreadyError, InternalError, ProtocolError
 from ..progress import ProgressEngine
-from .base import (_DESC, _FIXED, DTYPE_CODES, MAX_TENSORS, Deliver, Message, TensorSpec,
-                   decode_header, encode_header)
+from .base import _DESC, _FIXED, MAX_TENSORS, Deliver, Message, TensorSpec, decode_header, encode_header
 from .mpi_cuda import StagedSend, query_cuda_aware, receive_buffer
+from .tensor_bytes import from_bytes, host_bytes, numel, spec_of, torch_dtype, torch_module
 
-__all__ = ["MPITransport", "INLINE_BYTES", "HOT_BYTES"]
+__all__ = ["MPITransport", "INLINE_BYTES", "HOT_BYTES", "BIG_BURST"]
 
 log = logging.getLogger(__name__)
 
 INLINE_BYTES = int(os.environ.get("AIOREADY_MPI_INLINE_BYTES", 16384))
 HOT_BYTES = int(os.environ.get("AIOREADY_MPI_HOT_BYTES", 65536))
+BIG_BURST = int(os.environ.get("AIOREADY_MPI_BIG_BURST", 32))
 _SEQ_MOD = 32768 // MAX_TENSORS  # payload tags stay under the guaranteed MPI tag bound (32767)
 _ALIGN = 16
 _PROBES_PER_POLL = 64
@@ -63,56 +64,6 @@ def _align(n: int) -> int:
 
 def _header_size(specs: list[TensorSpec]) -> int:
     return _FIXED.size + sum(_DESC.size + 8 * len(s.shape) for s in specs)
-
-
-_TORCH: Any = None
-_CODEC: dict[Any, tuple[str, Any, Any]] = {}  # torch dtype -> (wire name, numpy dtype, torch)
-_BY_NAME: dict[str, tuple[Any, Any]] = {}  # wire name -> (torch dtype, numpy dtype or None)
-
-
-def _torch() -> Any:
-    """torch, imported on first use and cached with the dtype tables (few calls per message)."""
-    global _TORCH
-    if _TORCH is None:
-        import torch
-        for name in DTYPE_CODES:
-            dt = getattr(torch, name)
-            try:
-                npdt = torch.empty(0, dtype=dt).numpy().dtype
-            except TypeError:  # bfloat16: no numpy dtype, bytes go through a same-size int view
-                npdt = None
-            _CODEC[dt] = (name, npdt, torch.int16 if npdt is None else dt)
-            _BY_NAME[name] = (dt, npdt)
-        _TORCH = torch
-    return _TORCH
-
-
-def _spec(t: Any) -> TensorSpec:
-    if t is None:
-        return TensorSpec(None, ())
-    _torch()
-    return TensorSpec(_CODEC[t.dtype][0], t.shape)  # torch.Size is a tuple
-
-
-def _host_bytes(t: Any) -> np.ndarray:
-    """A flat uint8 numpy view of a CPU tensor's storage (a copy only if not contiguous)."""
-    if t.requires_grad:
-        t = t.detach()
-    if not t.is_contiguous():
-        t = t.contiguous()
-    _, npdt, as_dt = _CODEC[t.dtype]
-    if npdt is None:
-        t = t.view(as_dt)
-    return t.numpy().reshape(-1).view(np.uint8)  # type: ignore[no-any-return]
-
-
-def _from_bytes(buf: np.ndarray, name: str, shape: tuple[int, ...]) -> Any:
-    """A tensor viewing `buf` (uint8, aligned) as dtype `name` and `shape`, without copying."""
-    torch = _torch()
-    dt, npdt = _BY_NAME[name]
-    if npdt is not None:
-        return torch.from_numpy(buf.view(npdt).reshape(shape))
-    return torch.from_numpy(buf.view(np.int16)).view(dt).reshape(shape)
 
 
 class _Inbound:
@@ -194,7 +145,7 @@ class MPITransport:
             asyncio.get_running_loop().call_soon(self._arrive_local, msg)
             return
         tensors = msg.tensors
-        specs = [_spec(t) for t in tensors]
+        specs = [spec_of(t) for t in tensors]
         header = encode_header(msg, specs)
         seq = self._seq[dest]
         self._seq[dest] = (seq + 1) % _SEQ_MOD
@@ -237,20 +188,20 @@ class MPITransport:
         buf[:len(header)] = np.frombuffer(header, np.uint8)
         for t, n in zip(tensors, sizes):
             if n:
-                buf[off:off + n] = _host_bytes(t)
+                buf[off:off + n] = host_bytes(t)
                 off += _align(n)
         self._isend(self._hdr, buf, dest, seq, False)
 
     def _send_payload(self, dest: int, tag: int, t: Any, n: int) -> None:
         if not t.is_cuda:
-            self._isend(self._data, _host_bytes(t), dest, tag, n >= self.hot_bytes)
+            self._isend(self._data, host_bytes(t), dest, tag, n >= self.hot_bytes)
             return
         staged = StagedSend(t.detach().contiguous(), cuda_aware=self.cuda_aware)
         self._num_sending += 1  # counted until its Isend completes
 
         def start() -> None:
             self._num_sending -= 1
-            buf = staged.buffer if self.cuda_aware else _host_bytes(staged.buffer)
+            buf = staged.buffer if self.cuda_aware else host_bytes(staged.buffer)
             self._isend(self._data, buf, dest, tag, n >= self.hot_bytes)
 
         self._staged.append((staged, start))
@@ -299,7 +250,12 @@ class MPITransport:
             n += self._start_staged()
         if not self._reqs:
             return n
-        idx = self._MPI.Request.Testsome(self._reqs)
+        testsome = self._MPI.Request.Testsome
+        idx = testsome(self._reqs)
+        burst = BIG_BURST if self._num_big else 0
+        while not idx and burst:  # a large transfer moves one pipeline chunk per MPI call:
+            idx = testsome(self._reqs)  # give it a few calls per loop pass (bench: 64 MiB)
+            burst -= 1
         if not idx:
             return n
         finished = set(idx)
@@ -363,9 +319,9 @@ class MPITransport:
                                     got=f"{len(buf)} bytes")
             self._hand_over(msg)
             return
-        torch = _torch()
-        dtypes = [None if s.dtype is None else _BY_NAME[s.dtype][0] for s in specs]
-        sizes = [0 if d is None else _numel(s.shape) * d.itemsize for s, d in zip(specs, dtypes)]
+        torch = torch_module()
+        dtypes = [None if s.dtype is None else torch_dtype(s.dtype) for s in specs]
+        sizes = [0 if d is None else numel(s.shape) * d.itemsize for s, d in zip(specs, dtypes)]
         hlen = _header_size(specs)
         inline_len = _align(hlen) + sum(_align(n) for n in sizes)
         if len(buf) == inline_len:
@@ -375,7 +331,7 @@ class MPITransport:
                 if d is None:
                     tensors.append(None)
                     continue
-                t = _from_bytes(buf[off:off + n], s.dtype, s.shape) if n else \
+                t = from_bytes(buf[off:off + n], s.dtype, s.shape) if n else \
                     torch.empty(s.shape, dtype=d)
                 tensors.append(self._to_device(t))
                 off += _align(n)
@@ -392,7 +348,7 @@ class MPITransport:
         inbound = _Inbound(msg, tensors, sum(1 for n in sizes if n), staged)
         for i, (t, n) in enumerate(zip(tensors, sizes)):
             if n:
-                dst = t if t.is_cuda else _host_bytes(t)
+                dst = t if t.is_cuda else host_bytes(t)
                 req = self._data.Irecv(dst, src, seq * MAX_TENSORS + i)
                 self._track(req, partial(self._payload_done, inbound), n >= self.hot_bytes)
         if not inbound.left:  # only empty tensors: nothing more will arrive
@@ -408,7 +364,7 @@ class MPITransport:
         self._hand_over(_with(inbound.msg, tuple(tensors)))
 
     def _to_device(self, t: Any) -> Any:
-        if t is None or self._device is None or t.device == _torch().device(self._device):
+        if t is None or self._device is None or t.device == torch_module().device(self._device):
             return t
         return t.to(self._device, non_blocking=True)
 
@@ -445,13 +401,6 @@ class MPITransport:
     def __repr__(self) -> str:
         return (f"<MPITransport rank={self._rank}/{self._size} sending={self._num_sending} "
                 f"requests={len(self._reqs)} cuda_aware={self.cuda_aware}>")
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 def _with(msg: Message, tensors: tuple[Any, ...]) -> Message:

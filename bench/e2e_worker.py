@@ -1,0 +1,354 @@
+"""One process of the end-to-end comparison (bench/e2e.py launches it; not run by hand).
+
+`python -m bench.e2e_worker aioready ...` runs under mpiexec (aioready over MPITransport);
+`python -m bench.e2e_worker torch ...` runs under torchrun (torch.distributed.pipelining, gloo).
+Both sides build the same model (the same GPT-style layer groups, seeded), the same microbatches,
+and read the same group trace, so every task sleeps the same injected duration on both
+(aioready/inject.py). Rank 0 writes one JSON with the per-step times (max over ranks, after a
+barrier), the loss, the squared gradient norm and what each rank slept.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from aioready.placement import Placement
+from aioready.tasks import Kind
+
+__all__ = ["RunShape", "stage_seconds", "AIOREADY_SPLIT", "TORCH_SCHEDULES", "parse_straggler"]
+
+# hint -> split backward; the placement comes from the hint registry.
+AIOREADY_SPLIT = {"gpipe": False, "1f1b": False, "bf": False, "interleaved-1f1b": False,
+                  "zb-h1": True, "zb-h2": True, "bfw": True, "interleaved-zb": True, "zbv": True}
+# torch schedule -> (placement style, chunks per rank, split backward)
+TORCH_SCHEDULES = {
+    "ScheduleGPipe": ("linear", 1, False),
+    "Schedule1F1B": ("linear", 1, False),
+    "ScheduleInterleaved1F1B": ("interleaved", 2, False),
+    "ScheduleInterleavedZeroBubble": ("interleaved", 2, True),
+    "ScheduleZBVZeroBubble": ("v", 2, True),
+}
+
+
+@dataclass(frozen=True)
+class RunShape:
+    """How the layer groups of the trace map onto one run's stages."""
+
+    placement: Placement
+    groups: int
+    split_backward: bool
+
+    @property
+    def per_stage(self) -> int:
+        return self.groups // self.placement.num_stages
+
+
+def parse_straggler(text: str | None) -> tuple[int, float] | None:
+    if not text:
+        return None
+    rank, factor = text.split(":")
+    return int(rank), float(factor)
+
+
+def stage_seconds(table: np.ndarray, shape: RunShape, straggler: tuple[int, float] | None
+                  ) -> np.ndarray:
+    """Durations of one step for this run, seconds, shape (stages, M, 3).
+
+    `table` is the group trace of the step in ms (groups, M, 3 with W). A stage's task takes the
+    sum over its groups; unsplit backward takes B + W (both sleep inside it); a straggler rank's
+    tasks take FACTOR x.
+    """
+    g = shape.per_stage
+    S = shape.placement.num_stages
+    out = table.reshape(S, g, table.shape[1], 3).sum(axis=1) * 1e-3
+    if not shape.split_backward:
+        out[:, :, Kind.B] += out[:, :, Kind.W]
+        out[:, :, Kind.W] = 0.0
+    if straggler is not None:
+        rank, factor = straggler
+        for s in shape.placement.stages_of(rank):
+            out[s] *= factor
+    return out
+
+
+def _duration_fn(trace: Any, shape: RunShape, straggler: tuple[int, float] | None
+                 ) -> Callable[[int, int, int, Kind], float]:
+    cache: dict[int, list] = {}
+
+    def seconds(step: int, stage: int, mb: int, kind: Kind) -> float:
+        rows = cache.get(step)
+        if rows is None:
+            rows = cache[step] = stage_seconds(trace.table(step), shape, straggler).tolist()
+        return rows[stage][mb][kind]  # type: ignore[no-any-return]
+    return seconds
+
+
+def _build(args: argparse.Namespace, shape: RunShape, mine: tuple[int, ...], trace: Any,
+           straggler: tuple[int, float] | None) -> tuple[list[Any], Any]:
+    import torch
+
+    from aioready.inject import Chain, SleepInjector, wrap_stages
+    from aioready.models import gpt_stages
+
+    dtype = getattr(torch, args.dtype)
+    groups = gpt_stages(shape.groups, vocab=args.vocab, dim=args.dim, heads=args.heads,
+                        layers_per_stage=1, seq=args.seq, seed=args.seed, dtype=dtype)
+    g = shape.per_stage
+    injector = SleepInjector(_duration_fn(trace, shape, straggler))
+    modules = [Chain(groups[s * g:(s + 1) * g]) for s in mine]
+    return wrap_stages(modules, mine, shape.placement.num_stages, injector), injector
+
+
+def _data(args: argparse.Namespace) -> tuple[Any, Any, Any]:
+    import torch
+
+    from aioready.inject import make_tags
+    gen = torch.Generator().manual_seed(args.seed + 1)
+    n = args.microbatches * args.mb_size
+    x = torch.randint(0, args.vocab, (n, args.seq), generator=gen)
+    y = torch.randint(0, args.vocab, (n, args.seq), generator=gen)
+    return x, y, make_tags(args.microbatches, args.mb_size)
+
+
+def _grad_sq(stages: list[Any]) -> float:
+    return float(sum(float((p.grad.double() ** 2).sum()) for s in stages
+                     for p in s.inner.parameters() if p.grad is not None))
+
+
+def _per_step(cpu: list[float], warmup: int) -> float:
+    """Process CPU time (every thread) inside the measured steps, barriers excluded, per step."""
+    measured = cpu[warmup:]
+    return sum(measured) / len(measured)
+
+
+def _record(name: str, shape: RunShape, times: list[list[float]], loss: float,
+            grad_sq: float, slept: list[list[float]], counts: list[list[int]],
+            cpu: list[float]) -> dict[str, Any]:
+    return {"name": name, "style": shape.placement.style,
+            "num_stages": shape.placement.num_stages, "split_backward": shape.split_backward,
+            "step_s": [max(per_rank) for per_rank in zip(*times)], "loss": loss,
+            "grad_sq": grad_sq, "slept_s": slept, "sleep_counts": counts,
+            "cpu_s_per_step": cpu}
+
+
+# -- aioready under mpiexec --------------------------------------------------------------------
+def run_aioready(args: argparse.Namespace, trace: Any, configs: list[str]
+                 ) -> list[dict[str, Any]] | None:
+    import asyncio
+
+    import torch
+    from mpi4py import MPI
+
+    from aioready.models import lm_loss
+    from aioready.pipeline import Pipeline
+    from aioready.schedulers import HINTS
+    from aioready.transports.mpi import MPITransport
+
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    x, y, tags = _data(args)
+    M, b = args.microbatches, args.mb_size
+    inputs = [(x[m * b:(m + 1) * b], tags[m * b:(m + 1) * b]) for m in range(M)]
+    targets = list(y.split(b))
+    straggler = parse_straggler(args.straggler)
+    records = []
+
+    async def one(hint: str, mode: str) -> dict[str, Any]:
+        spec = HINTS[hint]
+        split = AIOREADY_SPLIT[hint]
+        shape = RunShape(Placement(size * spec.chunks, size, spec.style), args.groups, split)
+        mine = shape.placement.stages_of(rank)
+        stages, injector = _build(args, shape, mine, trace, straggler)
+        transport = MPITransport(comm)
+        pipe = Pipeline(stages, lm_loss, microbatches=M, hint=hint, mode=mode,
+                        transport=transport, split_backward=split,
+                        num_stages=shape.placement.num_stages)
+        times, cpu, loss = [], [], None
+        for step in range(args.warmup + args.steps):
+            for s in stages:
+                s.zero_grad(set_to_none=True)
+            injector.step = step
+            if step == args.warmup:
+                injector.reset()
+            comm.Barrier()
+            c0, t0 = time.process_time(), time.perf_counter()
+            out = await pipe.step(inputs, targets)
+            times.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
+            if out is not None:
+                loss = float(out)
+        await transport.close()
+        pipe.close()
+        all_times = comm.gather(times[args.warmup:], root=0)
+        losses = comm.gather(loss, root=0)
+        grad_sq = comm.reduce(_grad_sq(stages), op=MPI.SUM, root=0)
+        slept = comm.gather(list(injector.slept), root=0)
+        counts = comm.gather(list(injector.count), root=0)
+        cpus = comm.gather(_per_step(cpu, args.warmup), root=0)
+        if rank != 0:
+            return {}
+        the_loss = next(v for v in losses if v is not None)
+        return _record(f"{hint}/{mode}", shape, all_times, the_loss, grad_sq, slept, counts,
+                       cpus)
+
+    async def all_configs() -> None:
+        for config in configs:
+            hint, mode = config.split("/")
+            records.append(await one(hint, mode))
+
+    torch.set_num_threads(1)
+    import uvloop
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(all_configs())
+    return records if rank == 0 else None
+
+
+def _static_meta(args: argparse.Namespace, stage: int, num_stages: int) -> tuple[Any, Any]:
+    """Example inputs and outputs of a stage, so torch skips its shape inference (which would
+    run the module on uninitialised tensors, tags included)."""
+    import torch
+    dtype = getattr(torch, args.dtype)
+    b, T = args.mb_size, args.seq
+    tag = torch.zeros(b, dtype=torch.int64)
+    hidden = torch.zeros(b, T, args.dim, dtype=dtype, requires_grad=True)
+    inputs = (torch.zeros(b, T, dtype=torch.int64), tag) if stage == 0 else (hidden, tag)
+    outputs = (torch.zeros(b, T, args.vocab, dtype=dtype, requires_grad=True)
+               if stage == num_stages - 1 else (hidden, tag))
+    return inputs, outputs
+
+
+# -- torch.distributed.pipelining under torchrun -----------------------------------------------
+def run_torch(args: argparse.Namespace, trace: Any, configs: list[str]
+              ) -> list[dict[str, Any]] | None:
+    import torch
+    import torch.distributed as dist
+    from torch.distributed import pipelining
+
+    from aioready.models import lm_loss
+
+    dist.init_process_group("gloo")
+    rank, size = dist.get_rank(), dist.get_world_size()
+    torch.set_num_threads(1)
+    x, y, tags = _data(args)
+    M = args.microbatches
+    straggler = parse_straggler(args.straggler)
+    records = []
+    for name in configs:
+        style, chunks, split = TORCH_SCHEDULES[name]
+        shape = RunShape(Placement(size * chunks, size, style), args.groups, split)
+        mine = shape.placement.stages_of(rank)
+        modules, injector = _build(args, shape, mine, trace, straggler)
+        S = shape.placement.num_stages
+        stages = [pipelining.PipelineStage(m, s, S, torch.device("cpu"),
+                                           *_static_meta(args, s, S))
+                  for m, s in zip(modules, mine)]
+        cls = getattr(pipelining, name)
+        schedule = cls(stages if chunks > 1 else stages[0], n_microbatches=M, loss_fn=lm_loss,
+                       scale_grads=True)
+        has_first, has_last = 0 in mine, S - 1 in mine
+        times, cpu, loss = [], [], 0.0
+        for step in range(args.warmup + args.steps):
+            for m in modules:
+                m.zero_grad(set_to_none=True)
+            injector.step = step
+            if step == args.warmup:
+                injector.reset()
+            losses: list[Any] = []
+            call_args = (x, tags) if has_first else ()
+            kwargs: dict[str, Any] = {"target": y, "losses": losses} if has_last else {}
+            dist.barrier()
+            c0, t0 = time.process_time(), time.perf_counter()
+            schedule.step(*call_args, **kwargs)
+            times.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
+            if has_last:
+                loss = float(sum(float(v.detach()) for v in losses) / M)
+        gathered: list[Any] = [None] * size
+        dist.all_gather_object(gathered, (times[args.warmup:], loss if has_last else None,
+                                          _grad_sq(modules), list(injector.slept),
+                                          list(injector.count), _per_step(cpu, args.warmup)))
+        if rank == 0:
+            all_times = [g[0] for g in gathered]
+            the_loss = next(g[1] for g in gathered if g[1] is not None)
+            records.append(_record(name, shape, all_times, the_loss,
+                                   sum(g[2] for g in gathered), [g[3] for g in gathered],
+                                   [g[4] for g in gathered], [g[5] for g in gathered]))
+        dist.barrier()
+    dist.destroy_process_group()
+    return records if rank == 0 else None
+
+
+def _rank() -> int:
+    for var in ("RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK"):
+        if var in os.environ:
+            return int(os.environ[var])
+    return 0
+
+
+def _gloo_env_from_mpi() -> None:
+    """torch.distributed's env:// rendezvous from the MPI job: rank 0 picks a free port."""
+    import socket
+
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    port = None
+    if comm.Get_rank() == 0:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+    port = comm.bcast(port, root=0)
+    os.environ.update(RANK=str(comm.Get_rank()), WORLD_SIZE=str(comm.Get_size()),
+                      LOCAL_RANK=str(comm.Get_rank()), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("side", choices=("aioready", "torch", "both"),
+                    help="both: aioready then torch in the same mpiexec-launched processes "
+                    "(gloo set up from MPI ranks), one start-up for the two sides")
+    ap.add_argument("--trace", required=True, help="group trace CSV (ms)")
+    ap.add_argument("--groups", type=int, default=8)
+    ap.add_argument("--straggler", default="", help="RANK:FACTOR")
+    ap.add_argument("--configs", default="", help="aioready: hint/mode,...")
+    ap.add_argument("--torch-configs", default="", help="torch schedule class names")
+    ap.add_argument("--microbatches", type=int, default=8)
+    ap.add_argument("--mb-size", type=int, default=2)
+    ap.add_argument("--seq", type=int, default=16)
+    ap.add_argument("--dim", type=int, default=32)
+    ap.add_argument("--heads", type=int, default=2)
+    ap.add_argument("--vocab", type=int, default=128)
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    from aioready.variability import read_trace
+    trace = read_trace(args.trace, placement=Placement(args.groups, args.groups, "linear"))
+    a_cfg = [c for c in args.configs.split(",") if c]
+    t_cfg = [c for c in args.torch_configs.split(",") if c]
+    records: list[dict[str, Any]] | None = None
+    if args.side in ("aioready", "both") and a_cfg:
+        records = [dict(r, side="aioready") for r in run_aioready(args, trace, a_cfg) or []]
+    if args.side == "both" and t_cfg:
+        _gloo_env_from_mpi()
+    if args.side in ("torch", "both") and t_cfg:
+        records = (records or []) + [dict(r, side="torch")
+                                     for r in run_torch(args, trace, t_cfg) or []]
+    if records and _rank() == 0:
+        tmp = args.out + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump({"side": args.side, "records": records}, f)
+        os.replace(tmp, args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,80 @@
+"""The end-to-end benchmark harness at its smallest size, both sides, so it cannot silently rot.
+
+aioready (MPITransport) and torch.distributed.pipelining (gloo) run, one after the other in the
+same mpiexec-launched processes (one start-up; the benchmark itself uses torchrun), the same
+float64 model on the same microbatches with the same injected durations. Checked: finite step
+times; every rank slept exactly what the trace gives its stages, on both sides, and the same on
+both; the same loss and gradient norm on both sides (an apples-to-apples check of the comparison).
+No timing is asserted.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch.distributed.pipelining")
+
+from aioready.placement import Placement  # noqa: E402
+from aioready.variability import read_trace  # noqa: E402
+from bench.e2e import run_scenario, summarize  # noqa: E402
+from bench.e2e_worker import RunShape, stage_seconds  # noqa: E402
+
+try:
+    import mpi4py  # noqa: F401
+    HAVE_MPI4PY = True
+except ImportError:
+    HAVE_MPI4PY = False
+
+MPIEXEC = (Path(sys.executable).parent / "mpiexec").exists() or shutil.which("mpiexec")
+pytestmark = [pytest.mark.mpi,
+              pytest.mark.skipif(not (MPIEXEC and HAVE_MPI4PY), reason="needs mpi4py and mpiexec")]
+
+M, WARMUP, STEPS, GROUPS, RANKS = 4, 1, 1, 8, 4
+PAIRS = {"1f1b/ready": "Schedule1F1B", "zbv/ready": "ScheduleZBVZeroBubble"}
+
+
+@pytest.mark.timeout(400)
+def test_e2e_harness_smallest(tmp_path: Path) -> None:
+    spec = "lognormal:0.5+straggler:1:1.5"
+    run = run_scenario(spec, workdir=tmp_path, ranks=RANKS, groups=GROUPS, microbatches=M,
+                       task_ms=2.0, warmup=WARMUP, steps=STEPS,
+                       aioready_configs=list(PAIRS), torch_configs=list(PAIRS.values()),
+                       model_args=["--dtype", "float64", "--dim", "16", "--seq", "8",
+                                   "--vocab", "64"], timeout=350, one_launch=True)
+    summary = summarize(run, groups=GROUPS, microbatches=M, warmup=WARMUP, ranks=RANKS)
+    rows = {r["name"]: r for r in summary["rows"]}
+    assert set(rows) == set(PAIRS) | set(PAIRS.values())
+    trace = read_trace(run["trace"], placement=Placement(GROUPS, GROUPS, "linear"))
+    for name, row in rows.items():
+        assert len(row["step_s"]) == STEPS
+        assert all(math.isfinite(t) and t > 0 for t in row["step_s"]), row["step_s"]
+        assert 0 < row["efficiency"] <= 1.05, (name, row["efficiency"])
+        assert len(row["cpu_s_per_step"]) == RANKS and all(
+            math.isfinite(c) and c > 0 for c in row["cpu_s_per_step"]), name
+        shape = RunShape(Placement(row["num_stages"], RANKS, row["style"]), GROUPS,
+                         row["split_backward"])
+        for rank in range(RANKS):  # what each rank slept is what the trace gives its stages
+            want = [0.0, 0.0, 0.0]
+            for step in range(WARMUP, WARMUP + STEPS):
+                table = stage_seconds(trace.table(step), shape, (1, 1.5))
+                for s in shape.placement.stages_of(rank):
+                    for k in range(3):
+                        want[k] += float(table[s, :, k].sum())
+            assert row["slept_s"][rank] == pytest.approx(want, rel=1e-9, abs=1e-12), (name, rank)
+            n = M * STEPS * len(shape.placement.stages_of(rank))
+            assert row["sleep_counts"][rank] == [n, n, n], (name, rank)
+    for ours, theirs in PAIRS.items():
+        a, t = rows[ours], rows[theirs]
+        assert (a["style"], a["num_stages"], a["split_backward"]) == (
+            t["style"], t["num_stages"], t["split_backward"])
+        flat = [x for per_rank in a["slept_s"] for x in per_rank]
+        assert flat == pytest.approx([x for per_rank in t["slept_s"] for x in per_rank],
+                                     rel=1e-12, abs=1e-15), ours
+        assert abs(a["loss"] - t["loss"]) <= 1e-10, (ours, a["loss"], t["loss"])
+        assert a["grad_sq"] == pytest.approx(t["grad_sq"], rel=1e-9), ours
+    assert summary["speedup_vs_torch"] is not None and math.isfinite(summary["speedup_vs_torch"])
