@@ -47,6 +47,15 @@ class AioreadyError(Exception):
         self.fix = fix
         super().__init__(self._format())
 
+    def locate(self, *, rank: int | None = None, step: int | None = None) -> "AioreadyError":
+        """Fill in where it happened (fields still unknown) and rebuild the message."""
+        if self.rank is None:
+            self.rank = rank
+        if self.step is None:
+            self.step = step
+        self.args = (self._format(),)
+        return self
+
     def _format(self) -> str:
         where = []
         if self.rank is not None:

@@ -19,6 +19,7 @@ from .schedulers import make_hint
 from .telemetry import StepReport
 from .transports.base import Transport
 from .transports.inproc import InprocWorld
+from .watchdog import DEFAULT, STALL_TIMEOUT_S, StallWatchdog, StepGuard, resolve_timeout
 
 __all__ = ["Pipeline", "split_microbatches"]
 
@@ -41,6 +42,23 @@ def split_microbatches(value: Any, num: int, *, name: str) -> list[Any] | None:
                           got=f"batch size {size}",
                           fix="pass a list of microbatches for unequal sizes")
     return list(value.split(size // num))
+
+
+def _check_types(loss_fn: Any, split_backward: Any, cap: Any, device: Any) -> None:
+    """Refuse wrongly typed arguments here, not with a TypeError deep inside the first step."""
+    if loss_fn is not None and not callable(loss_fn):
+        raise ConfigError("loss_fn must be callable", expected="loss_fn(output, target)",
+                          got=type(loss_fn).__name__)
+    if not isinstance(split_backward, bool):
+        raise ConfigError("split_backward", expected="True or False", got=repr(split_backward))
+    caps = [cap] if cap is None or isinstance(cap, (int, str)) else cap
+    if isinstance(cap, str) or not all(c is None or (isinstance(c, int) and not isinstance(
+            c, bool)) for c in caps):
+        raise ConfigError("cap", expected="None, an int >= 1, or one int per rank",
+                          got=repr(cap))
+    if not (isinstance(device, str) or hasattr(device, "run") or callable(device)):
+        raise ConfigError("device", expected="'cpu', 'cuda', a Device or a factory(rank)",
+                          got=type(device).__name__)
 
 
 def _make_device(spec: Any, rank: int) -> Device:
@@ -67,6 +85,7 @@ class Pipeline:
         transport: Transport | None = None, split_backward: bool = False,
         cap: int | Sequence[int] | None = None, device: Any = "cpu",
         num_stages: int | None = None, coordinator: Any = None,
+        stall_timeout: float | None = DEFAULT, peer_timeout: float | None = DEFAULT,
     ) -> None:
         if not isinstance(microbatches, int) or isinstance(microbatches, bool) or microbatches < 1:
             raise ConfigError("microbatches must be a positive integer", expected=">= 1",
@@ -75,6 +94,7 @@ class Pipeline:
             raise ConfigError("mode", expected=" | ".join(MODES), got=repr(mode))
         if not stages:
             raise ConfigError("stages is empty", expected="at least one module", got=0)
+        _check_types(loss_fn, split_backward, cap, device)
         if coordinator is not None and transport is None:
             raise ConfigError("a TP coordinator needs a transport (one rank per process)",
                               expected="transport=... with coordinator=...", got="no transport")
@@ -133,6 +153,21 @@ class Pipeline:
         self._step = 0
         self.last_step: StepReport | None = None
         self.history: list[list[StepReport]] = []
+        self._guard = StepGuard()
+        self._stall_arg = stall_timeout
+        self.stall_timeout = resolve_timeout("stall_timeout", stall_timeout,
+                                             "AIOREADY_STALL_TIMEOUT", STALL_TIMEOUT_S)
+        self.stall_watchdog = (None if self.stall_timeout is None else
+                               StallWatchdog(self.runtimes, self._guard, self.stall_timeout))
+        self.peer_monitor = None
+        if transport is not None and transport.world_size > 1:
+            from .faults import PEER_TIMEOUT_S, PeerMonitor
+            self.peer_timeout = resolve_timeout("peer_timeout", peer_timeout,
+                                                "AIOREADY_PEER_TIMEOUT", PEER_TIMEOUT_S)
+            self.peer_monitor = PeerMonitor(self.runtimes[0], self._guard, self.peer_timeout)
+        else:
+            self.peer_timeout = resolve_timeout("peer_timeout", peer_timeout,
+                                                "AIOREADY_PEER_TIMEOUT", None)
 
     def _caps(self, cap: Any, num_ranks: int) -> list[int | None]:
         if cap is None or isinstance(cap, int):
@@ -149,6 +184,10 @@ class Pipeline:
                    loss_fn: Any) -> list[Any] | None:
         if all(modules[s] is None for s in stages):
             return None
+        last = self.hint.placement.num_stages - 1
+        if loss_fn is None and last in stages and modules[last] is not None:
+            raise ConfigError("the last stage needs a loss function", expected="loss_fn(output, "
+                              "target)", got=None, fix="pass loss_fn to Pipeline")
         from .stage import StageExecutor
         return [StageExecutor(modules[s], stage=s, num_stages=self.hint.placement.num_stages,
                               loss_fn=loss_fn, num_microbatches=self.microbatches)
@@ -165,6 +204,20 @@ class Pipeline:
         for rt in self.runtimes:
             rt.step_index = step - 1
 
+    def state_dict(self, optimizers: Any = None) -> dict[int, dict[str, Any]]:
+        """{rank: modules, optimizers, step, RNG} for this process's ranks (checkpoint.py).
+
+        Like torch's `state_dict`, it references the live tensors: copy it to keep a snapshot.
+        """
+        from .checkpoint import state_dict
+        return state_dict(self, optimizers)
+
+    def load_state_dict(self, state: Any, optimizers: Any = None, *,
+                        check_config: bool = True) -> int:
+        """Validate, then restore a `state_dict()`; return the index of the next step."""
+        from .checkpoint import load_state_dict
+        return load_state_dict(self, state, optimizers, check_config=check_config)
+
     async def step(self, inputs: Any = None, targets: Any = None) -> Any:
         """Run one step; return the summed loss where the last stage lives, else None.
 
@@ -176,26 +229,39 @@ class Pipeline:
         mbs = split_microbatches(inputs, M, name="inputs")
         tgts = split_microbatches(targets, M, name="targets")
         step = self._step
-        if len(self.runtimes) == 1:
-            loss = await self.runtimes[0].run_step(step, mbs, tgts)
-        else:
-            try:
-                async with asyncio.TaskGroup() as group:
-                    tasks = [group.create_task(rt.run_step(step, mbs, tgts))
-                             for rt in self.runtimes]
-            except BaseExceptionGroup as group_error:
-                raise _first_cause(group_error) from None
-            loss = tasks[-1].result() if tasks else None
-            for t in tasks:
-                if t.result() is not None:
-                    loss = t.result()
+        if self.stall_watchdog is not None and self._stall_arg is DEFAULT:
+            from .clock import VirtualClockLoop  # simulated time: the default is off
+            virtual = isinstance(asyncio.get_running_loop(), VirtualClockLoop)
+            self.stall_watchdog.enabled = not virtual
+        try:
+            loss = await self._guard.run(self._run_ranks(step, mbs, tgts), step)
+        except Exception:
+            if self.peer_monitor is not None:
+                await self.peer_monitor.flush()
+            raise
         self._step += 1
         reports = [rt.reports[-1] for rt in self.runtimes]
         self.history.append(reports)
         self.last_step = _merge(reports)
         return loss
 
+    async def _run_ranks(self, step: int, mbs: Any, tgts: Any) -> Any:
+        if len(self.runtimes) == 1:
+            return await self.runtimes[0].run_step(step, mbs, tgts)
+        try:
+            async with asyncio.TaskGroup() as group:
+                tasks = [group.create_task(rt.run_step(step, mbs, tgts)) for rt in self.runtimes]
+        except BaseExceptionGroup as group_error:
+            raise _first_cause(group_error) from None
+        loss = tasks[-1].result() if tasks else None
+        for t in tasks:
+            if t.result() is not None:
+                loss = t.result()
+        return loss
+
     def close(self) -> None:
+        if self.peer_monitor is not None:
+            self.peer_monitor.close()
         for rt in self.runtimes:
             rt.device.close()
 

@@ -123,6 +123,11 @@ class ReadySet:
         return self._in_flight
 
     @property
+    def in_flight_microbatches(self) -> list[int]:
+        """The admitted microbatches whose last backward piece has not ended (for dumps)."""
+        return sorted(self._left)
+
+    @property
     def peak_in_flight(self) -> int:
         return self._peak
 

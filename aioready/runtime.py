@@ -95,6 +95,9 @@ class RankRuntime:
         self.reports: list[StepReport] = []
         self._handlers = {Kind.F: self._run_f, Kind.B: self._run_b, Kind.W: self._run_w}
         self._opened = False
+        self.num_events = 0  # messages in, tasks started and ended: the watchdogs' progress count
+        self.on_control: Callable[[Message], None] | None = None  # CONTROL messages (faults.py)
+        self.running_task: Task | None = None
 
     # -- per-step state -------------------------------------------------------------------
     def _reset(self, step: int, inputs: Sequence[Any] | None, targets: Sequence[Any] | None
@@ -145,6 +148,10 @@ class RankRuntime:
 
     # -- messages -------------------------------------------------------------------------
     def _deliver(self, msg: Message) -> None:
+        if msg.kind is MessageKind.CONTROL and self.on_control is not None:
+            self.on_control(msg)  # heartbeats and errors: not progress of the step
+            return
+        self.num_events += 1
         try:
             if msg.kind not in (MessageKind.ACTIVATION, MessageKind.GRADIENT):
                 raise ProtocolError("message kind this runtime does not handle", rank=self.rank,
@@ -211,8 +218,7 @@ class RankRuntime:
             if self.coordinator is not None:
                 await self.coordinator.wait_sent()
         except AioreadyError as exc:
-            if exc.step is None:
-                exc.step = step
+            exc.locate(rank=self.rank, step=step)
             raise
         except Exception as exc:
             raise InternalError(f"unexpected {type(exc).__name__} in the runtime: {exc}; "
@@ -234,7 +240,11 @@ class RankRuntime:
         info = TaskInfo(self.step_index, self.rank, stage, task.chunk, task.microbatch,
                         task.kind)
         start = loop.time()
+        self.num_events += 1
+        self.running_task = task
         await self._handlers[task.kind](task, stage, info)
+        self.running_task = None
+        self.num_events += 1
         end = loop.time()
         self._report.spans.append(Span(self.rank, stage, task.chunk, task.microbatch, task.kind,
                                        self._ready_at.pop(task, start), start, end))
@@ -278,16 +288,41 @@ class RankRuntime:
         self.transport.send_nowait(self.placement.rank_of(stage), msg)
 
     # -- introspection --------------------------------------------------------------------
+    def pending_receives(self) -> list[tuple[Task, int]]:
+        """Tasks still waiting on a message, with the rank that must send it (best first)."""
+        if not self._active:
+            return []
+        last = self.num_stages - 1
+        out = []
+        for task, left in self._missing.items():
+            if left <= 0 or task.kind is Kind.W:
+                continue
+            stage = self.stages[task.chunk]
+            key = (task.chunk, task.microbatch)
+            if task.kind is Kind.F and stage > 0 and key not in self._acts:
+                out.append((task, self.placement.rank_of(stage - 1)))
+            elif task.kind is Kind.B and stage < last and key not in self._grads:
+                out.append((task, self.placement.rank_of(stage + 1)))
+        priority = self.hint.priority(self.rank)
+        return sorted(out, key=lambda tr: priority[tr[0]])
+
     def dump(self) -> str:
         """A one-screen summary of where this rank stands (for stall and fault reports)."""
         if not self._active:
             return f"rank {self.rank}: idle after step {self.step_index}"
         waiting = sorted(str(t) for t, n in self._missing.items() if n > 0)
-        return (f"rank {self.rank} step {self.step_index}: ready "
+        done = {Task(Kind(s.kind), s.microbatch, s.chunk) for s in self._report.spans}
+        order = self.hint.orders[self.rank]
+        pos = next((i for i, t in enumerate(order) if t not in done), len(order))
+        recv = [f"{t}<-rank {r}" for t, r in self.pending_receives()]
+        return (f"rank {self.rank} step {self.step_index} ({self.mode}): running "
+                f"{self.running_task or '-'}, ready "
                 f"{[str(t) for t in self._ready.ready_tasks()]}, in flight "
-                f"{self._ready.in_flight}/{self.cap}, next in order "
-                f"{self._ready.next_in_order}, waiting on {len(waiting)} tasks "
-                f"(first {waiting[:6]})")
+                f"{self._ready.in_flight}/{self.cap} microbatches "
+                f"{self._ready.in_flight_microbatches}, done {len(done)}/{len(self._missing)}, "
+                f"hint position {pos}/{len(order)} (next {order[pos] if pos < len(order) else '-'}"
+                f", strict next {self._ready.next_in_order}), pending receives {len(recv)} "
+                f"{recv[:8]}, waiting on {len(waiting)} tasks (first {waiting[:6]})")
 
     def __repr__(self) -> str:
         return f"<RankRuntime rank={self.rank} mode={self.mode} cap={self.cap} stages={self.stages}>"

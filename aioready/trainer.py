@@ -58,8 +58,18 @@ class TrainConfig:
     """serve Prometheus metrics on this port (+ rank under MPI); None: off"""
     sleep_only: bool = False
     """tasks only sleep their durations, no model compute (replays a trace's timing alone)"""
+    checkpoint_dir: str | None = None
+    """write a checkpoint (aioready.checkpoint) here after every step; None: off"""
+    resume: bool = False
+    """continue from the latest checkpoint in checkpoint_dir (from step 0 if there is none)"""
 
     def __post_init__(self) -> None:
+        if self.resume and not self.checkpoint_dir:
+            raise ConfigError("resume needs a checkpoint directory",
+                              expected="checkpoint_dir (--checkpoint-dir D)", got=None)
+        if self.checkpoint_dir and self.sleep_only:
+            raise ConfigError("sleep_only runs no model: nothing to checkpoint",
+                              expected="checkpoint_dir without sleep_only", got="both")
         for name in ("stages", "microbatches", "steps", "batch", "seq", "dim", "heads",
                      "layers_per_stage", "vocab"):
             if getattr(self, name) < 1:
@@ -138,16 +148,23 @@ async def train(cfg: TrainConfig, *, comm: Any = None,
     params = [p for m in modules if m is not None for p in m.parameters()]
     opt = torch.optim.AdamW(params, lr=cfg.lr) if params else None
     result = TrainResult(rank=rank, world_size=world, durations=source)
+    start = 0
+    if cfg.resume:
+        from .checkpoint import resume
+        start = resume(cfg.checkpoint_dir, pipe, opt)  # type: ignore[arg-type]
     if world > 1:
         from .gather import barrier
         await barrier(comm)  # ranks built their models at different speeds: start together
     with _live_metrics(cfg, pipe, rank) as instruments:
         try:
-            for step in range(cfg.steps):
+            for step in range(start, cfg.steps):
                 loss = await pipe.step(*_batch(cfg, step, mine))
                 if opt is not None:
                     opt.step()
                     opt.zero_grad(set_to_none=True)
+                if cfg.checkpoint_dir:
+                    from .checkpoint import save_checkpoint
+                    save_checkpoint(cfg.checkpoint_dir, pipe, opt)
                 report, loss_value = await _collect(pipe, comm if world > 1 else None, loss)
                 if instruments:
                     local = pipe.last_step

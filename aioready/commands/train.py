@@ -18,6 +18,7 @@ EXAMPLES = """examples:
   aioready train --split-backward --csv out/spans.csv --metrics-port 9100 --steps 50
   aioready train --trace trace.csv --sleep-only --json out/replay.json
   mpiexec -n 4 python -m aioready train --stages 4 --microbatches 8 --steps 5
+  aioready train --steps 50 --checkpoint-dir ckpt --resume   # rerun it after a crash
 """
 
 
@@ -60,6 +61,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--metrics-port", type=int, default=None, metavar="N",
                    help="serve Prometheus metrics on port N (+ rank under mpirun)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--checkpoint-dir", metavar="D", default=None,
+                   help="write a checkpoint of every rank's stages and optimizer to D after "
+                   "each step (atomic; D/step-N/rank-R-of-W.pt)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from the latest complete checkpoint in --checkpoint-dir")
     p.set_defaults(func=run)
 
 
@@ -70,7 +76,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
         cap=args.cap, jitter=args.jitter, seed=args.seed, trace=args.trace, steps=args.steps,
         split_backward=args.split_backward, task_ms=args.task_ms, batch=args.batch,
         seq=args.seq, dim=args.dim, lr=args.lr, metrics_port=args.metrics_port,
-        sleep_only=args.sleep_only)
+        sleep_only=args.sleep_only, checkpoint_dir=args.checkpoint_dir, resume=args.resume)
 
 
 def mpi_comm() -> Any:

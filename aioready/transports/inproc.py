@@ -16,16 +16,24 @@ from .base import Deliver, Message
 __all__ = ["InprocWorld", "InprocTransport"]
 
 DelayFn = Callable[[int, int, Message], float]
+DropFn = Callable[[int, int, Message], bool]
 
 
 class InprocWorld:
-    """A set of in-process endpoints; `delay(src, dest, msg)` gives a per-message latency (s)."""
+    """A set of in-process endpoints; `delay(src, dest, msg)` gives a per-message latency (s).
 
-    def __init__(self, world_size: int, *, delay: DelayFn | None = None) -> None:
+    `drop(src, dest, msg)` returning True loses that message (fault injection for tests): the
+    send completes, nothing arrives.
+    """
+
+    def __init__(self, world_size: int, *, delay: DelayFn | None = None,
+                 drop: DropFn | None = None) -> None:
         if world_size < 1:
             raise ConfigError("world size must be positive", expected=">= 1", got=world_size)
         self.world_size = world_size
         self.delay = delay
+        self.drop = drop
+        self.num_dropped = 0
         self._deliver: list[Deliver | None] = [None] * world_size
         self.endpoints = [InprocTransport(self, r) for r in range(world_size)]
         self.num_messages = 0
@@ -52,6 +60,10 @@ class InprocTransport:
     def world_size(self) -> int:
         return self._world.world_size
 
+    @property
+    def world(self) -> InprocWorld:
+        return self._world
+
     def open(self, deliver: Deliver) -> None:
         self._world._deliver[self._rank] = deliver
 
@@ -61,9 +73,12 @@ class InprocTransport:
                                 expected=f"0..{self._world.world_size - 1}", got=dest,
                                 rank=self._rank)
         loop = asyncio.get_running_loop()
-        self._pending += 1
         self.num_sent += 1
         self._world.num_messages += 1
+        if self._world.drop is not None and self._world.drop(self._rank, dest, msg):
+            self._world.num_dropped += 1
+            return
+        self._pending += 1
         delay = self._world.delay(self._rank, dest, msg) if self._world.delay else 0.0
         if delay > 0:
             loop.call_later(delay, self._arrive, dest, msg)

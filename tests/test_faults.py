@@ -1,0 +1,90 @@
+"""Failure detection between ranks (faults.py), in one process: four Pipelines, one per rank,
+each on its own endpoint of an InprocWorld, as they would be on four MPI processes."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+import torch
+
+from aioready import PeerLostError, StageError
+from aioready.pipeline import Pipeline
+from aioready.testing import make_mlp_stages, mse_loss
+from aioready.transports.inproc import InprocWorld
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _ranks(world: InprocWorld, stages: list[Any], **kw: Any) -> list[Pipeline]:
+    return [Pipeline([stages[r]], mse_loss, microbatches=4, hint="1f1b", num_stages=4,
+                     transport=world.endpoints[r], **kw) for r in range(4)]
+
+
+async def _step_all(pipes: list[Pipeline], skip: int | None = None) -> list[Any]:
+    x, y = torch.randn(8, 16, dtype=torch.float64), torch.randn(8, 16, dtype=torch.float64)
+    coros = [p.step(x if r == 0 else None, y if r == 3 else None)
+             for r, p in enumerate(pipes) if r != skip]
+    return await asyncio.wait_for(asyncio.gather(*coros, return_exceptions=True), 30)
+
+
+async def test_peers_step_normally() -> None:
+    world = InprocWorld(4)
+    stages = make_mlp_stages(4)
+    pipes = _ranks(world, stages, peer_timeout=0.2)
+    for _ in range(2):
+        results = await _step_all(pipes)
+        assert not any(isinstance(r, BaseException) for r in results), results
+        await asyncio.sleep(0.3)  # between steps: heartbeats only, nobody is blamed
+    for p in pipes:
+        p.close()
+
+
+async def test_stage_exception_reaches_every_rank() -> None:
+    world = InprocWorld(4)
+    stages = make_mlp_stages(4)
+
+    class Boom(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            raise ValueError("boom in stage 2")
+    stages[2] = Boom()
+    pipes = _ranks(world, stages, peer_timeout=5.0)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    results = await _step_all(pipes)
+    assert loop.time() - start < 2.0  # the broadcast, not the 5 s timeout
+    assert isinstance(results[2], StageError) and "boom in stage 2" in str(results[2])
+    for r in (0, 1, 3):
+        err = results[r]
+        assert isinstance(err, StageError), err
+        text = str(err)
+        assert text.startswith(f"rank {r}, step 0"), text
+        assert "peer failed: rank 2 of 4 on " in text and "ValueError: boom in stage 2" in text
+        assert err.lost_rank == 2  # type: ignore[attr-defined]
+    for p in pipes:
+        p.close()
+
+
+async def test_silent_peer_is_declared_lost() -> None:
+    world = InprocWorld(4)
+    stages = make_mlp_stages(4)
+    pipes = _ranks(world, stages, peer_timeout=0.4)
+    world.drop = lambda src, dst, msg: src == 1 or dst == 1  # rank 1 "dies": nothing in or out
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    results = await _step_all(pipes, skip=1)
+    took = loop.time() - start
+    assert 0.4 <= took < 0.4 * 1.25 + 1.0, took
+    r0, r2, r3 = results
+    for err in (r0, r2):
+        assert isinstance(err, PeerLostError), err
+        assert err.lost_rank == 1  # type: ignore[attr-defined]
+        assert "peer rank 1 of 4 sent nothing" in str(err)
+    assert "task B0" in str(r0) and "task F0" in str(r2)  # the task each one waited on
+    # rank 3 hears it from whichever of ranks 0 and 2 broadcast first, at once
+    assert isinstance(r3, PeerLostError)
+    assert "peer failed: rank 0 of 4" in str(r3) or "peer failed: rank 2 of 4" in str(r3)
+    assert "peer rank 1 of 4 sent nothing" in str(r3)
+    for p in pipes:
+        p.close()

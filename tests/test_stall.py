@@ -1,0 +1,130 @@
+"""Stall diagnosis: a lost message or a hint and cap that cannot progress end the step with a
+StallError carrying every rank's dump, instead of a hang."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from aioready import ConfigError, Kind, StageError, StallError
+from aioready.clock import run_virtual
+from aioready.devices.sim import SimDevice
+from aioready.pipeline import Pipeline
+from aioready.testing import make_mlp_stages, mse_loss
+from aioready.transports.base import MessageKind
+from aioready.watchdog import resolve_timeout
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _sim_pipe(**kw: object) -> Pipeline:
+    return Pipeline([None] * 4, None, microbatches=8, hint="1f1b",
+                    device=SimDevice(lambda i: 1.0 if i.kind == Kind.F else 2.0,
+                                     run_compute=False), **kw)  # type: ignore[arg-type]
+
+
+def _drop_grad_b3_stage1(src: int, dest: int, msg: object) -> bool:
+    return (getattr(msg, "kind", None) is MessageKind.GRADIENT and msg.stage == 1  # type: ignore
+            and msg.microbatch == 3)  # type: ignore[attr-defined]
+
+
+def test_lost_message_stops_with_dump() -> None:
+    pipe = _sim_pipe(stall_timeout=5.0)
+    pipe.runtimes[0].transport.world.drop = _drop_grad_b3_stage1  # type: ignore[attr-defined]
+
+    async def main() -> None:
+        await pipe.step()
+    with pytest.raises(StallError) as info:
+        run_virtual(main())
+    text = str(info.value)
+    assert "step 0" in text and "stall_timeout=5 s" in text
+    # rank 1 waits for B3's gradient from rank 2: the dump names the lost message's task
+    assert "rank 1 step 0" in text and "'B3<-rank 2'" in text
+    assert "rank 0 step 0" in text  # rank 0 waits too; ranks 2 and 3 finished their part
+    assert "rank 2: idle after step 0" in text and "rank 3: idle after step 0" in text
+    assert "hint position" in text and "in flight" in text
+    assert pipe.stall_watchdog is not None and pipe.stall_watchdog.last_dump
+    assert not any(rt._active for rt in pipe.runtimes)
+
+
+def test_strict_cap_below_peak_stalls() -> None:
+    pipe = _sim_pipe(mode="strict", stall_timeout=10.0)
+    pipe.runtimes[0].cap = 1  # forced past the check that refuses it: F1 waits for B0, B0 for F1
+
+    async def main() -> None:
+        await pipe.step()
+    with pytest.raises(StallError) as info:
+        run_virtual(main())
+    text = str(info.value)
+    assert "in flight 1/1 microbatches [0]" in text
+    assert "strict next F1" in text
+
+
+def test_no_stall_when_progressing() -> None:
+    pipe = _sim_pipe(mode="strict", stall_timeout=2.5)  # tasks take 1-2 s: progress every <= 2 s
+
+    async def main() -> None:
+        await pipe.step()
+        await pipe.step()
+    run_virtual(main())
+    assert pipe.last_step is not None and pipe.last_step.step_time == 33.0
+
+
+async def test_stall_on_real_loop_with_torch() -> None:
+    stages = make_mlp_stages(4)
+    pipe = Pipeline(stages, mse_loss, microbatches=4, hint="1f1b", stall_timeout=30.0)
+    x, y = torch.randn(8, 16, dtype=torch.float64), torch.randn(8, 16, dtype=torch.float64)
+    await pipe.step(x, y)  # warm-up: torch's first backward can take seconds on a busy host
+    assert pipe.stall_watchdog is not None
+    pipe.stall_watchdog.timeout = 1.0
+    dropped = []
+    pipe.runtimes[0].transport.world.drop = lambda s, d, m: bool(  # type: ignore[attr-defined]
+        m.kind is MessageKind.ACTIVATION and m.stage == 2 and m.microbatch == 1
+        and not dropped.append(m))
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    with pytest.raises(StallError) as info:
+        await pipe.step(x, y)
+    assert 1.0 <= loop.time() - start < 10.0
+    assert len(dropped) == 1
+    assert "step 1" in str(info.value) and "'F1<-rank 1'" in str(info.value)
+    pipe.close()
+
+
+async def test_stage_exception_ends_step_and_cancels_others() -> None:
+    stages = make_mlp_stages(4)
+
+    class Boom(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            raise ValueError("boom in stage 2")
+    stages[2] = Boom()
+    pipe = Pipeline(stages, mse_loss, microbatches=4, hint="1f1b", stall_timeout=30)
+    x, y = torch.randn(8, 16, dtype=torch.float64), torch.randn(8, 16, dtype=torch.float64)
+    with pytest.raises(StageError) as info:
+        await asyncio.wait_for(pipe.step(x, y), 20)
+    text = str(info.value)
+    assert text.startswith("rank 2, step 0, task F0: forward of stage 2 raised ValueError: "
+                           "boom in stage 2"), text
+    assert not any(rt._active for rt in pipe.runtimes)
+    pipe.close()
+
+
+def test_timeout_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    from aioready.watchdog import DEFAULT
+    monkeypatch.delenv("AIOREADY_STALL_TIMEOUT", raising=False)
+    assert resolve_timeout("stall_timeout", DEFAULT, "AIOREADY_STALL_TIMEOUT", 60.0) == 60.0
+    monkeypatch.setenv("AIOREADY_STALL_TIMEOUT", "2.5")
+    assert resolve_timeout("stall_timeout", DEFAULT, "AIOREADY_STALL_TIMEOUT", 60.0) == 2.5
+    assert resolve_timeout("stall_timeout", 7, "AIOREADY_STALL_TIMEOUT", 60.0) == 7.0
+    monkeypatch.setenv("AIOREADY_STALL_TIMEOUT", "off")
+    assert _sim_pipe().stall_watchdog is None
+    monkeypatch.setenv("AIOREADY_STALL_TIMEOUT", "soon")
+    with pytest.raises(ConfigError, match="AIOREADY_STALL_TIMEOUT is not a number"):
+        _sim_pipe()
+    monkeypatch.delenv("AIOREADY_STALL_TIMEOUT")
+    for bad in (-1, "5", float("inf"), True):
+        with pytest.raises(ConfigError, match="stall_timeout= must be a positive number"):
+            _sim_pipe(stall_timeout=bad)
+    assert _sim_pipe(stall_timeout=None).stall_watchdog is None
