@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import asyncio
 import selectors
-from typing import Any, Awaitable, TypeVar
+import time
+from typing import Any, Awaitable, Callable, TypeVar
 
-__all__ = ["VirtualClockLoop", "VirtualClockDeadlock", "run_virtual"]
+__all__ = ["VirtualClockLoop", "VirtualClockDeadlock", "run_virtual", "clock_of"]
 
 T = TypeVar("T")
 
@@ -84,3 +85,12 @@ def run_virtual(main: Awaitable[T], *, start: float = 0.0) -> T:
     """Run `main` to completion on a fresh VirtualClockLoop."""
     with asyncio.Runner(loop_factory=lambda: VirtualClockLoop(start)) as runner:
         return runner.run(main)  # type: ignore[arg-type]
+
+
+def clock_of(loop: asyncio.AbstractEventLoop) -> Callable[[], float]:
+    """The clock that task spans and device pacing read: the loop's own on a virtual clock, else
+    `time.monotonic` -- the clock asyncio's default loop uses, at full resolution, where uvloop's
+    `loop.time()` only moves in whole milliseconds (too coarse for tasks of a few ms)."""
+    if isinstance(loop, VirtualClockLoop):
+        return loop.time
+    return time.monotonic

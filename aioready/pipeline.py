@@ -71,9 +71,9 @@ def _make_device(spec: Any, rank: int) -> Device:
     if isinstance(spec, str):
         raise ConfigError("unknown device", expected="'cpu', 'cuda', a Device or a factory",
                           got=repr(spec))
-    if hasattr(spec, "run"):
+    if hasattr(spec, "run") and not isinstance(spec, type):
         return spec  # type: ignore[no-any-return]
-    return spec(rank)  # type: ignore[no-any-return]
+    return spec(rank)  # type: ignore[no-any-return]  # a factory, or a Device class
 
 
 class Pipeline:

@@ -14,10 +14,12 @@ task is a ProtocolError that stops the step.
 from __future__ import annotations
 
 import asyncio
+import time
 from functools import partial
 from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 from .arbiter import Wakeup, run_arbiter
+from .clock import clock_of
 from .devices.base import Device, TaskInfo
 from .errors import AioreadyError, ConfigError, InternalError, ProtocolError
 from .hints import HintOrder
@@ -95,6 +97,7 @@ class RankRuntime:
         self.reports: list[StepReport] = []
         self._handlers = {Kind.F: self._run_f, Kind.B: self._run_b, Kind.W: self._run_w}
         self._opened = False
+        self._now: Callable[[], float] = time.monotonic
         self.num_events = 0  # messages in, tasks started and ended: the watchdogs' progress count
         self.on_control: Callable[[Message], None] | None = None  # CONTROL messages (faults.py)
         self.running_task: Task | None = None
@@ -123,7 +126,8 @@ class RankRuntime:
             stage = self.stages[task.chunk]
             self._missing[task] = 2 if task.kind is Kind.B and stage != last else 1
         self._report = StepReport(step, num_ranks=self.placement.num_ranks)
-        self._report.start = asyncio.get_running_loop().time()
+        self._now = clock_of(asyncio.get_running_loop())
+        self._report.start = self._now()
         self._active = True
         if self.stages[0] == 0:
             if inputs is None and self.executors is None:
@@ -142,7 +146,7 @@ class RankRuntime:
         left = self._missing[task] - 1
         self._missing[task] = left
         if left == 0:
-            self._ready_at[task] = asyncio.get_running_loop().time()
+            self._ready_at[task] = self._now()
             self._ready.push(task)
             self._wakeup.notify()
 
@@ -225,7 +229,7 @@ class RankRuntime:
                                 "please file a bug", rank=self.rank, step=step) from exc
         finally:
             self._active = False
-        self._report.end = asyncio.get_running_loop().time()
+        self._report.end = self._now()
         self._report.peak_in_flight[self.rank] = self._ready.peak_in_flight
         self.reports.append(self._report)
         return self._loss
@@ -235,17 +239,16 @@ class RankRuntime:
             raise self._error
 
     async def _execute(self, task: Task) -> None:
-        loop = asyncio.get_running_loop()
         stage = self.stages[task.chunk]
         info = TaskInfo(self.step_index, self.rank, stage, task.chunk, task.microbatch,
                         task.kind)
-        start = loop.time()
+        start = self._now()
         self.num_events += 1
         self.running_task = task
         await self._handlers[task.kind](task, stage, info)
         self.running_task = None
         self.num_events += 1
-        end = loop.time()
+        end = self._now()
         self._report.spans.append(Span(self.rank, stage, task.chunk, task.microbatch, task.kind,
                                        self._ready_at.pop(task, start), start, end))
         self._ready.done(task)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from typing import Callable, TypeVar
 
+from ..clock import clock_of
 from .base import Device, TaskInfo
 
 __all__ = ["PacedDevice"]
@@ -26,9 +27,10 @@ class PacedDevice:
 
     async def run(self, info: TaskInfo, fn: Callable[[], T]) -> T:
         loop = asyncio.get_running_loop()
-        start = loop.time()
+        now = clock_of(loop)
+        start = now()
         result = await self.inner.run(info, fn)
-        left = start + self.duration(info) - loop.time()
+        left = start + self.duration(info) - now()
         if left > 0:
             await asyncio.sleep(left)
         else:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from typing import Callable, TypeVar
 
+from ..clock import clock_of
 from .base import TaskInfo
 
 __all__ = ["SimDevice", "DurationFn"]
@@ -25,9 +26,10 @@ class SimDevice:
 
     async def run(self, info: TaskInfo, fn: Callable[[], T]) -> T:
         loop = asyncio.get_running_loop()
-        start = loop.time()
+        now = clock_of(loop)
+        start = now()
         result = fn() if self.run_compute else None
-        left = start + self.duration(info) - loop.time()
+        left = start + self.duration(info) - now()
         if left > 0:
             await asyncio.sleep(left)
         return result  # type: ignore[return-value]
