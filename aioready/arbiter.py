@@ -54,11 +54,14 @@ async def run_arbiter(
     wakeup: Wakeup,
     num_tasks: int,
     check: Callable[[], None] | None = None,
+    on_wait: Callable[[bool], None] | None = None,
 ) -> None:
     """Run `num_tasks` tasks, each as soon as the chooser offers it.
 
     `check` runs before each decision and raises to abort the step (an error delivered by a
-    message handler, for example). On a virtual-clock loop (aioready.clock) each decision first
+    message handler, for example); `on_wait(True)` is called when the arbiter starts waiting
+    for a task to become ready and `on_wait(False)` when it starts one (the completion engine
+    polls eagerly only while it waits). On a virtual-clock loop (aioready.clock) each decision first
     waits for the end of the current instant, so same-instant completions are all seen first.
     """
     settle = getattr(asyncio.get_running_loop(), "wait_idle", None)
@@ -70,7 +73,11 @@ async def run_arbiter(
             check()
         task = chooser.pop_nowait()
         if task is None:
+            if on_wait is not None:
+                on_wait(True)
             await wakeup.wait()
             continue
+        if on_wait is not None:
+            on_wait(False)
         await execute(task)
         left -= 1

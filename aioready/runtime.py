@@ -23,6 +23,7 @@ from .clock import clock_of
 from .devices.base import Device, TaskInfo
 from .errors import AioreadyError, ConfigError, InternalError, ProtocolError
 from .hints import HintOrder
+from .progress import ProgressEngine
 from .ready_set import ReadySet
 from .tasks import Kind, Task, all_tasks
 from .telemetry import Span, StepReport
@@ -216,8 +217,9 @@ class RankRuntime:
             self._opened = True
         self._reset(step, inputs, targets)
         try:
+            engine = ProgressEngine.existing()
             await run_arbiter(self._ready, self._execute, self._wakeup, len(self._missing),
-                              self._check)
+                              self._check, None if engine is None else engine.set_waiting)
             await self.transport.wait_sent()
             if self.coordinator is not None:
                 await self.coordinator.wait_sent()

@@ -41,7 +41,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..errors import AioreadyError, InternalError, ProtocolError
-from ..progress import ProgressEngine
+from ..progress import ProgressConfig, ProgressEngine
 from .base import _DESC, _FIXED, MAX_TENSORS, Deliver, Message, TensorSpec, decode_header, encode_header
 from .mpi_cuda import StagedSend, query_cuda_aware, receive_buffer
 from .tensor_bytes import from_bytes, host_bytes, numel, spec_of, torch_dtype, torch_module
@@ -90,6 +90,7 @@ class MPITransport:
         self._size = comm.Get_size()
         self._hdr = comm.Dup()
         self._data = comm.Dup()
+        self.oversubscribed = _oversubscribed(MPI, self._hdr)  # collective, like Dup
         self._device = device
         self.inline_bytes = inline_bytes
         self.hot_bytes = hot_bytes
@@ -131,6 +132,8 @@ class MPITransport:
         owner = getattr(deliver, "__self__", None)
         self._fail = getattr(owner, "fail", None)
         self._engine = ProgressEngine.for_loop()
+        if self.oversubscribed:
+            self._engine.reconfigure(ProgressConfig.from_env(oversubscribed=True))
         self._engine.add_source(self)
 
     def send_nowait(self, dest: int, msg: Message) -> None:
@@ -405,3 +408,17 @@ class MPITransport:
 
 def _with(msg: Message, tensors: tuple[Any, ...]) -> Message:
     return Message(msg.step, msg.kind, msg.stage, msg.microbatch, tensors, msg.tag)
+
+
+def _oversubscribed(MPI: Any, comm: Any) -> bool:
+    """More ranks on this host than cores this process may run on (a spinning poller would
+    only take time from the other ranks)."""
+    try:
+        local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+        ranks = local.Get_size()
+        local.Free()
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
+            os.cpu_count() or 1)
+    except Exception:  # an MPI without shared-memory split: assume a core per rank
+        return False
+    return ranks > cores
