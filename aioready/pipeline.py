@@ -65,11 +65,14 @@ def _make_device(spec: Any, rank: int) -> Device:
     if spec == "cpu":
         from .devices.cpu import CPUDevice
         return CPUDevice(f"aioready-rank{rank}")
+    if spec == "inline":
+        from .devices.inline import InlineDevice
+        return InlineDevice()
     if spec == "cuda":
         from .devices.cuda import CUDADevice  # type: ignore[import-not-found]
         return CUDADevice(rank)  # type: ignore[no-any-return]
     if isinstance(spec, str):
-        raise ConfigError("unknown device", expected="'cpu', 'cuda', a Device or a factory",
+        raise ConfigError("unknown device", expected="'cpu', 'inline', 'cuda', a Device or a factory",
                           got=repr(spec))
     if hasattr(spec, "run") and not isinstance(spec, type):
         return spec  # type: ignore[no-any-return]

@@ -17,7 +17,9 @@ bench/results/e2e.md, e2e.json and e2e.png.
 
 Run: python -m bench.e2e [--quick] [--scenarios none,multimodal:0.3:3] [--steps N]
 
-The launched processes inherit the environment, so aioready's polling knobs can be tried as
+`AIOREADY_E2E_DEVICE=inline` runs aioready's stage compute on the loop thread (InlineDevice)
+instead of a worker thread. The launched processes inherit the environment, so aioready's
+polling knobs can be tried as
 `AIOREADY_SPIN_US=0 AIOREADY_PARK_US=3000 python -m bench.e2e` (progress.py; defaults otherwise).
 """
 

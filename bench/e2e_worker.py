@@ -50,6 +50,10 @@ class RunShape:
         return self.groups // self.placement.num_stages
 
 
+# aioready's device for the stage compute: 'cpu' (worker thread, the default) or 'inline'
+DEVICE = os.environ.get("AIOREADY_E2E_DEVICE", "cpu")
+
+
 def parse_straggler(text: str | None) -> tuple[int, float] | None:
     if not text:
         return None
@@ -168,7 +172,7 @@ def run_aioready(args: argparse.Namespace, trace: Any, configs: list[str]
         stages, injector = _build(args, shape, mine, trace, straggler)
         transport = MPITransport(comm)
         pipe = Pipeline(stages, lm_loss, microbatches=M, hint=hint, mode=mode,
-                        transport=transport, split_backward=split,
+                        transport=transport, split_backward=split, device=DEVICE,
                         num_stages=shape.placement.num_stages)
         times, cpu, loss = [], [], None
         for step in range(args.warmup + args.steps):

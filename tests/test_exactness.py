@@ -118,3 +118,18 @@ async def test_split_backward_with_shared_and_off_path_parameters(mode: str) -> 
     pipe.close()
     assert abs(float(loss) - float(ref_loss)) <= TOL
     assert max_grad_diff(stages, ref) <= TOL
+
+
+@pytest.mark.parametrize("mode", ["ready", "strict"])
+async def test_inline_device_matches_unsplit_model(mode: str) -> None:
+    """device='inline' computes on the loop thread: same results as the worker-thread device."""
+    stages = make_mlp_stages(3, seed=21)
+    xs, ys = batch(4, seed=4)
+    ref_loss, ref = reference_step(stages, mse_loss, xs, ys)
+    pipe = aioready.Pipeline(stages, mse_loss, microbatches=4, hint="1f1b", mode=mode,
+                             split_backward=True, device="inline")
+    loss = await pipe.step(xs, ys)
+    pipe.close()
+    assert type(pipe.runtimes[0].device).__name__ == "InlineDevice"
+    assert abs(float(loss) - float(ref_loss)) <= TOL
+    assert max_grad_diff(stages, ref) <= TOL

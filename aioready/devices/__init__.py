@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .base import Device, TaskInfo
 from .cpu import CPUDevice
+from .inline import InlineDevice
 from .sim import SimDevice
 
-__all__ = ["Device", "TaskInfo", "CPUDevice", "SimDevice"]
+__all__ = ["Device", "TaskInfo", "CPUDevice", "InlineDevice", "SimDevice"]
