@@ -32,6 +32,7 @@ from .clock import run_virtual
 from .devices.sim import SimDevice
 from .errors import ConfigError
 from .hints import HintOrder
+from .pipeline import _first_cause
 from .placement import Placement
 from .runtime import MODES, RankRuntime
 from .schedulers import make_hint
@@ -230,7 +231,7 @@ async def _run_steps(runtimes: list[RankRuntime], steps: int) -> None:
                 for rt in runtimes:
                     group.create_task(rt.run_step(step))
         except BaseExceptionGroup as errors:
-            raise _first(errors) from None
+            raise _first_cause(errors) from None
 
 
 def _run_blocking(main: Coroutine[Any, Any, None]) -> None:
@@ -244,14 +245,6 @@ def _run_blocking(main: Coroutine[Any, Any, None]) -> None:
     with ThreadPoolExecutor(1, thread_name_prefix="aioready-sim") as pool:
         pool.submit(run_virtual, main).result()
 
-
-def _first(group: BaseExceptionGroup) -> BaseException:
-    for exc in group.exceptions:
-        if isinstance(exc, BaseExceptionGroup):
-            return _first(exc)
-        if not isinstance(exc, asyncio.CancelledError):
-            return exc
-    return group.exceptions[0]
 
 
 def _step_stats(reports: list[StepReport], table: np.ndarray, hint: HintOrder) -> StepStats:
@@ -319,4 +312,3 @@ def simulate(*, stages: int, microbatches: int, hint: str | HintOrder = "1f1b",
         cap=tuple(rt.cap for rt in runtimes), per_step=per_step,
         num_tasks=sum(len(rt.reports[0].spans) for rt in runtimes) * steps,
         num_messages=world.num_messages, wall_s=wall)
-
