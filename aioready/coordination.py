@@ -250,13 +250,12 @@ class _LeaderReadySet:
 class _FollowerReadySet:
     """A member's ready tasks; it offers only the leader's next decision, once that is ready.
 
-    In-flight counting mirrors ReadySet (admit at the entry F, leave at the last backward piece)
-    for reports; the cap is the leader's to enforce, so none is applied here.
+    In-flight counting uses the leader's rule (ready_set.InFlight) for reports; the cap is the
+    leader's to enforce, so none is applied here.
     """
 
-    __slots__ = ("_ready", "_decided", "wakeup", "_step", "_rank", "_cap", "_pieces",
-                 "_last_kind", "_left", "_in_flight", "_peak", "_done", "_pushed", "_arrivals",
-                 "_waits", "_expect", "_idle_since")
+    __slots__ = ("_ready", "_decided", "wakeup", "_step", "_rank", "_cap", "flight", "_done",
+                 "_pushed", "_arrivals", "_waits", "_expect", "_idle_since")
 
     def __init__(self, like: ReadySet, decided: deque[Task], wakeup: Wakeup, step: int,
                  rank: int, arrivals: dict[tuple[int, Task], float] | None,
@@ -273,11 +272,7 @@ class _FollowerReadySet:
         self._rank = rank
         self._cap = like.cap
         # the same in-flight rule as the leader's ReadySet (test_coordination checks the peaks)
-        self._pieces = like._pieces
-        self._last_kind = like._last_kind
-        self._left: dict[int, int] = {}
-        self._in_flight = 0
-        self._peak = 0
+        self.flight = like.flight.fresh()
         self._done: set[Task] = set()
 
     def push(self, task: Task) -> None:
@@ -305,36 +300,28 @@ class _FollowerReadySet:
             since = max(self._pushed.pop(task), self._idle_since)
             self._waits.append(max(0.0, arrived - since))
         if task.kind is Kind.F and task.chunk == 0:
-            self._left[task.microbatch] = self._pieces
-            self._in_flight += 1
-            self._peak = max(self._peak, self._in_flight)
+            self.flight.admit(task.microbatch)
         return task
 
     def done(self, task: Task) -> None:
         if self._arrivals is not None:
             self._idle_since = time.monotonic()
-        if task.kind is not self._last_kind or task.microbatch not in self._left:
-            return
-        left = self._left[task.microbatch] - 1
-        if left:
-            self._left[task.microbatch] = left
-        else:
-            del self._left[task.microbatch]
-            self._in_flight -= 1
+        self.flight.release(task)
 
     def ready_tasks(self) -> list[Task]:
         return sorted(self._ready)
 
     def statistics(self) -> ReadySetStatistics:
-        return ReadySetStatistics(len(self._ready), 0, self._in_flight, self._peak, self._cap)
+        return ReadySetStatistics(len(self._ready), 0, self.flight.count, self.flight.peak,
+                                  self._cap)
 
     @property
     def in_flight(self) -> int:
-        return self._in_flight
+        return self.flight.count
 
     @property
     def peak_in_flight(self) -> int:
-        return self._peak
+        return self.flight.peak
 
     @property
     def cap(self) -> int:

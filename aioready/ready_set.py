@@ -20,7 +20,7 @@ from typing import Mapping, Sequence
 from .errors import ConfigError, InternalError
 from .tasks import Kind, Task
 
-__all__ = ["ReadySet", "ReadySetStatistics"]
+__all__ = ["ReadySet", "ReadySetStatistics", "InFlight"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,11 +32,53 @@ class ReadySetStatistics:
     cap: int
 
 
+class InFlight:
+    """The microbatches a rank holds: admitted at the start of their entry F, released when
+    their last local backward piece (one per chunk: B unsplit, W split) has ended."""
+
+    __slots__ = ("_left", "_pieces", "_last_kind", "count", "peak")
+
+    def __init__(self, num_chunks: int, split_backward: bool) -> None:
+        self._left: dict[int, int] = {}
+        self._pieces = num_chunks
+        self._last_kind = Kind.W if split_backward else Kind.B
+        self.count = 0
+        self.peak = 0
+
+    def fresh(self) -> "InFlight":
+        """An empty count under the same rule (a tensor-parallel member mirrors its leader)."""
+        return InFlight(self._pieces, self._last_kind is Kind.W)
+
+    def admit(self, microbatch: int) -> None:
+        self._left[microbatch] = self._pieces
+        self.count += 1
+        if self.count > self.peak:
+            self.peak = self.count
+
+    def release(self, task: Task) -> None:
+        """Bookkeeping after `task` ran: a microbatch leaves when its last backward piece ends."""
+        if task.kind is not self._last_kind:
+            return
+        left = self._left.get(task.microbatch)
+        if left is None:
+            raise InternalError("backward piece of a microbatch that was never admitted",
+                                task=task)
+        if left == 1:
+            del self._left[task.microbatch]
+            self.count -= 1
+        else:
+            self._left[task.microbatch] = left - 1
+
+    @property
+    def microbatches(self) -> list[int]:
+        return sorted(self._left)
+
+
 class ReadySet:
     """Ready tasks of one rank; `ready` mode pops the best admissible, `strict` the next in order."""
 
-    __slots__ = ("_priority", "_main", "_entry", "_cap", "_in_flight", "_peak", "_left",
-                 "_pieces", "_last_kind", "_order", "_pos", "_ready", "_strict")
+    __slots__ = ("_priority", "_main", "_entry", "_cap", "flight", "_order", "_pos", "_ready",
+                 "_strict")
 
     def __init__(
         self,
@@ -53,11 +95,7 @@ class ReadySet:
         self._cap = cap
         self._main: list[tuple[int, Task]] = []
         self._entry: list[tuple[int, Task]] = []
-        self._in_flight = 0
-        self._peak = 0
-        self._left: dict[int, int] = {}
-        self._pieces = num_chunks  # one last-kind piece (B unsplit, W split) per chunk
-        self._last_kind = Kind.W if split_backward else Kind.B
+        self.flight = InFlight(num_chunks, split_backward)
         self._strict = strict_order is not None
         self._order: Sequence[Task] = strict_order or ()
         self._pos = 0
@@ -76,9 +114,9 @@ class ReadySet:
         if self._strict:
             return self._pop_strict()
         main, entry = self._main, self._entry
-        if entry and self._in_flight < self._cap and (not main or entry[0][0] < main[0][0]):
+        if entry and self.flight.count < self._cap and (not main or entry[0][0] < main[0][0]):
             task = heapq.heappop(entry)[1]
-            self._admit(task)
+            self.flight.admit(task.microbatch)
             return task
         if main:
             return heapq.heappop(main)[1]
@@ -91,45 +129,29 @@ class ReadySet:
         if task not in self._ready:
             return None
         if task.kind is Kind.F and task.chunk == 0:
-            if self._in_flight >= self._cap:
+            if self.flight.count >= self._cap:
                 return None
-            self._admit(task)
+            self.flight.admit(task.microbatch)
         self._ready.remove(task)
         self._pos += 1
         return task
 
-    def _admit(self, task: Task) -> None:
-        self._left[task.microbatch] = self._pieces
-        self._in_flight += 1
-        if self._in_flight > self._peak:
-            self._peak = self._in_flight
-
     def done(self, task: Task) -> None:
-        """Bookkeeping after `task` ran: a microbatch leaves when its last backward piece ends."""
-        if task.kind is not self._last_kind:
-            return
-        left = self._left.get(task.microbatch)
-        if left is None:
-            raise InternalError("backward piece of a microbatch that was never admitted",
-                                task=task)
-        if left == 1:
-            del self._left[task.microbatch]
-            self._in_flight -= 1
-        else:
-            self._left[task.microbatch] = left - 1
+        """Bookkeeping after `task` ran (see InFlight.release)."""
+        self.flight.release(task)
 
     @property
     def in_flight(self) -> int:
-        return self._in_flight
+        return self.flight.count
 
     @property
     def in_flight_microbatches(self) -> list[int]:
         """The admitted microbatches whose last backward piece has not ended (for dumps)."""
-        return sorted(self._left)
+        return self.flight.microbatches
 
     @property
     def peak_in_flight(self) -> int:
-        return self._peak
+        return self.flight.peak
 
     @property
     def cap(self) -> int:
@@ -150,10 +172,11 @@ class ReadySet:
         return len(self._ready) if self._strict else len(self._main) + len(self._entry)
 
     def statistics(self) -> ReadySetStatistics:
-        gated = 0 if self._in_flight < self._cap else (
+        gated = 0 if self.flight.count < self._cap else (
             sum(1 for t in self._ready if t.kind is Kind.F and t.chunk == 0)
             if self._strict else len(self._entry))
-        return ReadySetStatistics(len(self), gated, self._in_flight, self._peak, self._cap)
+        return ReadySetStatistics(len(self), gated, self.flight.count, self.flight.peak,
+                                  self._cap)
 
     def __repr__(self) -> str:
         s = self.statistics()
