@@ -19,7 +19,7 @@ from ..errors import ProtocolError
 __all__ = [
     "MessageKind", "Message", "TensorSpec", "Transport", "Deliver",
     "HEADER_MAGIC", "MAX_TENSORS", "MAX_NDIM", "encode_header", "decode_header",
-    "DTYPE_CODES", "NONE_DTYPE",
+    "DTYPE_CODES", "NONE_DTYPE", "encode_descriptor",
 ]
 
 
@@ -72,23 +72,25 @@ class TensorSpec:
     shape: tuple[int, ...]
 
 
+def encode_descriptor(spec: TensorSpec) -> bytes:
+    """One tensor's descriptor: dtype code, ndim, then the shape as int64s."""
+    if len(spec.shape) > MAX_NDIM:
+        raise ProtocolError("tensor has too many dimensions", expected=f"<= {MAX_NDIM}",
+                            got=len(spec.shape))
+    code = NONE_DTYPE if spec.dtype is None else DTYPE_CODES.get(spec.dtype)
+    if code is None:
+        raise ProtocolError("dtype cannot travel", expected=sorted(DTYPE_CODES),
+                            got=spec.dtype)
+    return _DESC.pack(code, len(spec.shape)) + struct.pack(f"<{len(spec.shape)}q", *spec.shape)
+
+
 def encode_header(msg: Message, specs: list[TensorSpec]) -> bytes:
     if len(specs) > MAX_TENSORS:
         raise ProtocolError("too many tensors in one message", expected=f"<= {MAX_TENSORS}",
                             got=len(specs))
-    parts = [_FIXED.pack(HEADER_MAGIC, _VERSION, int(msg.kind), msg.step, msg.stage,
-                         msg.microbatch, msg.tag, len(specs))]
-    for spec in specs:
-        if len(spec.shape) > MAX_NDIM:
-            raise ProtocolError("tensor has too many dimensions", expected=f"<= {MAX_NDIM}",
-                                got=len(spec.shape))
-        code = NONE_DTYPE if spec.dtype is None else DTYPE_CODES.get(spec.dtype)
-        if code is None:
-            raise ProtocolError("dtype cannot travel", expected=sorted(DTYPE_CODES),
-                                got=spec.dtype)
-        parts.append(_DESC.pack(code, len(spec.shape)))
-        parts.append(struct.pack(f"<{len(spec.shape)}q", *spec.shape))
-    return b"".join(parts)
+    return b"".join([_FIXED.pack(HEADER_MAGIC, _VERSION, int(msg.kind), msg.step, msg.stage,
+                                 msg.microbatch, msg.tag, len(specs))]
+                    + [encode_descriptor(spec) for spec in specs])
 
 
 _NAMES = {v: k for k, v in DTYPE_CODES.items()}

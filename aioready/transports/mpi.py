@@ -42,9 +42,11 @@ import numpy as np
 
 from ..errors import AioreadyError, InternalError, ProtocolError
 from ..progress import ProgressConfig, ProgressEngine
-from .base import _DESC, _FIXED, MAX_TENSORS, Deliver, Message, TensorSpec, decode_header, encode_header
+from .base import MAX_TENSORS, Deliver, Message
 from .mpi_cuda import StagedSend, query_cuda_aware, receive_buffer
-from .tensor_bytes import from_bytes, host_bytes, numel, spec_of, torch_dtype, torch_module
+from .tensor_bytes import host_bytes, torch_module
+from .receive_pool import ReceivePool
+from .wire import WireCodec
 
 __all__ = ["MPITransport", "INLINE_BYTES", "HOT_BYTES", "BIG_BURST"]
 
@@ -54,16 +56,7 @@ INLINE_BYTES = int(os.environ.get("AIOREADY_MPI_INLINE_BYTES", 16384))
 HOT_BYTES = int(os.environ.get("AIOREADY_MPI_HOT_BYTES", 65536))
 BIG_BURST = int(os.environ.get("AIOREADY_MPI_BIG_BURST", 32))
 _SEQ_MOD = 32768 // MAX_TENSORS  # payload tags stay under the guaranteed MPI tag bound (32767)
-_ALIGN = 16
 _PROBES_PER_POLL = 64
-
-
-def _align(n: int) -> int:
-    return (n + _ALIGN - 1) // _ALIGN * _ALIGN
-
-
-def _header_size(specs: list[TensorSpec]) -> int:
-    return _FIXED.size + sum(_DESC.size + 8 * len(s.shape) for s in specs)
 
 
 class _Inbound:
@@ -98,6 +91,9 @@ class MPITransport:
         path = "CUDA-aware MPI" if self.cuda_aware else "staged through pinned host memory"
         log.info("rank %d/%d: CUDA tensors %s (%s)", self._rank, self._size, path, how)
         self._seq = [0] * self._size
+        self._codec = WireCodec()
+        self._pool = ReceivePool()
+        self._host_device = device is None or str(device) == "cpu"
         self._status = MPI.Status()
         self._reqs: list[Any] = []
         self._done: list[Callable[[], None]] = []
@@ -148,21 +144,19 @@ class MPITransport:
             asyncio.get_running_loop().call_soon(self._arrive_local, msg)
             return
         tensors = msg.tensors
-        specs = [spec_of(t) for t in tensors]
-        header = encode_header(msg, specs)
+        descriptors, sizes, on_cuda = self._codec.describe(tensors)
         seq = self._seq[dest]
         self._seq[dest] = (seq + 1) % _SEQ_MOD
-        sizes = [0 if t is None else t.nbytes for t in tensors]
-        on_cuda = any(t is not None and t.is_cuda for t in tensors)
         if not on_cuda and sum(sizes) <= self.inline_bytes:
-            self._send_inline(dest, seq, header, tensors, sizes)
+            self._isend(self._hdr, self._codec.encode_inline(msg, descriptors, sizes), dest, seq,
+                        False)
         else:
-            self._isend(self._hdr, np.frombuffer(header, np.uint8), dest, seq, False)
+            header = self._codec.fixed(msg, len(sizes)) + descriptors
+            self._isend(self._hdr, header, dest, seq, False)
             for i, (t, n) in enumerate(zip(tensors, sizes)):
                 if n:
                     self._send_payload(dest, seq * MAX_TENSORS + i, t, n)
-        assert self._engine is not None, "send_nowait before open()"
-        self._engine.kick()
+        self._engine.kick()  # type: ignore[union-attr]  # open() set it
 
     async def wait_sent(self) -> None:
         while self._num_sending or self._num_local or self._staged:
@@ -184,17 +178,6 @@ class MPITransport:
                     comm.Free()
 
     # -- sending --------------------------------------------------------------------------
-    def _send_inline(self, dest: int, seq: int, header: bytes, tensors: tuple[Any, ...],
-                     sizes: list[int]) -> None:
-        off = _align(len(header))
-        buf = np.empty(off + sum(_align(n) for n in sizes), np.uint8)
-        buf[:len(header)] = np.frombuffer(header, np.uint8)
-        for t, n in zip(tensors, sizes):
-            if n:
-                buf[off:off + n] = host_bytes(t)
-                off += _align(n)
-        self._isend(self._hdr, buf, dest, seq, False)
-
     def _send_payload(self, dest: int, tag: int, t: Any, n: int) -> None:
         if not t.is_cuda:
             self._isend(self._data, host_bytes(t), dest, tag, n >= self.hot_bytes)
@@ -311,44 +294,29 @@ class MPITransport:
 
     def _route_header(self, src: int, seq: int, buf: np.ndarray) -> None:
         try:
-            msg, specs = decode_header(memoryview(buf), source=src)
+            header, layout = self._codec.decode(buf, src)
         except ProtocolError as exc:
             raise ProtocolError(exc.what, rank=self._rank, expected=exc.expected,
                                 got=exc.got) from None
-        if not specs:  # nothing to allocate: no torch needed (simulated stages)
-            if len(buf) != _align(_FIXED.size):
-                raise ProtocolError(f"message from rank {src} does not match its header",
-                                    rank=self._rank, expected=f"{_align(_FIXED.size)} bytes",
-                                    got=f"{len(buf)} bytes")
-            self._hand_over(msg)
+        if len(buf) == layout.inline_len:  # header and payload in one message
+            tensors = self._codec.inline_tensors(buf, layout)
+            if self._device is not None:
+                tensors = tuple(self._to_device(t) for t in tensors)
+            self._hand_over(self._codec.message(header, tensors))
             return
-        torch = torch_module()
-        dtypes = [None if s.dtype is None else torch_dtype(s.dtype) for s in specs]
-        sizes = [0 if d is None else numel(s.shape) * d.itemsize for s, d in zip(specs, dtypes)]
-        hlen = _header_size(specs)
-        inline_len = _align(hlen) + sum(_align(n) for n in sizes)
-        if len(buf) == inline_len:
-            off = _align(hlen)
-            tensors = []
-            for s, d, n in zip(specs, dtypes, sizes):
-                if d is None:
-                    tensors.append(None)
-                    continue
-                t = from_bytes(buf[off:off + n], s.dtype, s.shape) if n else \
-                    torch.empty(s.shape, dtype=d)
-                tensors.append(self._to_device(t))
-                off += _align(n)
-            self._hand_over(_with(msg, tuple(tensors)))
-            return
+        hlen = layout.header_len
         if len(buf) != hlen:
             raise ProtocolError(f"message from rank {src} does not match its header",
                                 rank=self._rank, expected=f"{hlen} bytes (header) or "
-                                f"{inline_len} (header and payload)", got=f"{len(buf)} bytes")
+                                f"{layout.inline_len} (header and payload)",
+                                got=f"{len(buf)} bytes")
         device = self._device
         staged = device is not None and not self.cuda_aware
-        tensors = [None if d is None else receive_buffer(s.shape, d, device, self.cuda_aware)
-                   for s, d in zip(specs, dtypes)]
-        inbound = _Inbound(msg, tensors, sum(1 for n in sizes if n), staged)
+        sizes = layout.sizes
+        tensors = [None if d is None else self._receive_buffer(s.shape, d, n)
+                   for s, d, n in zip(layout.specs, layout.dtypes, sizes)]
+        inbound = _Inbound(self._codec.message(header, ()), tensors,
+                           sum(1 for n in sizes if n), staged)
         for i, (t, n) in enumerate(zip(tensors, sizes)):
             if n:
                 dst = t if t.is_cuda else host_bytes(t)
@@ -356,6 +324,12 @@ class MPITransport:
                 self._track(req, partial(self._payload_done, inbound), n >= self.hot_bytes)
         if not inbound.left:  # only empty tensors: nothing more will arrive
             self._payload_done(inbound, count=False)
+
+    def _receive_buffer(self, shape: tuple[int, ...], dtype: Any, nbytes: int) -> Any:
+        """Where a payload lands: a reused host buffer when large and for the CPU."""
+        if self._host_device and nbytes >= self._pool.min_bytes:
+            return self._pool.tensor(shape, dtype, nbytes)
+        return receive_buffer(shape, dtype, self._device, self.cuda_aware)
 
     def _payload_done(self, inbound: _Inbound, count: bool = True) -> None:
         inbound.left -= count
