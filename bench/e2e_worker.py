@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from pathlib import Path
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -22,7 +23,8 @@ import numpy as np
 from aioready.placement import Placement
 from aioready.tasks import Kind
 
-__all__ = ["RunShape", "stage_seconds", "AIOREADY_SPLIT", "TORCH_SCHEDULES", "parse_straggler"]
+__all__ = ["RunShape", "stage_seconds", "AIOREADY_SPLIT", "TORCH_SCHEDULES", "parse_straggler",
+           "parse_config"]
 
 # hint -> split backward; the placement comes from the hint registry.
 AIOREADY_SPLIT = {"gpipe": False, "1f1b": False, "bf": False, "interleaved-1f1b": False,
@@ -50,7 +52,8 @@ class RunShape:
         return self.groups // self.placement.num_stages
 
 
-# aioready's device for the stage compute: 'cpu' (worker thread, the default) or 'inline'
+# aioready's device for the stage compute: 'cpu' (worker thread, the default) or 'inline';
+# AIOREADY_E2E_PROFILE=DIR writes a cProfile of each aioready rank's loop thread to DIR/rankN.prof
 DEVICE = os.environ.get("AIOREADY_E2E_DEVICE", "cpu")
 
 
@@ -142,6 +145,30 @@ def _record(name: str, shape: RunShape, times: list[list[float]], loss: float,
             "cpu_s_per_step": cpu}
 
 
+def parse_config(config: str) -> tuple[str, str, int | None]:
+    """'hint/mode' or 'hint/mode@CAP' (CAP: in-flight microbatches per rank, an int)."""
+    hint, _, rest = config.partition("/")
+    mode, _, cap = rest.partition("@")
+    if mode not in ("strict", "ready") or (cap and not cap.isdigit()):
+        raise SystemExit(f"bad aioready config {config!r}: expected hint/strict|ready[@CAP]")
+    return hint, mode, int(cap) if cap else None
+
+
+SPANS_DIR = os.environ.get("AIOREADY_E2E_SPANS")  # DIR: every aioready step's spans as CSV
+
+
+def _dump_spans(spans: Any, config: str, rank: int, step: int) -> None:
+    path = Path(SPANS_DIR) / f"{config.replace('/', '-')}-rank{rank}.csv"  # type: ignore[arg-type]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    new = not path.exists() or step == 0
+    with open(path, "w" if new else "a") as f:
+        if new:
+            f.write("step,rank,stage,microbatch,kind,ready,start,end\n")
+        for s in spans:
+            f.write(f"{step},{s.rank},{s.stage},{s.microbatch},{s.kind.name},{s.ready:.6f},"
+                    f"{s.start:.6f},{s.end:.6f}\n")
+
+
 # -- aioready under mpiexec --------------------------------------------------------------------
 def run_aioready(args: argparse.Namespace, trace: Any, configs: list[str]
                  ) -> list[dict[str, Any]] | None:
@@ -164,7 +191,7 @@ def run_aioready(args: argparse.Namespace, trace: Any, configs: list[str]
     straggler = parse_straggler(args.straggler)
     records = []
 
-    async def one(hint: str, mode: str) -> dict[str, Any]:
+    async def one(hint: str, mode: str, cap: int | None) -> dict[str, Any]:
         spec = HINTS[hint]
         split = AIOREADY_SPLIT[hint]
         shape = RunShape(Placement(size * spec.chunks, size, spec.style), args.groups, split)
@@ -173,7 +200,7 @@ def run_aioready(args: argparse.Namespace, trace: Any, configs: list[str]
         transport = MPITransport(comm)
         pipe = Pipeline(stages, lm_loss, microbatches=M, hint=hint, mode=mode,
                         transport=transport, split_backward=split, device=DEVICE,
-                        num_stages=shape.placement.num_stages)
+                        num_stages=shape.placement.num_stages, cap=cap)
         times, cpu, loss = [], [], None
         for step in range(args.warmup + args.steps):
             for s in stages:
@@ -186,6 +213,8 @@ def run_aioready(args: argparse.Namespace, trace: Any, configs: list[str]
             out = await pipe.step(inputs, targets)
             times.append(time.perf_counter() - t0)
             cpu.append(time.process_time() - c0)
+            if SPANS_DIR:
+                _dump_spans(pipe.last_step.spans, f"{hint}-{mode}", rank, step)
             if out is not None:
                 loss = float(out)
         await transport.close()
@@ -199,18 +228,28 @@ def run_aioready(args: argparse.Namespace, trace: Any, configs: list[str]
         if rank != 0:
             return {}
         the_loss = next(v for v in losses if v is not None)
-        return _record(f"{hint}/{mode}", shape, all_times, the_loss, grad_sq, slept, counts,
+        return _record(f"{hint}/{mode}" + (f"@{cap}" if cap else ""), shape, all_times, the_loss, grad_sq, slept, counts,
                        cpus)
 
     async def all_configs() -> None:
         for config in configs:
-            hint, mode = config.split("/")
-            records.append(await one(hint, mode))
+            hint, mode, cap = parse_config(config)
+            records.append(await one(hint, mode, cap))
 
     torch.set_num_threads(1)
     import uvloop
+    profile_dir = os.environ.get("AIOREADY_E2E_PROFILE")  # DIR: cProfile each rank's loop thread
+    profiler = None
+    if profile_dir:
+        import cProfile
+        profiler = cProfile.Profile()
+        profiler.enable()
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         runner.run(all_configs())
+    if profiler is not None:
+        profiler.disable()
+        Path(profile_dir).mkdir(parents=True, exist_ok=True)
+        profiler.dump_stats(str(Path(profile_dir) / f"rank{rank}.prof"))
     return records if rank == 0 else None
 
 
