@@ -197,6 +197,7 @@ class ProgressEngine:
         self.loop = loop
         self.config = config or ProgressConfig.from_env()
         self._sources: list[CompletionSource] = []
+        self._sources_now: tuple[CompletionSource, ...] = ()  # what a pass polls (a snapshot)
         self._task: asyncio.Task[None] | None = None
         self._wake: asyncio.Future[None] | None = None
         self._last_progress = loop.time()
@@ -245,11 +246,13 @@ class ProgressEngine:
         """Poll `source` from now on (until `remove_source`)."""
         if source not in self._sources:
             self._sources.append(source)
+            self._sources_now = tuple(self._sources)
         self.kick()
 
     def remove_source(self, source: CompletionSource) -> None:
         if source in self._sources:
             self._sources.remove(source)
+            self._sources_now = tuple(self._sources)
 
     def kick(self) -> None:
         """New work was started: poll soon, and stay hot for the spin window."""
@@ -281,7 +284,7 @@ class ProgressEngine:
     def poll(self) -> int:
         """Poll every source once, now (the arbiter may call this between task launches)."""
         done = 0
-        for src in tuple(self._sources):
+        for src in self._sources_now:
             try:
                 done += src.poll()
             except Exception:  # a source must report its own errors; never kill the poller
@@ -300,16 +303,26 @@ class ProgressEngine:
 
     # -- the poller ----------------------------------------------------------------------
     def _num_pending(self) -> int:
-        return sum(src.num_pending() for src in self._sources)
+        n = 0
+        for src in self._sources_now:  # a loop, not sum(genexpr): this runs every hot pass
+            n += src.num_pending()
+        return n
 
     def _wants_hot(self) -> bool:
-        return any(src.wants_hot() for src in self._sources)
+        for src in self._sources_now:
+            if src.wants_hot():
+                return True
+        return False
 
     async def _run(self) -> None:
         cfg = self.config
         loop = self.loop
         yield_every = cfg.yield_every if hasattr(os, "sched_yield") else 0
+        sleep = asyncio.sleep
         while True:
+            if cfg is not self.config:  # reconfigure() was called
+                cfg = self.config
+                yield_every = cfg.yield_every if hasattr(os, "sched_yield") else 0
             self.poll()
             if not self._num_pending():
                 self.num_idle_waits += 1
@@ -324,7 +337,7 @@ class ProgressEngine:
                 self.num_hot_passes += 1
                 if yield_every and self.num_hot_passes % yield_every == 0:
                     os.sched_yield()  # let a peer rank sharing this core run (see above)
-                await asyncio.sleep(0)
+                await sleep(0)
                 continue
             if self._wants_hot() or self._waiting or quiet < cfg.park_window_s:
                 delay = cfg.busy_park_s if busy and not self._wants_hot() else cfg.park_s

@@ -154,3 +154,25 @@ def test_cuda_tensors_arrive_intact() -> None:
     proc = launch(2, "cuda_roundtrip.py", timeout=100)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "CUDA OK" in proc.stdout, proc.stdout
+
+
+_OVERSUB = ("import os; from mpi4py import MPI; from aioready.transports.mpi import MPITransport; "
+            "t = MPITransport(MPI.COMM_WORLD); "
+            "os.write(1, f'OVERSUBSCRIBED {t.oversubscribed}\\n'.encode())")  # one write a line
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("bind, n", [("none", 2), ("none", 4), ("core", 2)])
+def test_oversubscription_counts_the_cores_of_all_local_ranks(bind: str, n: int) -> None:
+    """Ranks bound one per core each see one core but are not oversubscribed (a wrong answer
+    turned the spin window off and made small-message latency 10x worse)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    if bind == "core" and n > (cores or 1):
+        pytest.skip("fewer cores than ranks to bind")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.run([MPIEXEC, "-bind-to", bind, "-n", str(n), sys.executable, "-c",
+                           _OVERSUB], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=50)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    answers = re.findall(r"OVERSUBSCRIBED (\w+)", proc.stdout)
+    assert answers == [str(n > (cores or 1))] * n, proc.stdout

@@ -52,7 +52,7 @@ __all__ = ["MPITransport", "INLINE_BYTES", "HOT_BYTES", "BIG_BURST"]
 
 log = logging.getLogger(__name__)
 
-INLINE_BYTES = int(os.environ.get("AIOREADY_MPI_INLINE_BYTES", 16384))
+INLINE_BYTES = int(os.environ.get("AIOREADY_MPI_INLINE_BYTES", 65536))
 HOT_BYTES = int(os.environ.get("AIOREADY_MPI_HOT_BYTES", 65536))
 BIG_BURST = int(os.environ.get("AIOREADY_MPI_BIG_BURST", 32))
 _SEQ_MOD = 32768 // MAX_TENSORS  # payload tags stay under the guaranteed MPI tag bound (32767)
@@ -148,8 +148,8 @@ class MPITransport:
         seq = self._seq[dest]
         self._seq[dest] = (seq + 1) % _SEQ_MOD
         if not on_cuda and sum(sizes) <= self.inline_bytes:
-            self._isend(self._hdr, self._codec.encode_inline(msg, descriptors, sizes), dest, seq,
-                        False)
+            buf = self._codec.encode_inline(msg, descriptors, sizes)
+            self._isend(self._hdr, buf, dest, seq, len(buf) >= self.hot_bytes)
         else:
             header = self._codec.fixed(msg, len(sizes)) + descriptors
             self._isend(self._hdr, header, dest, seq, False)
@@ -272,18 +272,21 @@ class MPITransport:
     def _probe(self) -> int:
         n = 0
         status = self._status
+        improbe = self._hdr.Improbe
+        MPI = self._MPI
         for _ in range(_PROBES_PER_POLL):
-            m = self._hdr.Improbe(self._MPI.ANY_SOURCE, self._MPI.ANY_TAG, status)
+            m = improbe(MPI.ANY_SOURCE, MPI.ANY_TAG, status)
             if m is None:
                 break
             src, seq = status.Get_source(), status.Get_tag()
-            buf = np.empty(status.Get_count(self._MPI.BYTE), np.uint8)
+            buf = np.empty(status.Get_count(MPI.BYTE), np.uint8)
             req = m.Irecv(buf)
             n += 1
             if req.Test():
                 self._on_header(src, seq, buf)
-            else:
-                self._track(req, partial(self._on_header, src, seq, buf), False)
+            else:  # a large inline message may need a rendezvous: poll it hot
+                self._track(req, partial(self._on_header, src, seq, buf),
+                            len(buf) >= self.hot_bytes)
         return n
 
     def _on_header(self, src: int, seq: int, buf: np.ndarray) -> None:
@@ -385,14 +388,22 @@ def _with(msg: Message, tensors: tuple[Any, ...]) -> Message:
 
 
 def _oversubscribed(MPI: Any, comm: Any) -> bool:
-    """More ranks on this host than cores this process may run on (a spinning poller would
-    only take time from the other ranks)."""
+    """More ranks on this host than the cores they may run on together (a spinning poller would
+    only take time from the other ranks). The cores are the union of the local ranks' affinity
+    masks: ranks bound one per core (`mpiexec -bind-to core`) are not oversubscribed, although
+    each of them sees a single core."""
     try:
         local = comm.Split_type(MPI.COMM_TYPE_SHARED)
-        ranks = local.Get_size()
-        local.Free()
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
-            os.cpu_count() or 1)
+        try:
+            ranks = local.Get_size()
+            ncpu = os.cpu_count() or 1
+            mine = np.zeros(ncpu, np.uint8)
+            allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(ncpu)
+            mine[[c for c in allowed if c < ncpu]] = 1
+            union = np.zeros_like(mine)
+            local.Allreduce(mine, union, op=MPI.MAX)
+        finally:
+            local.Free()
     except Exception:  # an MPI without shared-memory split: assume a core per rank
         return False
-    return ranks > cores
+    return ranks > int(union.sum())

@@ -38,8 +38,8 @@ class ReceivePool:
     def take(self, nbytes: int) -> np.ndarray:
         """A uint8 buffer of exactly `nbytes` that no live tensor views."""
         buffers = self._buffers
-        for i in range(len(buffers)):  # not enumerate(): its cached tuple holds a reference
-            buf = buffers[i]
+        for i in range(len(buffers) - 1, -1, -1):  # newest first: its bytes may still be in cache
+            buf = buffers[i]  # (by index: enumerate's cached tuple would hold a reference)
             if buf.nbytes == nbytes and sys.getrefcount(buf) <= _FREE_REFS:
                 del buffers[i]  # by position: == on arrays compares elements
                 buffers.append(buf)  # most recently used last
