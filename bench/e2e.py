@@ -47,9 +47,12 @@ ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = ["none", "lognormal:0.5", "multimodal:0.3:3", "straggler:1:1.5"]
 AIOREADY_CONFIGS = [f"{h}/{m}" for h in ("gpipe", "1f1b", "zb-h1", "bfw", "interleaved-1f1b",
                                          "interleaved-zb", "zbv") for m in ("strict", "ready")]
+# readiness needs slack to use (issue 5, bench/scaling): the same hints with more microbatches
+# allowed in flight (memory for speed): bfw at 3S, zbv at twice its peak
+AIOREADY_CONFIGS += ["bfw/ready@12", "zbv/ready@8"]
 TORCH_CONFIGS = ["ScheduleGPipe", "Schedule1F1B", "ScheduleInterleaved1F1B",
                  "ScheduleInterleavedZeroBubble", "ScheduleZBVZeroBubble"]
-QUICK_AIOREADY = ["1f1b/strict", "1f1b/ready", "zbv/ready"]
+QUICK_AIOREADY = ["1f1b/strict", "1f1b/ready", "zbv/ready", "bfw/ready@12"]
 QUICK_TORCH = ["Schedule1F1B", "ScheduleZBVZeroBubble"]
 
 

@@ -228,7 +228,8 @@ def run_aioready(args: argparse.Namespace, trace: Any, configs: list[str]
         if rank != 0:
             return {}
         the_loss = next(v for v in losses if v is not None)
-        return _record(f"{hint}/{mode}" + (f"@{cap}" if cap else ""), shape, all_times, the_loss, grad_sq, slept, counts,
+        name = f"{hint}/{mode}" + (f"@{cap}" if cap else "")
+        return _record(name, shape, all_times, the_loss, grad_sq, slept, counts,
                        cpus)
 
     async def all_configs() -> None:

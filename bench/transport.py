@@ -253,7 +253,7 @@ def report(args, rows, idle_raw, idle_aio, load0, load1, stats) -> None:
         "Reading it: one-way = median over repeats of each repeat's median RTT/2. The asyncio",
         "floor is the least an asyncio-polled transport can cost on this loop (Isend, Improbe +",
         "Mrecv into a ready buffer, one `await asyncio.sleep(0)` per poll, nothing else): at small",
-        "sizes it is already about twice raw blocking MPI, whose Recv spins inside MPICH. A raw repeat at",
+        "sizes it is already 2-3x raw blocking MPI, whose Recv spins inside MPICH. A raw repeat at",
         "small sizes lasts about a millisecond and can fit in one time slice in which both ranks",
         "run; the transport's per-message Python work (header, numpy views, a loop pass) makes a",
         "repeat long enough to cross preemptions, so with a high load average the gap is mostly",

@@ -22,7 +22,7 @@ pytest.importorskip("torch.distributed.pipelining")
 from aioready.placement import Placement  # noqa: E402
 from aioready.variability import read_trace  # noqa: E402
 from bench.e2e import run_scenario, summarize  # noqa: E402
-from bench.e2e_worker import RunShape, stage_seconds  # noqa: E402
+from bench.e2e_worker import RunShape, parse_config, stage_seconds  # noqa: E402
 
 try:
     import mpi4py  # noqa: F401
@@ -35,7 +35,7 @@ pytestmark = [pytest.mark.mpi,
               pytest.mark.skipif(not (MPIEXEC and HAVE_MPI4PY), reason="needs mpi4py and mpiexec")]
 
 M, WARMUP, STEPS, GROUPS, RANKS = 4, 1, 1, 8, 4
-PAIRS = {"1f1b/ready": "Schedule1F1B", "zbv/ready": "ScheduleZBVZeroBubble"}
+PAIRS = {"1f1b/ready@6": "Schedule1F1B", "zbv/ready": "ScheduleZBVZeroBubble"}
 
 
 @pytest.mark.timeout(400)
@@ -78,3 +78,11 @@ def test_e2e_harness_smallest(tmp_path: Path) -> None:
         assert abs(a["loss"] - t["loss"]) <= 1e-10, (ours, a["loss"], t["loss"])
         assert a["grad_sq"] == pytest.approx(t["grad_sq"], rel=1e-9), ours
     assert summary["speedup_vs_torch"] is not None and math.isfinite(summary["speedup_vs_torch"])
+
+
+def test_config_names_carry_an_optional_cap() -> None:
+    assert parse_config("bfw/ready@12") == ("bfw", "ready", 12)
+    assert parse_config("zbv/strict") == ("zbv", "strict", None)
+    for bad in ("zbv/fast", "bfw/ready@x", "bfw"):
+        with pytest.raises(SystemExit, match="hint/strict"):
+            parse_config(bad)
