@@ -204,6 +204,7 @@ class ProgressEngine:
         self._cpu_mark: float | None = None  # thread CPU time at the first hot pass after it
         self._hot_until = 0.0
         self._timer: _TimerFd | None = None
+        self._timer_registered = False  # the timerfd is watched by the loop (from the first park)
         # a virtual clock only moves while the loop sleeps: never spin there, park exactly
         self.virtual = type(loop).__name__ == "VirtualClockLoop"
         self._timer_kind = self._choose_timer()
@@ -359,15 +360,23 @@ class ProgressEngine:
         return now - self._cpu_mark
 
     async def _wait(self, delay: float | None) -> None:
-        """Sleep until `delay` passed (None: forever) or kick() is called."""
+        """Sleep until `delay` passed (None: forever) or kick() is called.
+
+        The timerfd stays registered with the loop for the engine's life: a park is one
+        timerfd_settime, not an add_reader/remove_reader pair (two epoll_ctl calls) as well. A
+        timer left armed by a park that kick() ended early is re-armed by the next park, or at
+        worst wakes an idle wait once, which polls and goes back to sleep.
+        """
         loop = self.loop
         wake = self._wake = loop.create_future()
         handle = None
         try:
             if delay is not None:
                 if self._timer is not None:
+                    if not self._timer_registered:
+                        loop.add_reader(self._timer.fd, self._on_timer)
+                        self._timer_registered = True
                     self._timer.arm(delay)
-                    loop.add_reader(self._timer.fd, self._on_timer, wake)
                 else:
                     if not self.virtual:
                         delay = max(delay, self.config.min_sleep_s)
@@ -377,19 +386,22 @@ class ProgressEngine:
             self._wake = None
             if handle is not None:
                 handle.cancel()
-            elif delay is not None and self._timer is not None:
-                loop.remove_reader(self._timer.fd)
 
-    def _on_timer(self, wake: asyncio.Future[None]) -> None:
+    def _on_timer(self) -> None:
         assert self._timer is not None
         self._timer.drain()
-        _resolve(wake)
+        wake = self._wake
+        if wake is not None:
+            _resolve(wake)
 
     def close(self) -> None:
         """Stop polling and release the timerfd (the loop is closing)."""
         if self._task is not None:
             self._task.cancel()
         if self._timer is not None:
+            if self._timer_registered and not self.loop.is_closed():
+                self.loop.remove_reader(self._timer.fd)
+            self._timer_registered = False
             self._timer.close()
             self._timer = None
         _ENGINES.pop(self.loop, None)
