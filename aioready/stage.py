@@ -67,6 +67,7 @@ class StageExecutor:
         self.num_microbatches = num_microbatches
         self._saved: dict[int, _Saved] = {}
         self._params = [p for p in module.parameters() if p.requires_grad]
+        self._param_node_list: list[Node] | None = None
         self.num_split_fallbacks = 0
 
     def _prepare_inputs(self, inputs: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -227,6 +228,13 @@ class StageExecutor:
                 else:
                     p.grad.add_(g)
 
+    def _param_nodes(self) -> set[Node]:
+        """The parameters' AccumulateGrad nodes, looked up once: holding them keeps torch
+        handing out the same node to every later graph, and each lookup costs a view_as."""
+        if self._param_node_list is None:
+            self._param_node_list = [_node(p) for p in self._params]
+        return set(self._param_node_list)
+
     def _intermediates(self, outs: list[torch.Tensor], wanted: list[torch.Tensor]
                        ) -> tuple[dict[Node, list[Any]], set[Node], dict[Node, list[int]] | None]:
         """Nodes where parameter subgraphs branch off the input-gradient path (with empty
@@ -236,7 +244,7 @@ class StageExecutor:
         if any(r is None for r in roots):
             raise _NoSplit
         inputs = {_node(x) for x in wanted}
-        params = {_node(p) for p in self._params}
+        params = self._param_nodes()
         children: dict[Node, list[Node]] = {}
         stack = list(dict.fromkeys(roots))
         while stack:
@@ -246,8 +254,7 @@ class StageExecutor:
             kids = [c for c, _ in n.next_functions if c is not None]
             children[n] = kids
             stack.extend(k for k in kids if k not in children)
-        on_path = _closure(children, inputs)
-        to_param = _closure(children, params)
+        on_path, to_param = _closures(children, inputs, params)
         root_set = set(roots)
         if any(r in children[n] for n in children for r in root_set):
             raise _NoSplit  # one output feeds another: stashed gradients would be partial
@@ -256,7 +263,7 @@ class StageExecutor:
         for n in children:
             if n in known and any(c not in known and c in to_param for c in children[n]):
                 inter[n] = [None] * _num_outputs(n)
-        index = {_node(p): i for i, p in enumerate(self._params)}
+        index = {n: i for i, n in enumerate(self._param_node_list)}
         owned: dict[Node, list[int]] | None = {}
         seen: set[int] = set()
         for n in inter:
@@ -273,24 +280,39 @@ class _NoSplit(Exception):
     """The graph has a shape the split method does not handle; fall back to recomputation."""
 
 
-def _closure(children: dict[Node, list[Node]], targets: set[Node]) -> set[Node]:
-    """Nodes of the graph from which some node of `targets` is reachable (targets included)."""
-    memo: dict[Node, bool] = {}
+def _closures(children: dict[Node, list[Node]], *targets: set[Node]) -> list[set[Node]]:
+    """For each target set, the nodes from which some node of it is reachable (itself
+    included): one post-order walk of the graph serves every target set."""
+    order: list[Node] = []  # post-order: every node after all of its children
+    done: set[Node] = set()
     for start in children:
+        if start in done:
+            continue
         stack: list[tuple[Node, int]] = [(start, 0)]
         while stack:
             n, i = stack.pop()
-            if n in memo:
-                continue
-            kids = children.get(n, [])
+            kids = children.get(n, ())
+            while i < len(kids) and kids[i] in done:
+                i += 1
             if i < len(kids):
                 stack.append((n, i + 1))
-                if kids[i] not in memo:
+                if kids[i] not in done:
                     stack.append((kids[i], 0))
                 continue
-            memo[n] = n in targets or any(memo.get(k, k in targets) for k in kids)
-    result = {n for n, hit in memo.items() if hit}
-    return result | {t for t in targets}
+            if n not in done:
+                done.add(n)
+                order.append(n)
+    result = []
+    for target in targets:
+        hit = set(target)
+        for n in order:
+            if n not in hit:
+                for k in children.get(n, ()):
+                    if k in hit:
+                        hit.add(n)
+                        break
+        result.append(hit)
+    return result
 
 
 def _branch_params(children: dict[Node, list[Node]], node: Node, known: set[Node],
