@@ -14,15 +14,23 @@ exception), or wrap the entry point:
 
 from __future__ import annotations
 
+import os
 import socket
 import sys
 import traceback
 from contextlib import contextmanager
 from typing import Awaitable, Iterator, TypeVar
 
-__all__ = ["abort_on_error", "run", "world"]
+__all__ = ["abort_on_error", "run", "say", "world"]
 
 T = TypeVar("T")
+
+
+def say(*parts: object) -> None:
+    """print() for programs whose ranks share one stdout pipe: the line goes out in a single
+    write, so lines of different ranks never interleave mid-line (print writes the text and
+    the newline separately)."""
+    os.write(sys.stdout.fileno(), (" ".join(str(p) for p in parts) + "\n").encode())
 
 
 def world() -> tuple[int, int]:

@@ -156,9 +156,9 @@ def test_cuda_tensors_arrive_intact() -> None:
     assert "CUDA OK" in proc.stdout, proc.stdout
 
 
-_OVERSUB = ("import os; from mpi4py import MPI; from aioready.transports.mpi import MPITransport; "
-            "t = MPITransport(MPI.COMM_WORLD); "
-            "os.write(1, f'OVERSUBSCRIBED {t.oversubscribed}\\n'.encode())")  # one write a line
+_OVERSUB = ("from mpi4py import MPI; from aioready.launch import say; "
+            "from aioready.transports.mpi import MPITransport; "
+            "say('OVERSUBSCRIBED', MPITransport(MPI.COMM_WORLD).oversubscribed)")
 
 
 @pytest.mark.timeout(60)

@@ -11,7 +11,7 @@ import logging
 import torch
 from mpi4py import MPI
 
-from aioready.launch import run
+from aioready.launch import run, say
 from aioready.transports.base import Message, MessageKind
 from aioready.transports.mpi import MPITransport
 
@@ -51,7 +51,7 @@ async def main() -> None:
                     continue
                 assert a.is_cuda and a.dtype == b.dtype and a.shape == b.shape, (a, b)
                 assert torch.equal(a, b), f"microbatch {m}: values differ"
-        print(f"CUDA OK cuda_aware={t.cuda_aware}", flush=True)
+        say(f"CUDA OK cuda_aware={t.cuda_aware}")
     comm.Barrier()
     await t.close()
 

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from aioready.launch import run
+from aioready.launch import run, say
 from aioready.pipeline import Pipeline
 from aioready.schedulers import HINTS, make_hint
 from aioready.testing import make_mlp_stages, mse_loss, reference_step
@@ -67,8 +67,8 @@ async def one_case(comm, case: str, seed: int) -> None:
     has_loss = max_all(comm, 1.0 if loss is not None else 0.0)
     gdiff, ldiff = max_all(comm, gdiff), max_all(comm, ldiff)
     if rank == 0:
-        print(f"RESULT {case} loss_diff={ldiff:.3e} grad_diff={gdiff:.3e} "
-              f"loss_seen={int(has_loss)}", flush=True)
+        say(f"RESULT {case} loss_diff={ldiff:.3e} grad_diff={gdiff:.3e} "
+            f"loss_seen={int(has_loss)}")
 
 
 async def out_of_order(comm, seed: int) -> None:
@@ -105,7 +105,7 @@ async def out_of_order(comm, seed: int) -> None:
                 for p, q in zip(full[rank].parameters(), ref[rank].parameters()))
     gdiff = max_all(comm, gdiff)
     if rank == 1:
-        print(f"RESULT ooo order={order} grad_diff={gdiff:.3e}", flush=True)
+        say(f"RESULT ooo order={order} grad_diff={gdiff:.3e}")
 
 
 def dtype_payload(m: int) -> tuple:
@@ -157,8 +157,7 @@ async def dtypes(comm) -> None:
     comm.Barrier()
     await transport.close()
     if rank == 0:
-        print(f"RESULT dtypes bad={len(bad)} first={'|'.join(bad[:3]).replace(' ', '_')}",
-              flush=True)
+        say(f"RESULT dtypes bad={len(bad)} first={'|'.join(bad[:3]).replace(' ', '_')}")
 
 
 async def main() -> None:

@@ -11,7 +11,7 @@ import sys
 
 from mpi4py import MPI
 
-from aioready.launch import run
+from aioready.launch import run, say
 from aioready.pipeline import Pipeline
 from aioready.transports.base import Message, MessageKind
 from aioready.transports.mpi import MPITransport
@@ -31,7 +31,7 @@ async def sender(transport: MPITransport, what: str) -> None:
     await transport.wait_sent()
     while len(got) < M:  # the gradients of the receiver's B tasks
         await asyncio.sleep(0.01)
-    print("SENDER got", sorted(g.microbatch for g in got), flush=True)
+    say("SENDER got", sorted(g.microbatch for g in got))
     await transport.close()
 
 
@@ -40,8 +40,7 @@ async def receiver(transport: MPITransport) -> None:
                     transport=transport, device="cpu")
     await pipe.step()
     await transport.close()
-    print("RECEIVER ran", [f"{s.kind.name}{s.microbatch}" for s in pipe.last_step.spans],
-          flush=True)
+    say("RECEIVER ran", [f"{s.kind.name}{s.microbatch}" for s in pipe.last_step.spans])
 
 
 async def main() -> None:

@@ -17,7 +17,7 @@ import torch
 from mpi4py import MPI
 
 from aioready import AioreadyError
-from aioready.launch import run
+from aioready.launch import run, say
 from aioready.pipeline import Pipeline
 from aioready.testing import make_mlp_stages, mse_loss
 from aioready.transports.mpi import MPITransport
@@ -37,7 +37,7 @@ class Faulty(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.calls += 1
         if self.armed and self.step == AT_STEP and self.calls == 2:
-            print(f"FAULT rank={VICTIM} t={time.time():.6f}", flush=True)
+            say(f"FAULT rank={VICTIM} t={time.time():.6f}")
             if FAULT == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
             elif FAULT == "stop":
@@ -61,10 +61,9 @@ async def main() -> None:
             y = torch.randn(16, 16, generator=gen, dtype=torch.float64)
             await pipe.step(x if rank == 0 else None, y if rank == 3 else None)
             if rank == 0:
-                print(f"STEP {step} done", flush=True)
+                say(f"STEP {step} done")
     except AioreadyError as exc:
-        print(f"DETECTED rank={rank} t={time.time():.6f} type={type(exc).__name__} msg={exc}",
-              flush=True)
+        say(f"DETECTED rank={rank} t={time.time():.6f} type={type(exc).__name__} msg={exc}")
         raise
     await pipe.transport.close()
     pipe.close()
