@@ -118,24 +118,24 @@ def test_too_many_tensors_or_dims_refused_at_the_sender() -> None:
 
 def test_pool_reuses_a_buffer_only_once_no_tensor_views_it() -> None:
     pool = ReceivePool(min_bytes=1024, max_bytes=1 << 20)
-    a = pool.tensor((64, 4), torch.float32, 1024)
+    a = pool.tensor((64, 4), "float32", 1024)
     a.fill_(1.0)
     view = a[3:5]
     del a
     gc.collect()
-    b = pool.tensor((64, 4), torch.float32, 1024)  # `view` still sees the first buffer
+    b = pool.tensor((64, 4), "float32", 1024)  # `view` still sees the first buffer
     assert pool.num_allocated == 2 and pool.num_reused == 0
     b.fill_(2.0)
     assert torch.all(view == 1.0)
     del view, b
-    c = pool.tensor((256,), torch.int32, 1024)
+    c = pool.tensor((256,), "int32", 1024)
     assert pool.num_reused == 1 and c.dtype == torch.int32 and c.shape == (256,)
-    d = pool.tensor((512,), torch.bfloat16, 1024)  # no numpy dtype: through int16
+    d = pool.tensor((512,), "bfloat16", 1024)  # no numpy dtype: through int16
     assert d.dtype == torch.bfloat16 and d.shape == (512,)
 
 
 def test_pool_holds_at_most_its_budget() -> None:
     pool = ReceivePool(min_bytes=1, max_bytes=4096)
-    kept = [pool.tensor((1024,), torch.uint8, 1024) for _ in range(8)]
+    kept = [pool.tensor((1024,), "uint8", 1024) for _ in range(8)]
     assert pool.held_bytes <= 4096 and pool.num_allocated == 8
     assert all(int(t.sum()) >= 0 for t in kept)

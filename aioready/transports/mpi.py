@@ -46,11 +46,11 @@ import numpy as np
 
 from ..errors import AioreadyError, InternalError, ProtocolError
 from ..progress import ProgressConfig, ProgressEngine
-from .base import MAX_TENSORS, Deliver, Message
+from .base import MAX_TENSORS, Deliver, Message, TensorSpec
 from .mpi_cuda import StagedSend, query_cuda_aware, receive_buffer
 from .tensor_bytes import host_bytes, torch_module
 from .receive_pool import ReceivePool
-from .wire import WireCodec
+from .wire import Header, WireCodec
 
 __all__ = ["MPITransport", "INLINE_BYTES", "HOT_BYTES", "BIG_BURST"]
 
@@ -66,10 +66,10 @@ _PROBES_PER_POLL = 64
 class _Inbound:
     """A message whose header arrived and whose payload receives are outstanding."""
 
-    __slots__ = ("msg", "tensors", "left", "device_copy")
+    __slots__ = ("header", "tensors", "left", "device_copy")
 
-    def __init__(self, msg: Message, tensors: list[Any], left: int, device_copy: bool) -> None:
-        self.msg = msg
+    def __init__(self, header: Header, tensors: list[Any], left: int, device_copy: bool) -> None:
+        self.header = header
         self.tensors = tensors
         self.left = left
         self.device_copy = device_copy
@@ -331,10 +331,9 @@ class MPITransport:
         device = self._device
         staged = device is not None and not self.cuda_aware
         sizes = layout.sizes
-        tensors = [None if d is None else self._receive_buffer(s.shape, d, n)
+        tensors = [None if d is None else self._receive_buffer(s, d, n)
                    for s, d, n in zip(layout.specs, layout.dtypes, sizes)]
-        inbound = _Inbound(self._codec.message(header, ()), tensors,
-                           sum(1 for n in sizes if n), staged)
+        inbound = _Inbound(header, tensors, sum(1 for n in sizes if n), staged)
         for i, (t, n) in enumerate(zip(tensors, sizes)):
             if n:
                 dst = t if t.is_cuda else host_bytes(t)
@@ -343,11 +342,11 @@ class MPITransport:
         if not inbound.left:  # only empty tensors: nothing more will arrive
             self._payload_done(inbound, count=False)
 
-    def _receive_buffer(self, shape: tuple[int, ...], dtype: Any, nbytes: int) -> Any:
+    def _receive_buffer(self, spec: TensorSpec, dtype: Any, nbytes: int) -> Any:
         """Where a payload lands: a reused host buffer when large and for the CPU."""
         if self._host_device and nbytes >= self._pool.min_bytes:
-            return self._pool.tensor(shape, dtype, nbytes)
-        return receive_buffer(shape, dtype, self._device, self.cuda_aware)
+            return self._pool.tensor(spec.shape, spec.dtype, nbytes)  # type: ignore[arg-type]
+        return receive_buffer(spec.shape, dtype, self._device, self.cuda_aware)
 
     def _payload_done(self, inbound: _Inbound, count: bool = True) -> None:
         inbound.left -= count
@@ -356,7 +355,7 @@ class MPITransport:
         tensors = inbound.tensors
         if inbound.device_copy:
             tensors = [self._to_device(t) for t in tensors]
-        self._hand_over(_with(inbound.msg, tuple(tensors)))
+        self._hand_over(self._codec.message(inbound.header, tuple(tensors)))
 
     def _to_device(self, t: Any) -> Any:
         if t is None or self._device is None or t.device == torch_module().device(self._device):
@@ -396,10 +395,6 @@ class MPITransport:
     def __repr__(self) -> str:
         return (f"<MPITransport rank={self._rank}/{self._size} sending={self._num_sending} "
                 f"requests={len(self._reqs)} cuda_aware={self.cuda_aware}>")
-
-
-def _with(msg: Message, tensors: tuple[Any, ...]) -> Message:
-    return Message(msg.step, msg.kind, msg.stage, msg.microbatch, tensors, msg.tag)
 
 
 def _oversubscribed(MPI: Any, comm: Any) -> bool:

@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from .tensor_bytes import from_bytes
+
 __all__ = ["ReceivePool"]
 
 _FREE_REFS = 3  # the pool's list slot, the loop variable, getrefcount's argument
@@ -54,15 +56,10 @@ class ReceivePool:
                 self._held -= self._buffers.pop(0).nbytes  # in use elsewhere: only forgotten
         return buf
 
-    def tensor(self, shape: tuple[int, ...], dtype: Any, nbytes: int) -> Any:
-        """A CPU tensor of `shape` and `dtype` over a pooled buffer (`nbytes` = its size)."""
-        import torch
-        buf = self.take(nbytes)
-        try:
-            return torch.from_numpy(buf.view(torch.empty(0, dtype=dtype).numpy().dtype)
-                                    ).reshape(shape)
-        except TypeError:  # bfloat16 has no numpy dtype: view through a same-size integer
-            return torch.from_numpy(buf.view(np.int16)).view(dtype).reshape(shape)
+    def tensor(self, shape: tuple[int, ...], dtype: str, nbytes: int) -> Any:
+        """A CPU tensor of `shape` and `dtype` (a wire dtype name) over a pooled buffer
+        (`nbytes` = its size)."""
+        return from_bytes(self.take(nbytes), dtype, shape)
 
     @property
     def held_bytes(self) -> int:

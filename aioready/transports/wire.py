@@ -22,7 +22,7 @@ import numpy as np
 from ..errors import ProtocolError
 from .base import (_DESC, _FIXED, _VERSION, HEADER_MAGIC, MAX_TENSORS, Message,
                    MessageKind, TensorSpec, decode_header, encode_descriptor)
-from .tensor_bytes import numel, torch_dtype, torch_module
+from .tensor_bytes import from_bytes, numel, torch_dtype, torch_module
 
 __all__ = ["ALIGN", "align", "Header", "Layout", "WireCodec"]
 
@@ -51,23 +51,15 @@ class Layout:
                       for s, d in zip(specs, self.dtypes)]
         self.header_len = _FIXED.size + sum(_DESC.size + 8 * len(s.shape) for s in specs)
         self.inline_len = align(self.header_len) + sum(align(n) for n in self.sizes)
-        views: list[tuple[int, int, Any, Any, tuple[int, ...]] | None] = []
+        views: list[tuple[int, int, str, Any, tuple[int, ...]] | None] = []
         off = align(self.header_len)
         for s, d, n in zip(specs, self.dtypes, self.sizes):
             if d is None:
                 views.append(None)
                 continue
-            views.append((off, n, _numpy_dtype(d), d, tuple(s.shape)))
+            views.append((off, n, s.dtype, d, tuple(s.shape)))  # type: ignore[arg-type]
             off += align(n)
         self.views = views
-
-
-def _numpy_dtype(dtype: Any) -> Any:
-    """The numpy dtype a torch dtype's bytes are viewed as (bfloat16: none, None)."""
-    try:
-        return torch_module().empty(0, dtype=dtype).numpy().dtype
-    except TypeError:
-        return None
 
 
 class WireCodec:
@@ -172,14 +164,9 @@ class WireCodec:
             if view is None:
                 out.append(None)
                 continue
-            off, n, npdt, dtype, shape = view
-            if not n:
-                out.append(torch.empty(shape, dtype=dtype))
-            elif npdt is not None:
-                out.append(torch.from_numpy(buf[off:off + n].view(npdt).reshape(shape)))
-            else:  # bfloat16: no numpy dtype
-                out.append(torch.from_numpy(buf[off:off + n].view(np.int16)).view(dtype)
-                           .reshape(shape))
+            off, n, name, dtype, shape = view
+            out.append(from_bytes(buf[off:off + n], name, shape) if n else
+                       torch.empty(shape, dtype=dtype))
         return tuple(out)
 
 
