@@ -124,6 +124,16 @@ def _data(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     return x, y, make_tags(args.microbatches, args.mb_size)
 
 
+def _begin_step(modules: list[Any], injector: Any, step: int, warmup: int) -> None:
+    """What both runtimes do before each step, from one place so the sides stay alike: fresh
+    gradients, the injector told the step, its sleep totals reset when measuring begins."""
+    for m in modules:
+        m.zero_grad(set_to_none=True)
+    injector.step = step
+    if step == warmup:
+        injector.reset()
+
+
 def _grad_sq(stages: list[Any]) -> float:
     return float(sum(float((p.grad.double() ** 2).sum()) for s in stages
                      for p in s.inner.parameters() if p.grad is not None))
@@ -203,11 +213,7 @@ def run_aioready(args: argparse.Namespace, trace: Any, configs: list[str]
                         num_stages=shape.placement.num_stages, cap=cap)
         times, cpu, loss = [], [], None
         for step in range(args.warmup + args.steps):
-            for s in stages:
-                s.zero_grad(set_to_none=True)
-            injector.step = step
-            if step == args.warmup:
-                injector.reset()
+            _begin_step(stages, injector, step, args.warmup)
             comm.Barrier()
             c0, t0 = time.process_time(), time.perf_counter()
             out = await pipe.step(inputs, targets)
@@ -299,11 +305,7 @@ def run_torch(args: argparse.Namespace, trace: Any, configs: list[str]
         has_first, has_last = 0 in mine, S - 1 in mine
         times, cpu, loss = [], [], 0.0
         for step in range(args.warmup + args.steps):
-            for m in modules:
-                m.zero_grad(set_to_none=True)
-            injector.step = step
-            if step == args.warmup:
-                injector.reset()
+            _begin_step(modules, injector, step, args.warmup)
             losses: list[Any] = []
             call_args = (x, tags) if has_first else ()
             kwargs: dict[str, Any] = {"target": y, "losses": losses} if has_last else {}
