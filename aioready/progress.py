@@ -196,8 +196,7 @@ class ProgressEngine:
                  config: ProgressConfig | None = None) -> None:
         self.loop = loop
         self.config = config or ProgressConfig.from_env()
-        self._sources: list[CompletionSource] = []
-        self._sources_now: tuple[CompletionSource, ...] = ()  # what a pass polls (a snapshot)
+        self._sources: tuple[CompletionSource, ...] = ()  # a tuple: each pass polls a snapshot
         self._task: asyncio.Task[None] | None = None
         self._wake: asyncio.Future[None] | None = None
         self._last_progress = loop.time()
@@ -246,14 +245,11 @@ class ProgressEngine:
     def add_source(self, source: CompletionSource) -> None:
         """Poll `source` from now on (until `remove_source`)."""
         if source not in self._sources:
-            self._sources.append(source)
-            self._sources_now = tuple(self._sources)
+            self._sources += (source,)
         self.kick()
 
     def remove_source(self, source: CompletionSource) -> None:
-        if source in self._sources:
-            self._sources.remove(source)
-            self._sources_now = tuple(self._sources)
+        self._sources = tuple(src for src in self._sources if src is not source)
 
     def kick(self) -> None:
         """New work was started: poll soon, and stay hot for the spin window."""
@@ -285,7 +281,7 @@ class ProgressEngine:
     def poll(self) -> int:
         """Poll every source once, now (the arbiter may call this between task launches)."""
         done = 0
-        for src in self._sources_now:
+        for src in self._sources:
             try:
                 done += src.poll()
             except Exception:  # a source must report its own errors; never kill the poller
@@ -305,12 +301,12 @@ class ProgressEngine:
     # -- the poller ----------------------------------------------------------------------
     def _num_pending(self) -> int:
         n = 0
-        for src in self._sources_now:  # a loop, not sum(genexpr): this runs every hot pass
+        for src in self._sources:  # a loop, not sum(genexpr): this runs every hot pass
             n += src.num_pending()
         return n
 
     def _wants_hot(self) -> bool:
-        for src in self._sources_now:
+        for src in self._sources:
             if src.wants_hot():
                 return True
         return False

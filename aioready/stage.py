@@ -228,12 +228,12 @@ class StageExecutor:
                 else:
                     p.grad.add_(g)
 
-    def _param_nodes(self) -> set[Node]:
+    def _param_nodes(self) -> list[Node]:
         """The parameters' AccumulateGrad nodes, looked up once: holding them keeps torch
         handing out the same node to every later graph, and each lookup costs a view_as."""
         if self._param_node_list is None:
             self._param_node_list = [_node(p) for p in self._params]
-        return set(self._param_node_list)
+        return self._param_node_list
 
     def _intermediates(self, outs: list[torch.Tensor], wanted: list[torch.Tensor]
                        ) -> tuple[dict[Node, list[Any]], set[Node], dict[Node, list[int]] | None]:
@@ -244,7 +244,7 @@ class StageExecutor:
         if any(r is None for r in roots):
             raise _NoSplit
         inputs = {_node(x) for x in wanted}
-        params = self._param_nodes()
+        param_nodes = self._param_nodes()
         children: dict[Node, list[Node]] = {}
         stack = list(dict.fromkeys(roots))
         while stack:
@@ -254,7 +254,7 @@ class StageExecutor:
             kids = [c for c, _ in n.next_functions if c is not None]
             children[n] = kids
             stack.extend(k for k in kids if k not in children)
-        on_path, to_param = _closures(children, inputs, params)
+        on_path, to_param = _closures(children, inputs, set(param_nodes))
         root_set = set(roots)
         if any(r in children[n] for n in children for r in root_set):
             raise _NoSplit  # one output feeds another: stashed gradients would be partial
@@ -263,7 +263,7 @@ class StageExecutor:
         for n in children:
             if n in known and any(c not in known and c in to_param for c in children[n]):
                 inter[n] = [None] * _num_outputs(n)
-        index = {n: i for i, n in enumerate(self._param_node_list)}
+        index = {n: i for i, n in enumerate(param_nodes)}
         owned: dict[Node, list[int]] | None = {}
         seen: set[int] = set()
         for n in inter:
@@ -294,10 +294,9 @@ def _closures(children: dict[Node, list[Node]], *targets: set[Node]) -> list[set
             kids = children.get(n, ())
             while i < len(kids) and kids[i] in done:
                 i += 1
-            if i < len(kids):
+            if i < len(kids):  # kids[i] is not done yet: finish it first
                 stack.append((n, i + 1))
-                if kids[i] not in done:
-                    stack.append((kids[i], 0))
+                stack.append((kids[i], 0))
                 continue
             if n not in done:
                 done.add(n)
