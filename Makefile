@@ -22,7 +22,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q -m "not heavy and not gpu" $(PYTEST_ARGS)
 
 demo: $(STAMP)
-	$(PY) -m aioready.demo
+	$(PY) -m aioready.cli.demo
 
 bench: $(STAMP)
 	$(PY) -m bench all $(BENCH_ARGS)

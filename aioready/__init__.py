@@ -10,9 +10,19 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Awaitable, TypeVar
 
-from .errors import (AioreadyError, CheckpointError, ConfigError, CoordinationError, HintError,
-                     InternalError, PeerLostError, ProtocolError, StageError, StallError,
-                     TraceError)
+from .errors import (
+    AioreadyError,
+    CheckpointError,
+    ConfigError,
+    CoordinationError,
+    HintError,
+    InternalError,
+    PeerLostError,
+    ProtocolError,
+    StageError,
+    StallError,
+    TraceError,
+)
 from .hints import HintOrder
 from .placement import Placement
 from .tasks import Kind, Task
@@ -41,12 +51,12 @@ def run(main: Awaitable[T], *, debug: bool | None = None) -> T:
 
 def __getattr__(name: str) -> Any:
     if name == "Pipeline":
-        from .pipeline import Pipeline
+        from .runtime.pipeline import Pipeline
         return Pipeline
     if name == "make_hint":
         from .schedulers import make_hint
         return make_hint
     if name == "simulate":
-        from .sim import simulate  # type: ignore[attr-defined]
+        from .sim.simulator import simulate  # type: ignore[attr-defined]
         return simulate
     raise AttributeError(f"module 'aioready' has no attribute {name!r}")

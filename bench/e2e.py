@@ -1,11 +1,11 @@
 """End to end, real processes: aioready (mpiexec, MPITransport) against torch.distributed.pipelining
 (torchrun, gloo), same model, same microbatches, same injected task durations.
 
-One duration trace per scenario is generated from a jitter spec and a seed (aioready.variability)
+One duration trace per scenario is generated from a jitter spec and a seed (aioready.sim.variability)
 for 8 layer groups of a small GPT-style model (F, B, W per group: TASK_MS/2 each, so a stage of
 a 4-stage linear run has F = TASK_MS, B = 2 x TASK_MS unsplit). Every run maps the groups onto its
 own placement (linear: 2 groups per stage; interleaved and V: 1 group per stage, 2 per rank) and
-sleeps those durations inside the stage modules (aioready/inject.py), so both runtimes see
+sleeps those durations inside the stage modules (aioready/testing/inject.py), so both runtimes see
 exactly the same durations. A straggler term (`straggler:RANK:FACTOR`) slows the tasks of that
 rank, whatever stages it holds in the run's placement.
 
@@ -70,7 +70,8 @@ def generate_trace(spec: str, *, seed: int, groups: int, microbatches: int, step
                    task_ms: float, path: Path) -> None:
     """Write the group trace of `spec` (without its straggler term) as a trace CSV."""
     from aioready.placement import Placement
-    from aioready.variability import BaseDurations, JitterModel, write_trace
+    from aioready.sim.traces import write_trace
+    from aioready.sim.variability import BaseDurations, JitterModel
 
     jitter, _ = split_spec(spec)
     half = task_ms / 2
@@ -155,8 +156,8 @@ def summarize(run: dict[str, Any], *, groups: int, microbatches: int, warmup: in
               ranks: int) -> dict[str, Any]:
     """Median step time, lower bound and efficiency of each record; best of each side."""
     from aioready.placement import Placement
-    from aioready.sim import lower_bound_table
-    from aioready.variability import read_trace
+    from aioready.sim.traces import read_trace
+    from aioready.telemetry.bounds import lower_bound_table
 
     from .e2e_worker import RunShape, parse_straggler, stage_seconds
 

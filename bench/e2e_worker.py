@@ -4,7 +4,7 @@
 `python -m bench.e2e_worker torch ...` runs under torchrun (torch.distributed.pipelining, gloo).
 Both sides build the same model (the same GPT-style layer groups, seeded), the same microbatches,
 and read the same group trace, so every task sleeps the same injected duration on both
-(aioready/inject.py). Rank 0 writes one JSON with the per-step times (max over ranks, after a
+(aioready/testing/inject.py). Rank 0 writes one JSON with the per-step times (max over ranks, after a
 barrier), the loss, the squared gradient norm and what each rank slept.
 """
 
@@ -13,9 +13,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from pathlib import Path
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -101,8 +101,8 @@ def _build(args: argparse.Namespace, shape: RunShape, mine: tuple[int, ...], tra
            straggler: tuple[int, float] | None) -> tuple[list[Any], Any]:
     import torch
 
-    from aioready.inject import Chain, SleepInjector, wrap_stages
-    from aioready.models import gpt_stages
+    from aioready.testing.inject import Chain, SleepInjector, wrap_stages
+    from aioready.testing.models import gpt_stages
 
     dtype = getattr(torch, args.dtype)
     groups = gpt_stages(shape.groups, vocab=args.vocab, dim=args.dim, heads=args.heads,
@@ -116,7 +116,7 @@ def _build(args: argparse.Namespace, shape: RunShape, mine: tuple[int, ...], tra
 def _data(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     import torch
 
-    from aioready.inject import make_tags
+    from aioready.testing.inject import make_tags
     gen = torch.Generator().manual_seed(args.seed + 1)
     n = args.microbatches * args.mb_size
     x = torch.randint(0, args.vocab, (n, args.seq), generator=gen)
@@ -187,9 +187,9 @@ def run_aioready(args: argparse.Namespace, trace: Any, configs: list[str]
     import torch
     from mpi4py import MPI
 
-    from aioready.models import lm_loss
-    from aioready.pipeline import Pipeline
+    from aioready.runtime.pipeline import Pipeline
     from aioready.schedulers import HINTS
+    from aioready.testing.models import lm_loss
     from aioready.transports.mpi import MPITransport
 
     comm = MPI.COMM_WORLD
@@ -281,7 +281,7 @@ def run_torch(args: argparse.Namespace, trace: Any, configs: list[str]
     import torch.distributed as dist
     from torch.distributed import pipelining
 
-    from aioready.models import lm_loss
+    from aioready.testing.models import lm_loss
 
     dist.init_process_group("gloo")
     rank, size = dist.get_rank(), dist.get_world_size()
@@ -377,7 +377,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
-    from aioready.variability import read_trace
+    from aioready.sim.traces import read_trace
     trace = read_trace(args.trace, placement=Placement(args.groups, args.groups, "linear"))
     a_cfg = [c for c in args.configs.split(",") if c]
     t_cfg = [c for c in args.torch_configs.split(",") if c]

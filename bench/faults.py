@@ -32,8 +32,9 @@ def _first_line(text: str, limit: int = 230, lines: int = 1) -> str:
 
 async def _inproc(case: str) -> dict[str, Any]:
     import torch
-    from aioready.pipeline import Pipeline
-    from aioready.testing import make_mlp_stages, mse_loss
+
+    from aioready.runtime.pipeline import Pipeline
+    from aioready.testing.helpers import make_mlp_stages, mse_loss
     from aioready.transports.base import MessageKind
     stages = make_mlp_stages(4)
     t_fault: list[float] = []

@@ -31,10 +31,10 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 import aioready  # noqa: E402
+from aioready.cuda.events import CUDAEventSource, hostfn_available  # noqa: E402
 from aioready.devices.cuda import CUDADevice  # noqa: E402
-from aioready.devices.cuda_events import CUDAEventSource, hostfn_available  # noqa: E402
-from aioready.pipeline import Pipeline  # noqa: E402
-from aioready.testing import make_mlp_stages, max_grad_diff, mse_loss, reference_step  # noqa: E402
+from aioready.runtime.pipeline import Pipeline  # noqa: E402
+from aioready.testing.helpers import make_mlp_stages, max_grad_diff, mse_loss, reference_step  # noqa: E402
 
 RESULTS: dict = {}
 
@@ -350,7 +350,7 @@ async def check_gpt(quick: bool, batch: int = 8, key: str = "gpt_pipeline") -> N
 
 # -- 4. MPI detection and host staging ---------------------------------------------------------
 def check_mpi() -> None:
-    code = ("import json,aioready.cuda_mpi as c;s=c.cuda_mpi_support();"
+    code = ("import json,aioready.cuda.mpi as c;s=c.cuda_mpi_support();"
             "print(json.dumps(s._asdict()))")
     try:
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -399,7 +399,7 @@ def check_mpi_ranks(quick: bool) -> None:
 
 
 async def check_staging() -> None:
-    from aioready.cuda_mpi import HostStager
+    from aioready.cuda.mpi import HostStager
     stager = HostStager(torch.device("cuda", 0))
     res: dict = {"bytes": 64 << 20, "rounds": []}
     for r in range(4):  # round 0 pins a new buffer; later rounds reuse it from the pool

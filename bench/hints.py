@@ -28,8 +28,8 @@ from typing import Callable
 from aioready.clock import run_virtual
 from aioready.devices import SimDevice
 from aioready.hints import HintOrder
-from aioready.pipeline import Pipeline
 from aioready.placement import Placement
+from aioready.runtime.pipeline import Pipeline
 from aioready.schedulers import HINTS, make_hint
 from aioready.tasks import Kind
 
@@ -65,7 +65,7 @@ def local_lower_bound(placement: Placement, M: int, split: bool, dur: Duration) 
 
 def lower_bound(placement: Placement, M: int, split: bool, dur: Duration) -> tuple[float, str]:
     try:
-        from aioready.sim import lower_bound as lb  # type: ignore[attr-defined]
+        from aioready.telemetry.bounds import lower_bound as lb  # type: ignore[attr-defined]
     except ImportError:
         return local_lower_bound(placement, M, split, dur), "local"
     return lb(placement, M, split, dur), "aioready.sim"

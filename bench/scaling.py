@@ -34,7 +34,7 @@ from typing import Any
 
 from aioready.hints import HintOrder
 from aioready.schedulers import HINTS, make_hint
-from aioready.sim import simulate
+from aioready.sim.simulator import simulate
 
 from .common import RESULTS, write_result
 

@@ -21,11 +21,12 @@ from typing import Any
 
 import aioready
 from aioready.devices.sim import SimDevice
-from aioready.export import chrome_trace, write_csv
-from aioready.instruments import Instruments, instrument_pipeline
-from aioready.pipeline import Pipeline
+from aioready.runtime.pipeline import Pipeline
 from aioready.tasks import Kind
-from aioready.telemetry import Span, StepReport, step_metrics
+from aioready.telemetry.export import chrome_trace, write_csv
+from aioready.telemetry.instruments import Instruments, instrument_pipeline
+from aioready.telemetry.metrics import step_metrics
+from aioready.telemetry.spans import Span, StepReport
 
 from .common import median, write_result
 
@@ -46,7 +47,7 @@ def per_task_us(kind: str, steps: int) -> float:
     if kind == "noop":
         inst = Instruments([_Noop()])
     elif kind == "prometheus":
-        from aioready.live import PrometheusInstrument
+        from aioready.telemetry.prometheus import PrometheusInstrument
         inst = Instruments([PrometheusInstrument()])
     pipe = _pipe(inst)
 

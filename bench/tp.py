@@ -91,10 +91,10 @@ def protocol_cost(coordinated: bool, repeats: int, *, pp: int = 2, tp: int = 2,
 
     import uvloop
 
-    from aioready.coordination import Coordinator
     from aioready.devices.sim import SimDevice
-    from aioready.runtime import RankRuntime
+    from aioready.runtime.rank import RankRuntime
     from aioready.schedulers import make_hint
+    from aioready.tp.coordination import Coordinator
     from aioready.transports.inproc import InprocWorld
 
     hint = make_hint("1f1b", num_stages=pp, num_microbatches=microbatches)

@@ -16,9 +16,9 @@ import argparse
 import torch
 
 import aioready
-from aioready.launch import run
-from aioready.models import gpt_stages, lm_loss
-from aioready.trainer import synthetic_microbatch
+from aioready.cli.trainer import synthetic_microbatch
+from aioready.runtime.launch import run
+from aioready.testing.models import gpt_stages, lm_loss
 
 
 def mpi_world() -> tuple[int, int]:

@@ -18,11 +18,12 @@ import argparse
 import torch
 
 import aioready
+from aioready.devices.base import TaskInfo
 from aioready.devices.cpu import CPUDevice
 from aioready.devices.paced import PacedDevice
-from aioready.devices.base import TaskInfo
-from aioready.models import gpt_stages, lm_loss
-from aioready.telemetry import StepReport, step_metrics
+from aioready.telemetry.metrics import step_metrics
+from aioready.telemetry.spans import StepReport
+from aioready.testing.models import gpt_stages, lm_loss
 
 TEXT, IMAGE, VOCAB = 16, 48, 96
 
@@ -77,7 +78,7 @@ async def main(args: argparse.Namespace) -> None:
     print(f"speedup of ready over strict: "
           f"{results['strict'].step_time / results['ready'].step_time:.2f}x")
     if args.png:
-        from aioready.plots import plot_compare
+        from aioready.telemetry.plots import plot_compare
         print("wrote", plot_compare([results["strict"], results["ready"]], args.png))
 
 

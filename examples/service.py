@@ -20,14 +20,14 @@ import torch
 from aiohttp import web
 
 import aioready
+from aioready.cli.trainer import synthetic_microbatch
 from aioready.devices.cpu import CPUDevice
 from aioready.devices.paced import PacedDevice
-from aioready.durations import paced_duration
-from aioready.instruments import Instruments, instrument_pipeline
-from aioready.live import PrometheusInstrument
-from aioready.models import gpt_stages, lm_loss
-from aioready.telemetry import step_metrics
-from aioready.trainer import synthetic_microbatch
+from aioready.sim.durations import paced_duration
+from aioready.telemetry.instruments import Instruments, instrument_pipeline
+from aioready.telemetry.metrics import step_metrics
+from aioready.telemetry.prometheus import PrometheusInstrument
+from aioready.testing.models import gpt_stages, lm_loss
 
 
 class Trainer:

@@ -15,9 +15,9 @@ import signal
 
 import torch
 
-from aioready import checkpoint
-from aioready.pipeline import Pipeline
-from aioready.testing import make_mlp_stages, mse_loss
+from aioready.runtime import checkpoint
+from aioready.runtime.pipeline import Pipeline
+from aioready.testing.helpers import make_mlp_stages, mse_loss
 
 
 def build(width: int = 16) -> tuple[Pipeline, list[torch.optim.Optimizer]]:

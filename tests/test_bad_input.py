@@ -7,7 +7,7 @@ import torch
 
 import aioready
 from aioready.errors import ConfigError, HintError
-from aioready.testing import make_mlp_stages, mse_loss
+from aioready.testing.helpers import make_mlp_stages, mse_loss
 from aioready.transports.inproc import InprocWorld
 
 

@@ -20,7 +20,7 @@ import pytest
 pytest.importorskip("torch.distributed.pipelining")
 
 from aioready.placement import Placement  # noqa: E402
-from aioready.variability import read_trace  # noqa: E402
+from aioready.sim.traces import read_trace  # noqa: E402
 from bench.e2e import run_scenario, summarize  # noqa: E402
 from bench.e2e_worker import RunShape, parse_config, stage_seconds  # noqa: E402
 

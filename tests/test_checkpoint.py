@@ -16,11 +16,11 @@ import pytest
 import torch
 
 from aioready import CheckpointError
-from aioready import checkpoint
-from aioready.pipeline import Pipeline
-from aioready.testing import make_mlp_stages, mse_loss
-
-from tests.ckpt_job import build, main as job_main
+from aioready.runtime import checkpoint
+from aioready.runtime.pipeline import Pipeline
+from aioready.testing.helpers import make_mlp_stages, mse_loss
+from tests.ckpt_job import build
+from tests.ckpt_job import main as job_main
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.timeout(120)

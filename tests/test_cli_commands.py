@@ -66,10 +66,11 @@ def test_train_reports_bad_input_clearly(capsys: pytest.CaptureFixture[str]) -> 
 
 @pytest.mark.timeout(120)
 def test_train_replays_a_trace_each_task_taking_at_least_its_duration(tmp_path: Path) -> None:
-    from aioready.durations import base_durations
-    from aioready.export import read_csv
     from aioready.placement import Placement
-    from aioready.variability import JitterModel, write_trace
+    from aioready.sim.durations import base_durations
+    from aioready.sim.traces import write_trace
+    from aioready.sim.variability import JitterModel
+    from aioready.telemetry.export import read_csv
     model = JitterModel("lognormal:0.5", seed=3, placement=Placement.linear(2),
                         num_microbatches=3, base=base_durations(4.0))
     write_trace(tmp_path / "d.csv", model, steps=2)

@@ -3,19 +3,18 @@
 import random
 
 import pytest
+from tp_grid import Grid
 
 from aioready.arbiter import Wakeup
 from aioready.clock import run_virtual
-from aioready.coordination import Coordinator, decode_decision, encode_decision
 from aioready.devices.sim import SimDevice
 from aioready.errors import CoordinationError, ProtocolError
 from aioready.ready_set import ReadySet
 from aioready.schedulers import make_hint
 from aioready.tasks import Kind, Task
+from aioready.tp.coordination import Coordinator, decode_decision, encode_decision
 from aioready.transports.base import Message, MessageKind
 from aioready.transports.inproc import InprocWorld
-
-from tp_grid import Grid
 
 BASE = {Kind.F: 1.0, Kind.B: 2.0, Kind.W: 1.0}
 

@@ -10,9 +10,9 @@ import threading
 import pytest
 import torch
 
-from aioready.devices import cuda_events
+from aioready.cuda import events as cuda_events
+from aioready.cuda.events import CUDAEventSource
 from aioready.devices.cuda import CUDADevice, cuda_available
-from aioready.devices.cuda_events import CUDAEventSource
 from aioready.errors import ConfigError, StageError
 
 gpu = pytest.mark.skipif(not cuda_available(), reason="no CUDA device visible to torch")
@@ -171,8 +171,8 @@ def test_cuda_device_rejects_bad_arguments() -> None:
 def test_pipeline_device_cuda_without_gpu_is_a_clear_error() -> None:
     if cuda_available():
         pytest.skip("a GPU is visible")
-    from aioready.pipeline import Pipeline
-    from aioready.testing import make_mlp_stages, mse_loss
+    from aioready.runtime.pipeline import Pipeline
+    from aioready.testing.helpers import make_mlp_stages, mse_loss
     with pytest.raises(ConfigError, match="no CUDA device"):
         Pipeline(make_mlp_stages(2), mse_loss, microbatches=2, device="cuda")
 
@@ -184,8 +184,8 @@ def test_pipeline_device_cuda_without_gpu_is_a_clear_error() -> None:
 def test_gpu_pipeline_matches_unsplit_model(mode: str, wake: str) -> None:
     """Plain (not async) so it also runs where pytest-asyncio is missing (the GPU image)."""
     import aioready
-    from aioready.pipeline import Pipeline
-    from aioready.testing import make_mlp_stages, max_grad_diff, mse_loss, reference_step
+    from aioready.runtime.pipeline import Pipeline
+    from aioready.testing.helpers import make_mlp_stages, max_grad_diff, mse_loss, reference_step
     stages = [s.cuda() for s in make_mlp_stages(4)]
     gen = torch.Generator().manual_seed(1)
     xs = [torch.randn(4, 16, generator=gen, dtype=torch.float64).cuda() for _ in range(8)]

@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from aioready import cuda_mpi
+from aioready.cuda import mpi as cuda_mpi
 from aioready.errors import ConfigError
 
 
@@ -24,7 +24,7 @@ def test_find_libmpi_reads_the_maps_file(tmp_path) -> None:
     assert cuda_mpi.find_libmpi(str(maps)) is None
 
 
-DETECT = "import json,aioready.cuda_mpi as c;print(json.dumps(c.cuda_mpi_support()._asdict()))"
+DETECT = "import json,aioready.cuda.mpi as c;print(json.dumps(c.cuda_mpi_support()._asdict()))"
 
 
 def test_detection_on_the_loaded_mpi(child_env) -> None:

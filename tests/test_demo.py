@@ -1,4 +1,4 @@
-"""`make demo`'s command (`python -m aioready.demo`) at reduced size."""
+"""`make demo`'s command (`python -m aioready.cli.demo`) at reduced size."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from aioready.demo import main, mpi_launcher
+from aioready.cli.demo import main, mpi_launcher
 
 ARGS = ["--ranks", "2", "--microbatches", "3", "--steps", "1", "--task-ms", "5",
         "--timeout", "150"]
@@ -24,8 +24,8 @@ def check_outputs(text: str, out: Path) -> None:
 def test_demo_falls_back_to_in_process_when_mpiexec_fails(
         tmp_path: Path, capsys: pytest.CaptureFixture[str],
         monkeypatch: pytest.MonkeyPatch) -> None:
-    import aioready.demo
-    monkeypatch.setattr(aioready.demo, "mpi_launcher", lambda: ("/bin/false", "MPI via false"))
+    import aioready.cli.demo as demo
+    monkeypatch.setattr(demo, "mpi_launcher", lambda: ("/bin/false", "MPI via false"))
     assert main([*ARGS, "--out", str(tmp_path)]) == 0
     text = capsys.readouterr().out
     assert "the MPI run failed (mpiexec exited with 1" in text

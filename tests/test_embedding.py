@@ -8,7 +8,7 @@ import time
 import torch
 
 import aioready
-from aioready.testing import make_mlp_stages, mse_loss
+from aioready.testing.helpers import make_mlp_stages, mse_loss
 
 
 async def test_other_work_keeps_running_during_a_step() -> None:

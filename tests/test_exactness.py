@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import aioready
-from aioready.testing import make_mlp_stages, max_grad_diff, mse_loss, reference_step
+from aioready.testing.helpers import make_mlp_stages, max_grad_diff, mse_loss, reference_step
 
 TOL = 1e-10
 CASES = list(itertools.product((1, 2, 4), (1, 3, 8), ("gpipe", "1f1b"), ("ready", "strict"),
@@ -57,7 +57,7 @@ async def test_gradients_accumulate_over_steps_like_the_reference() -> None:
 
 
 async def test_split_backward_defers_weight_gradients_to_w() -> None:
-    from aioready.stage import StageExecutor
+    from aioready.runtime.stage import StageExecutor
 
     stage = make_mlp_stages(2, seed=7)[1]
     ex = StageExecutor(stage, stage=1, num_stages=2, loss_fn=mse_loss, num_microbatches=1)

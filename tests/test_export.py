@@ -12,11 +12,18 @@ from aioready.cli import main as cli_main
 from aioready.clock import run_virtual
 from aioready.devices.sim import SimDevice
 from aioready.errors import TraceError
-from aioready.export import (KIND_CNAME, chrome_trace, read_chrome_trace, read_csv,
-                             write_chrome_trace, write_csv, write_parquet)
-from aioready.pipeline import Pipeline
+from aioready.runtime.pipeline import Pipeline
 from aioready.tasks import Kind
-from aioready.telemetry import StepReport
+from aioready.telemetry.export import (
+    KIND_CNAME,
+    chrome_trace,
+    read_chrome_trace,
+    read_csv,
+    write_chrome_trace,
+    write_csv,
+    write_parquet,
+)
+from aioready.telemetry.spans import StepReport
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -115,7 +122,7 @@ def test_parquet_has_the_csv_columns(tmp_path: Path) -> None:
 
 
 def test_timeline_and_compare_pngs(tmp_path: Path) -> None:
-    from aioready.plots import plot_compare, plot_timeline
+    from aioready.telemetry.plots import plot_compare, plot_timeline
     (strict,) = reports("strict", steps=1)
     (ready,) = reports("ready", steps=1)
     one = plot_timeline(ready, tmp_path / "one.png")

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from aioready import PeerLostError, StageError
-from aioready.pipeline import Pipeline
-from aioready.testing import make_mlp_stages, mse_loss
+from aioready.runtime.pipeline import Pipeline
+from aioready.testing.helpers import make_mlp_stages, mse_loss
 from aioready.transports.inproc import InprocWorld
 
 pytestmark = pytest.mark.timeout(60)

@@ -15,12 +15,11 @@ import torch
 from aioready.clock import run_virtual
 from aioready.devices import SimDevice
 from aioready.errors import HintError
-from aioready.pipeline import Pipeline
+from aioready.runtime.pipeline import Pipeline
 from aioready.schedulers import make_hint
-from aioready.schedulers.from_torch import (from_torch_actions, from_torch_csv,
-                                            from_torch_schedule)
+from aioready.schedulers.from_torch import from_torch_actions, from_torch_csv, from_torch_schedule
 from aioready.tasks import Kind
-from aioready.testing import make_mlp_stages, max_grad_diff, mse_loss, reference_step
+from aioready.testing.helpers import make_mlp_stages, max_grad_diff, mse_loss, reference_step
 
 get_schedule_ops = pytest.importorskip(
     "torch.distributed.pipelining._schedule_visualizer").get_schedule_ops
@@ -128,7 +127,7 @@ def test_bad_torch_actions() -> None:
 def test_schedulers_do_not_import_torch() -> None:
     code = ("import sys; import aioready.schedulers as s; from aioready.schedulers import "
             "from_torch, interleaved, zb, zbv, rules, listsched, gpipe, onefoneb; "
-            "import aioready.hint_text, aioready.commands.hints; "
+            "import aioready.hints, aioready.cli.hints; "
             "[s.make_hint(n, num_stages=8, num_microbatches=8, split_backward=n in "
             "('zb-h1','zb-h2','zbv','bfw','interleaved-zb')) for n in s.hint_names()]; "
             "assert 'torch' not in sys.modules, 'torch was imported'")

@@ -1,7 +1,7 @@
 import pytest
 
 from aioready.errors import ConfigError
-from aioready.grid import Coords, ProcessGrid
+from aioready.tp.grid import Coords, ProcessGrid
 
 
 def test_layout_tp_fastest_then_pp_then_dp():
@@ -54,7 +54,7 @@ class Blocker:
         if name.split('.')[0] in ('torch', 'mpi4py'):
             raise ImportError('blocked import of ' + name)
 sys.meta_path.insert(0, Blocker())
-import aioready.grid, aioready.coordination, aioready.tp_comm, aioready.devices.delayed
+import aioready.tp.grid, aioready.tp.coordination, aioready.tp.collectives, aioready.devices.delayed
 assert 'torch' not in sys.modules and 'mpi4py' not in sys.modules
 print('ok')
 """

@@ -18,9 +18,9 @@ import torch
 
 from aioready.clock import run_virtual
 from aioready.devices import SimDevice
-from aioready.pipeline import Pipeline
+from aioready.runtime.pipeline import Pipeline
 from aioready.schedulers import HINTS, hint_names, make_hint
-from aioready.testing import make_mlp_stages, max_grad_diff, mse_loss, reference_step
+from aioready.testing.helpers import make_mlp_stages, max_grad_diff, mse_loss, reference_step
 
 TOL = 1e-10
 torch.set_num_threads(1)  # tiny tensors: intra-op threads only contend on a shared machine

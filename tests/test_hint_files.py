@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from aioready.commands.hints import describe
+from aioready.cli.hints import describe
 from aioready.errors import HintError
 from aioready.hints import HintOrder
 from aioready.schedulers import HINTS, hint_names, make_hint

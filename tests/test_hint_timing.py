@@ -17,9 +17,9 @@ import pytest
 from aioready.clock import run_virtual
 from aioready.devices import SimDevice
 from aioready.hints import HintOrder
-from aioready.pipeline import Pipeline
 from aioready.placement import Placement
-from aioready.runtime import RankRuntime
+from aioready.runtime.pipeline import Pipeline
+from aioready.runtime.rank import RankRuntime
 from aioready.schedulers import HINTS, hint_names, make_hint
 from aioready.schedulers.rules import bf, bfw
 from aioready.tasks import Kind, Task, all_tasks

@@ -1,4 +1,4 @@
-"""Sleep injection (aioready/inject.py) and `aioready train --trace --sleep-only`, in-process.
+"""Sleep injection (aioready/testing/inject.py) and `aioready train --trace --sleep-only`, in-process.
 
 The injected wrapper must leave the model's math exactly as it was (float64, against the unsplit
 unwrapped model), sleep each task exactly once (split backward revisits nodes on its way to the
@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from aioready.inject import SleepInjector, make_tags, wrap_stages
-from aioready.models import gpt_stages, lm_loss
-from aioready.pipeline import Pipeline
 from aioready.placement import Placement
+from aioready.runtime.pipeline import Pipeline
 from aioready.tasks import Kind
+from aioready.testing.inject import SleepInjector, make_tags, wrap_stages
+from aioready.testing.models import gpt_stages, lm_loss
 
 S, M, B, T, V = 4, 4, 2, 8, 32
 
@@ -78,9 +78,10 @@ def test_injector_sleeps_its_duration() -> None:
 
 
 async def test_train_replays_a_trace_sleep_only(tmp_path: Path) -> None:
-    from aioready.sim import lower_bound_table
-    from aioready.trainer import TrainConfig, train
-    from aioready.variability import BaseDurations, JitterModel, write_trace
+    from aioready.cli.trainer import TrainConfig, train
+    from aioready.sim.traces import write_trace
+    from aioready.sim.variability import BaseDurations, JitterModel
+    from aioready.telemetry.bounds import lower_bound_table
 
     placement = Placement(2, 2, "linear")
     model = JitterModel("lognormal:0.5", seed=2, placement=placement, num_microbatches=2,
@@ -99,7 +100,7 @@ async def test_train_replays_a_trace_sleep_only(tmp_path: Path) -> None:
 def test_train_sleep_only_flag_parses() -> None:
     import argparse
 
-    from aioready.commands import train as cmd
+    from aioready.cli import train as cmd
     parser = argparse.ArgumentParser()
     cmd.add_parser(parser.add_subparsers())
     args = parser.parse_args(["train", "--trace", "t.csv", "--sleep-only"])

@@ -6,11 +6,13 @@ import subprocess
 import sys
 
 CORE = ["aioready", "aioready.tasks", "aioready.placement", "aioready.hints",
-        "aioready.ready_set", "aioready.arbiter", "aioready.runtime", "aioready.pipeline",
-        "aioready.schedulers", "aioready.transports", "aioready.transports.inproc",
-        "aioready.transports.base", "aioready.clock", "aioready.telemetry", "aioready.devices",
-        "aioready.errors", "aioready.cli"]
-OPTIONAL_CORE = ["aioready.sim", "aioready.variability", "aioready.progress"]
+        "aioready.ready_set", "aioready.arbiter", "aioready.runtime.rank",
+        "aioready.runtime.pipeline", "aioready.schedulers", "aioready.transports",
+        "aioready.transports.inproc", "aioready.transports.base", "aioready.transports.header",
+        "aioready.clock", "aioready.telemetry", "aioready.devices", "aioready.errors",
+        "aioready.cli", "aioready.sim", "aioready.sim.variability", "aioready.progress",
+        "aioready.tp.grid", "aioready.tp.coordination"]
+OPTIONAL_CORE: list[str] = []
 
 BLOCK = """
 import importlib, importlib.util, sys

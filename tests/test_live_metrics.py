@@ -10,8 +10,8 @@ import pytest
 
 pytest.importorskip("prometheus_client")
 
-from aioready.live import METRIC_NAMES  # noqa: E402
-from aioready.trainer import TrainConfig, train  # noqa: E402
+from aioready.cli.trainer import TrainConfig, train  # noqa: E402
+from aioready.telemetry.prometheus import METRIC_NAMES  # noqa: E402
 
 
 def free_port() -> int:

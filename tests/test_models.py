@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from aioready.models import gpt_stages, lm_loss
-from aioready.pipeline import Pipeline
-from aioready.testing import max_grad_diff, reference_step
+from aioready.runtime.pipeline import Pipeline
+from aioready.testing.helpers import max_grad_diff, reference_step
+from aioready.testing.models import gpt_stages, lm_loss
 
 
 @pytest.fixture(autouse=True)

@@ -13,7 +13,7 @@ from aioready.clock import run_virtual
 from aioready.devices.base import TaskInfo
 from aioready.devices.sim import SimDevice
 from aioready.tasks import Kind
-from aioready.telemetry import Span
+from aioready.telemetry.spans import Span
 
 LINEAR_HINTS = ["gpipe", "1f1b"]
 

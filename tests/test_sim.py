@@ -18,10 +18,12 @@ from aioready.cli import main
 from aioready.devices.sim import SimDevice
 from aioready.errors import ConfigError, TraceError
 from aioready.placement import Placement
-from aioready.sim import lower_bound, lower_bound_table, resolve_caps, simulate
+from aioready.sim.durations import device_duration, step_duration
+from aioready.sim.simulator import resolve_caps, simulate
+from aioready.sim.traces import Trace, read_trace, trace_from_reports, write_trace
+from aioready.sim.variability import BaseDurations, JitterModel
 from aioready.tasks import Kind
-from aioready.variability import (BaseDurations, JitterModel, Trace, device_duration,
-                                  read_trace, step_duration, trace_from_reports, write_trace)
+from aioready.telemetry.bounds import lower_bound, lower_bound_table
 
 
 @pytest.mark.parametrize("hint", ["1f1b", "gpipe"])

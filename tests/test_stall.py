@@ -11,10 +11,10 @@ import torch
 from aioready import ConfigError, Kind, StageError, StallError
 from aioready.clock import run_virtual
 from aioready.devices.sim import SimDevice
-from aioready.pipeline import Pipeline
-from aioready.testing import make_mlp_stages, mse_loss
+from aioready.runtime.pipeline import Pipeline
+from aioready.runtime.watchdog import resolve_timeout
+from aioready.testing.helpers import make_mlp_stages, mse_loss
 from aioready.transports.base import MessageKind
-from aioready.watchdog import resolve_timeout
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -112,7 +112,7 @@ async def test_stage_exception_ends_step_and_cancels_others() -> None:
 
 
 def test_timeout_config(monkeypatch: pytest.MonkeyPatch) -> None:
-    from aioready.watchdog import DEFAULT
+    from aioready.runtime.watchdog import DEFAULT
     monkeypatch.delenv("AIOREADY_STALL_TIMEOUT", raising=False)
     assert resolve_timeout("stall_timeout", DEFAULT, "AIOREADY_STALL_TIMEOUT", 60.0) == 60.0
     monkeypatch.setenv("AIOREADY_STALL_TIMEOUT", "2.5")

@@ -12,13 +12,13 @@ import pytest
 from aioready.clock import run_virtual
 from aioready.devices.base import TaskInfo
 from aioready.devices.sim import SimDevice
-from aioready.instruments import Instruments, InstrumentedDevice, instrument_pipeline
-from aioready.pipeline import Pipeline
 from aioready.placement import Placement
-from aioready.sim import lower_bound
+from aioready.runtime.pipeline import Pipeline
 from aioready.tasks import Kind
-from aioready.telemetry import (StepReport, peak_in_flight, spans_from_array, spans_to_array,
-                                step_metrics)
+from aioready.telemetry.bounds import lower_bound
+from aioready.telemetry.instruments import InstrumentedDevice, Instruments, instrument_pipeline
+from aioready.telemetry.metrics import peak_in_flight, step_metrics
+from aioready.telemetry.spans import StepReport, spans_from_array, spans_to_array
 
 
 def run_steps(hint: str, mode: str, duration, *, split: bool = False, steps: int = 1,
@@ -128,7 +128,7 @@ class Broken:
 def test_instruments_see_every_task_and_message(caplog: pytest.LogCaptureFixture) -> None:
     rec, broken = Recorder(), Broken()
     inst = Instruments([rec, broken])
-    with caplog.at_level(logging.ERROR, logger="aioready.instruments"):
+    with caplog.at_level(logging.ERROR, logger="aioready.telemetry.instruments"):
         (rep,) = run_steps("1f1b", "ready", fixed(1.0, 2.0), instruments=inst)
     assert rec.before == len(rec.after) == len(rep.spans) == 64
     assert rec.sent == 2 * 8 * 3  # activations and gradients across 3 boundaries
@@ -155,8 +155,8 @@ def test_telemetry_modules_load_without_torch_or_mpi() -> None:
             "        if name.split('.')[0] in ('torch', 'mpi4py'):\n"
             "            raise ImportError('blocked ' + name)\n"
             "sys.meta_path.insert(0, Block())\n"
-            "import aioready.telemetry, aioready.export, aioready.instruments\n"
-            "import aioready.gather, aioready.durations, aioready.plots, aioready.live\n"
+            "import aioready.telemetry, aioready.telemetry.export, aioready.telemetry.instruments\n"
+            "import aioready.telemetry.gather, aioready.sim.durations, aioready.telemetry.plots, aioready.telemetry.prometheus\n"
             "import aioready.devices.paced\n"
             "print('ok')\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -5,18 +5,17 @@ import random
 
 import pytest
 import torch
+from tp_grid import Grid
 
 from aioready.devices.cpu import CPUDevice
 from aioready.devices.delayed import DelayedDevice
 from aioready.errors import ConfigError, CoordinationError
+from aioready.runtime.stage import StageExecutor
 from aioready.schedulers import make_hint
-from aioready.stage import StageExecutor
-from aioready.testing import mse_loss, reference_step
-from aioready.tp import make_tp_mlp_stages, max_tp_grad_diff
 from aioready.tasks import Kind
-from aioready.tp_comm import TPDevice, ThreadTPGroup
-
-from tp_grid import Grid
+from aioready.testing.helpers import mse_loss, reference_step
+from aioready.tp.collectives import ThreadTPGroup, TPDevice
+from aioready.tp.layers import make_tp_mlp_stages, max_tp_grad_diff
 
 M, WIDTH = 4, 8
 
@@ -132,8 +131,10 @@ async def test_without_coordination_the_mismatch_is_a_coordination_error(verify)
 def test_inline_check_catches_any_difference_and_passes_equal_tags():
     group = ThreadTPGroup(3, timeout=5.0)
     members = [group.member(t, verify="inline") for t in range(3)]
-    import numpy as np
     from concurrent.futures import ThreadPoolExecutor
+
+    import numpy as np
+
     from aioready.devices.base import TaskInfo
 
     def run(t, mb):

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from aioready import ConfigError, HintError
-from aioready.pipeline import Pipeline
+from aioready.runtime.pipeline import Pipeline
 from aioready.schedulers import make_hint
-from aioready.testing import make_mlp_stages, mse_loss
+from aioready.testing.helpers import make_mlp_stages, mse_loss
 
 STAGES = make_mlp_stages(4)
 

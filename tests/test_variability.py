@@ -10,10 +10,10 @@ import pytest
 
 from aioready.errors import TraceError
 from aioready.placement import Placement
+from aioready.sim.traces import Trace, read_trace, write_trace
+from aioready.sim.variability import BaseDurations, JitterModel, parse_jitter
 from aioready.tasks import Kind
 from aioready.transports.base import Message, MessageKind
-from aioready.variability import (BaseDurations, JitterModel, Trace, parse_jitter, read_trace,
-                                  write_trace)
 
 
 def model(spec: str, seed: int = 0, S: int = 4, M: int = 8, split: bool = False,

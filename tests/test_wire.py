@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from aioready.errors import ProtocolError
-from aioready.transports.base import (DTYPE_CODES, Message, MessageKind, decode_header,
-                                      encode_header)
+from aioready.transports.base import Message, MessageKind
+from aioready.transports.header import DTYPE_CODES, decode_header, encode_header
 from aioready.transports.receive_pool import ReceivePool
 from aioready.transports.tensor_bytes import spec_of
 from aioready.transports.wire import WireCodec, align

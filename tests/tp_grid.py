@@ -9,10 +9,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Callable, Sequence
 
-from aioready.coordination import Coordinator
 from aioready.devices.base import Device
 from aioready.hints import HintOrder
-from aioready.runtime import RankRuntime
+from aioready.runtime.rank import RankRuntime
+from aioready.tp.coordination import Coordinator
 from aioready.transports.inproc import InprocWorld
 
 __all__ = ["Grid"]

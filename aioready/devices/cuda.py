@@ -28,9 +28,9 @@ from typing import Any, Callable, TypeVar
 
 import torch
 
+from ..cuda.events import WAKE_MODES, CUDAEventSource
 from ..errors import ConfigError
 from .base import TaskInfo
-from .cuda_events import WAKE_MODES, CUDAEventSource
 
 __all__ = ["CUDADevice", "cuda_available", "DEFAULT_WAKE"]
 

@@ -172,8 +172,10 @@ def from_torch_for_shape(schedule: str, *, num_stages: int, num_ranks: int | Non
                          num_microbatches: int, split_backward: bool) -> HintOrder:
     """`make_hint("torch:<Schedule>", ...)`: torch's order for this pipeline shape."""
     if num_ranks is None:
-        from torch.distributed.pipelining.schedules import (PipelineScheduleSingle,
-                                                            get_schedule_class)
+        from torch.distributed.pipelining.schedules import (
+            PipelineScheduleSingle,
+            get_schedule_class,
+        )
         single = issubclass(get_schedule_class(schedule), PipelineScheduleSingle)
         num_ranks = num_stages if single else num_stages // 2
     if num_ranks < 1 or num_stages % num_ranks:

@@ -28,7 +28,7 @@ delivered locally on the loop, by reference.
 
 A header that does not parse, or sizes that do not match it, raise ProtocolError on the receiving
 rank: the runtime's step fails with it (see `open`), and `python -m aioready` or
-`aioready.launch.abort_on_error` turn it into MPI_Abort so the whole job stops.
+`aioready.runtime.launch.abort_on_error` turn it into MPI_Abort so the whole job stops.
 
 `MPITransport(comm)` duplicates `comm`, a collective call: every rank constructs its transport at
 the same point of the program.
@@ -44,12 +44,13 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..cuda.mpi import StagedSend, query_cuda_aware, receive_buffer
 from ..errors import AioreadyError, InternalError, ProtocolError
 from ..progress import ProgressConfig, ProgressEngine
-from .base import MAX_TENSORS, Deliver, Message, TensorSpec
-from .mpi_cuda import StagedSend, query_cuda_aware, receive_buffer
-from .tensor_bytes import host_bytes, torch_module
+from .base import Deliver, Message
+from .header import MAX_TENSORS, TensorSpec
 from .receive_pool import ReceivePool
+from .tensor_bytes import host_bytes, torch_module
 from .wire import Header, WireCodec
 
 __all__ = ["MPITransport", "INLINE_BYTES", "HOT_BYTES", "BIG_BURST"]

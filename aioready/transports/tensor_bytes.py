@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from .base import DTYPE_CODES, TensorSpec
+from .header import DTYPE_CODES, TensorSpec
 
 __all__ = ["torch_module", "spec_of", "host_bytes", "from_bytes", "torch_dtype", "numel"]
 

@@ -20,8 +20,17 @@ from typing import Any
 import numpy as np
 
 from ..errors import ProtocolError
-from .base import (_DESC, _FIXED, _VERSION, HEADER_MAGIC, MAX_TENSORS, Message,
-                   MessageKind, TensorSpec, decode_header, encode_descriptor)
+from .base import Message, MessageKind
+from .header import (
+    _DESC,
+    _FIXED,
+    _VERSION,
+    HEADER_MAGIC,
+    MAX_TENSORS,
+    TensorSpec,
+    decode_header,
+    encode_descriptor,
+)
 from .tensor_bytes import from_bytes, numel, torch_dtype, torch_module
 
 __all__ = ["ALIGN", "align", "Header", "Layout", "WireCodec"]

@@ -16,11 +16,12 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from aioready.launch import run, say
-from aioready.pipeline import Pipeline
+from aioready.runtime.launch import run, say
+from aioready.runtime.pipeline import Pipeline
 from aioready.schedulers import HINTS, make_hint
-from aioready.testing import make_mlp_stages, mse_loss, reference_step
-from aioready.transports.base import DTYPE_CODES, Message, MessageKind
+from aioready.testing.helpers import make_mlp_stages, mse_loss, reference_step
+from aioready.transports.base import Message, MessageKind
+from aioready.transports.header import DTYPE_CODES
 from aioready.transports.mpi import MPITransport
 
 WIDTH = 16

@@ -11,8 +11,8 @@ import sys
 
 from mpi4py import MPI
 
-from aioready.launch import run, say
-from aioready.pipeline import Pipeline
+from aioready.runtime.launch import run, say
+from aioready.runtime.pipeline import Pipeline
 from aioready.transports.base import Message, MessageKind
 from aioready.transports.mpi import MPITransport
 

@@ -5,9 +5,9 @@ import json
 
 from mpi4py import MPI
 
-from aioready.gather import gather_reports
 from aioready.tasks import Kind
-from aioready.telemetry import Span, StepReport
+from aioready.telemetry.gather import gather_reports
+from aioready.telemetry.spans import Span, StepReport
 
 
 def report(step: int, rank: int, n: int) -> StepReport:

@@ -1,0 +1,154 @@
+"""`aioready train`: train the tiny GPT-style model, in-process or as one rank under mpirun."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+from ..schedulers import hint_names
+
+__all__ = ["add_parser", "run", "mpi_comm", "config_from_args"]
+
+EXAMPLES = """examples:
+  aioready train --stages 4 --microbatches 8 --steps 5 --mode ready
+  aioready train --jitter multimodal:0.3:3 --seed 1 --mode strict --json out/strict.json
+  aioready train --hint 1f1b --cap 8 --png out/ready.png --chrome-trace out/ready.json
+  aioready train --split-backward --csv out/spans.csv --metrics-port 9100 --steps 50
+  aioready train --trace trace.csv --sleep-only --json out/replay.json
+  mpiexec -n 4 python -m aioready train --stages 4 --microbatches 8 --steps 5
+  aioready train --steps 50 --checkpoint-dir ckpt --resume   # rerun it after a crash
+"""
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "train", help="train a tiny GPT-style model with a paced pipeline",
+        description="Train a small GPT-style model split into pipeline stages. In-process by "
+        "default; under mpirun (more than one rank) each rank runs its own stages over the MPI "
+        "transport. Every task takes at least its duration from --jitter or --trace (real "
+        "compute plus a sleep for the rest), so strict and ready runs with the same --seed see "
+        "the same durations.", epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--stages", type=int, default=4, help="pipeline stages S (default 4)")
+    p.add_argument("--microbatches", type=int, default=8, help="microbatches per step M")
+    p.add_argument("--hint", default="1f1b", help=f"{' | '.join(hint_names())} or a hint file")
+    p.add_argument("--mode", choices=("ready", "strict"), default="ready")
+    p.add_argument("--cap", type=int, default=None,
+                   help="in-flight microbatches per rank (default: the hint's peak)")
+    p.add_argument("--jitter", default=None,
+                   help="duration jitter spec, e.g. lognormal:0.5 or multimodal:0.3:3")
+    p.add_argument("--seed", type=int, default=0, help="seed of model, data and jitter")
+    p.add_argument("--trace", default=None, metavar="FILE",
+                   help="replay task durations from a trace CSV (step,stage,chunk,microbatch,"
+                   "kind,ms)")
+    p.add_argument("--sleep-only", action="store_true",
+                   help="tasks only sleep their --trace/--jitter durations: no model compute")
+    p.add_argument("--steps", type=int, default=3, help="training steps")
+    p.add_argument("--split-backward", action="store_true", help="separate B and W tasks")
+    p.add_argument("--task-ms", type=float, default=20.0,
+                   help="base F duration in ms (B = 2F unsplit; 0: compute time only)")
+    p.add_argument("--batch", type=int, default=2, help="sequences per microbatch")
+    p.add_argument("--seq", type=int, default=32, help="sequence length")
+    p.add_argument("--dim", type=int, default=32, help="model width")
+    p.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate")
+    p.add_argument("--json", dest="json_out", metavar="OUT",
+                   help="write a summary (step_time, lower_bound, efficiency lists in ms)")
+    p.add_argument("--chrome-trace", metavar="OUT", help="write a Chrome/Perfetto trace JSON")
+    p.add_argument("--png", metavar="OUT", help="write the last step's timeline PNG")
+    p.add_argument("--csv", dest="csv_out", metavar="OUT", help="write every span as CSV")
+    p.add_argument("--metrics-port", type=int, default=None, metavar="N",
+                   help="serve Prometheus metrics on port N (+ rank under mpirun)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--checkpoint-dir", metavar="D", default=None,
+                   help="write a checkpoint of every rank's stages and optimizer to D after "
+                   "each step (atomic; D/step-N/rank-R-of-W.pt)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from the latest complete checkpoint in --checkpoint-dir")
+    p.set_defaults(func=run)
+
+
+def config_from_args(args: argparse.Namespace) -> Any:
+    from .trainer import TrainConfig
+    return TrainConfig(
+        stages=args.stages, microbatches=args.microbatches, hint=args.hint, mode=args.mode,
+        cap=args.cap, jitter=args.jitter, seed=args.seed, trace=args.trace, steps=args.steps,
+        split_backward=args.split_backward, task_ms=args.task_ms, batch=args.batch,
+        seq=args.seq, dim=args.dim, lr=args.lr, metrics_port=args.metrics_port,
+        sleep_only=args.sleep_only, checkpoint_dir=args.checkpoint_dir, resume=args.resume)
+
+
+def mpi_comm() -> Any:
+    """COMM_WORLD when launched by mpirun/mpiexec with more than one rank, else None."""
+    launched = any(k in os.environ for k in ("PMI_SIZE", "PMI_RANK", "OMPI_COMM_WORLD_SIZE",
+                                             "PMIX_RANK"))
+    if not launched:
+        return None
+    try:
+        from mpi4py import MPI
+    except ImportError:
+        return None
+    comm = MPI.COMM_WORLD
+    return comm if comm.Get_size() > 1 else None
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..runtime.launch import run as run_loop  # under mpirun: any error aborts every rank
+    from .trainer import train, write_outputs
+    cfg = config_from_args(args)
+    import torch
+    torch.set_num_threads(1)  # a tiny model: one thread per rank's worker, no oversubscription
+    comm = mpi_comm()
+    rank = comm.Get_rank() if comm is not None else 0
+    with _Progress(cfg.steps if rank == 0 and not args.no_progress and cfg.steps > 1 else 0
+                   ) as on_step:
+        result = run_loop(train(cfg, comm=comm, on_step=on_step))
+    if rank != 0:
+        return 0
+    for path in write_outputs(result, cfg, json_out=args.json_out,
+                              chrome_trace=args.chrome_trace, png=args.png,
+                              csv_out=args.csv_out):
+        print(f"wrote {path}", file=sys.stderr)
+    _print_summary(result, cfg)
+    return 0
+
+
+def _print_summary(result: Any, cfg: Any) -> None:
+    where = f"{result.world_size} MPI ranks" if result.world_size > 1 else "in-process"
+    print(f"{cfg.mode} {cfg.hint}, S={cfg.stages} M={cfg.microbatches}, {where}, "
+          f"{result.durations}")
+    for m, loss in zip(result.metrics, result.losses):
+        lv = "-" if loss is None else f"{loss:.4f}"
+        print(f"step {m.step}: loss {lv}  step {m.step_time * 1e3:8.1f} ms  lower bound "
+              f"{m.lower_bound * 1e3:8.1f} ms  efficiency {m.efficiency:.3f}")
+
+
+class _Progress:
+    """A rich progress bar (step, loss, step time, efficiency) when `total` > 0."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.bar: Any = None
+
+    def __enter__(self) -> Any:
+        if not self.total:
+            return None
+        try:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+        except ImportError:
+            return None
+        self.bar = Progress(TextColumn("train"), BarColumn(), MofNCompleteColumn(),
+                            TextColumn("{task.fields[info]}"))
+        self.task = self.bar.add_task("train", total=self.total, info="")
+        self.bar.start()
+        return self.update
+
+    def update(self, step: int, metrics: Any, loss: float | None) -> None:
+        lv = "-" if loss is None else f"{loss:.3f}"
+        self.bar.update(self.task, advance=1, info=f"step {step} loss {lv} "
+                        f"{metrics.step_time * 1e3:.0f} ms eff {metrics.efficiency:.2f}")
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.bar is not None:
+            self.bar.stop()

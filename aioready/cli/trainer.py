@@ -1,0 +1,265 @@
+"""The training loop behind `aioready train` and the demo: a GPT-style model, paced tasks.
+
+One function runs in-process (every stage on one loop) or as one rank of an MPI job (this rank's
+stages, MPITransport): `await train(config, comm=...)`. Each task takes at least the duration the
+jitter model or trace gives it (aioready/sim/durations.py), real compute included, so `strict` and
+`ready` runs with the same seed see the same durations. Under MPI each step's spans and loss are
+gathered to rank 0 as numbers (aioready/telemetry/gather.py), where metrics, progress and
+exports happen.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import torch
+
+from ..devices.cpu import CPUDevice
+from ..devices.paced import PacedDevice
+from ..errors import ConfigError
+from ..runtime.pipeline import Pipeline
+from ..schedulers import make_hint
+from ..sim.durations import paced_duration
+from ..telemetry.instruments import Instruments, instrument_pipeline
+from ..telemetry.metrics import StepMetrics, step_metrics
+from ..telemetry.spans import StepReport
+from ..testing.models import gpt_stages, lm_loss
+
+__all__ = ["TrainConfig", "TrainResult", "train", "synthetic_microbatch"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrainConfig:
+    """What `aioready train` runs; durations in ms."""
+
+    stages: int = 4
+    microbatches: int = 8
+    hint: str = "1f1b"
+    mode: str = "ready"
+    cap: int | None = None
+    """in-flight microbatches per rank; None: the hint's own peak"""
+    jitter: str | None = None
+    seed: int = 0
+    trace: str | None = None
+    steps: int = 3
+    split_backward: bool = False
+    task_ms: float = 20.0
+    """base F duration (B = 2F unsplit); 0: tasks take their compute time only"""
+    batch: int = 2
+    seq: int = 32
+    dim: int = 32
+    heads: int = 2
+    layers_per_stage: int = 1
+    vocab: int = 64
+    lr: float = 3e-3
+    metrics_port: int | None = None
+    """serve Prometheus metrics on this port (+ rank under MPI); None: off"""
+    sleep_only: bool = False
+    """tasks only sleep their durations, no model compute (replays a trace's timing alone)"""
+    checkpoint_dir: str | None = None
+    """write a checkpoint (aioready.runtime.checkpoint) here after every step; None: off"""
+    resume: bool = False
+    """continue from the latest checkpoint in checkpoint_dir (from step 0 if there is none)"""
+
+    def __post_init__(self) -> None:
+        if self.resume and not self.checkpoint_dir:
+            raise ConfigError("resume needs a checkpoint directory",
+                              expected="checkpoint_dir (--checkpoint-dir D)", got=None)
+        if self.checkpoint_dir and self.sleep_only:
+            raise ConfigError("sleep_only runs no model: nothing to checkpoint",
+                              expected="checkpoint_dir without sleep_only", got="both")
+        for name in ("stages", "microbatches", "steps", "batch", "seq", "dim", "heads",
+                     "layers_per_stage", "vocab"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1", expected=">= 1",
+                                  got=getattr(self, name))
+
+
+@dataclass(slots=True)
+class TrainResult:
+    """Rank 0's view of a run (other ranks: empty lists)."""
+
+    reports: list[StepReport] = field(default_factory=list)
+    metrics: list[StepMetrics] = field(default_factory=list)
+    losses: list[float | None] = field(default_factory=list)
+    rank: int = 0
+    world_size: int = 1
+    durations: str = ""
+    overruns: int = 0
+
+    def summary(self, cfg: TrainConfig) -> dict[str, Any]:
+        """The `--json` summary: lists per step, times in ms."""
+        return {
+            "step_time": [m.step_time * 1e3 for m in self.metrics],
+            "lower_bound": [m.lower_bound * 1e3 for m in self.metrics],
+            "efficiency": [m.efficiency for m in self.metrics],
+            "bubble_fraction": [m.bubble_fraction for m in self.metrics],
+            "busy_fraction": [list(m.busy_fraction) for m in self.metrics],
+            "peak_in_flight": [list(m.peak_in_flight) for m in self.metrics],
+            "loss": list(self.losses), "unit": "ms", "mode": cfg.mode, "hint": cfg.hint,
+            "stages": cfg.stages, "microbatches": cfg.microbatches, "cap": cfg.cap,
+            "split_backward": cfg.split_backward, "jitter": cfg.jitter, "seed": cfg.seed,
+            "trace": cfg.trace, "task_ms": cfg.task_ms, "durations": self.durations,
+            "transport": "mpi" if self.world_size > 1 else "inproc",
+            "ranks": self.world_size, "overruns": self.overruns,
+            "sleep_only": cfg.sleep_only,
+        }
+
+
+def synthetic_microbatch(step: int, microbatch: int, *, batch: int, seq: int, vocab: int,
+                         seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Arithmetic token sequences (start a, stride d): next tokens are learnable from context."""
+    gen = torch.Generator().manual_seed(hash((seed, step, microbatch)) & 0x7FFF_FFFF)
+    start = torch.randint(0, vocab, (batch, 1), generator=gen)
+    stride = torch.randint(1, 4, (batch, 1), generator=gen)
+    tokens = (start + stride * torch.arange(seq + 1)) % vocab
+    return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
+
+async def train(cfg: TrainConfig, *, comm: Any = None,
+                on_step: Callable[[int, StepMetrics, float | None], None] | None = None
+                ) -> TrainResult:
+    """Run `cfg.steps` steps; with `comm` of size > 1, as one rank of an MPI job."""
+    world = comm.Get_size() if comm is not None else 1
+    rank = comm.Get_rank() if comm is not None else 0
+    transport = _mpi_transport(comm) if world > 1 else None
+    hint = make_hint(cfg.hint, num_stages=cfg.stages, num_ranks=world if world > 1 else None,
+                     num_microbatches=cfg.microbatches, split_backward=cfg.split_backward)
+    placement = hint.placement
+    model = gpt_stages(cfg.stages, vocab=cfg.vocab, dim=cfg.dim, heads=cfg.heads,
+                       layers_per_stage=cfg.layers_per_stage, seq=cfg.seq, seed=cfg.seed)
+    mine = placement.stages_of(rank) if transport is not None else tuple(range(cfg.stages))
+    modules = [None if cfg.sleep_only else model[s] for s in mine]
+    duration, source = paced_duration(
+        placement=placement, num_microbatches=cfg.microbatches,
+        split_backward=cfg.split_backward, task_ms=cfg.task_ms, jitter=cfg.jitter,
+        seed=cfg.seed, trace=cfg.trace, steps=cfg.steps)
+    devices: list[PacedDevice] = []
+
+    def make_device(r: int) -> PacedDevice:
+        devices.append(PacedDevice(CPUDevice(f"aioready-rank{r}"), duration))
+        return devices[-1]
+
+    pipe = Pipeline(modules, lm_loss, microbatches=cfg.microbatches, hint=hint, mode=cfg.mode,
+                    transport=transport, split_backward=cfg.split_backward, cap=cfg.cap,
+                    device=make_device, num_stages=cfg.stages)
+    params = [p for m in modules if m is not None for p in m.parameters()]
+    opt = torch.optim.AdamW(params, lr=cfg.lr) if params else None
+    result = TrainResult(rank=rank, world_size=world, durations=source)
+    start = 0
+    if cfg.resume:
+        from ..runtime.checkpoint import resume
+        start = resume(cfg.checkpoint_dir, pipe, opt)  # type: ignore[arg-type]
+    if world > 1:
+        from ..telemetry.gather import barrier
+        await barrier(comm)  # ranks built their models at different speeds: start together
+    with _live_metrics(cfg, pipe, rank) as instruments:
+        try:
+            for step in range(start, cfg.steps):
+                loss = await pipe.step(*_batch(cfg, step, mine))
+                if opt is not None:
+                    opt.step()
+                    opt.zero_grad(set_to_none=True)
+                if cfg.checkpoint_dir:
+                    from ..runtime.checkpoint import save_checkpoint
+                    save_checkpoint(cfg.checkpoint_dir, pipe, opt)
+                report, loss_value = await _collect(pipe, comm if world > 1 else None, loss)
+                if instruments:
+                    local = pipe.last_step
+                    assert local is not None
+                    instruments.call("after_step", report or local,
+                                     step_metrics(report or local))
+                if report is None:
+                    continue
+                metrics = step_metrics(report)
+                result.reports.append(report)
+                result.metrics.append(metrics)
+                result.losses.append(loss_value)
+                if on_step is not None:
+                    on_step(step, metrics, loss_value)
+        finally:
+            pipe.close()
+            if transport is not None:
+                await transport.close()
+    overruns = sum(d.num_overruns for d in devices)
+    if world > 1:
+        from ..telemetry.gather import reduce_sum
+        overruns = await reduce_sum(comm, overruns) or 0
+    result.overruns = overruns
+    return result
+
+
+def _batch(cfg: TrainConfig, step: int, mine: tuple[int, ...]) -> tuple[Any, Any]:
+    pairs = [synthetic_microbatch(step, m, batch=cfg.batch, seq=cfg.seq, vocab=cfg.vocab,
+                                  seed=cfg.seed) for m in range(cfg.microbatches)]
+    inputs = [x for x, _ in pairs] if 0 in mine else None
+    targets = [y for _, y in pairs] if cfg.stages - 1 in mine else None
+    return inputs, targets
+
+
+async def _collect(pipe: Pipeline, comm: Any, loss: Any
+                   ) -> tuple[StepReport | None, float | None]:
+    """This step's merged report and loss on rank 0 (gathered under MPI); (None, None) else."""
+    if comm is None:
+        return pipe.last_step, (None if loss is None else float(loss))
+    from ..telemetry.gather import gather_reports
+    assert pipe.last_step is not None
+    out = await gather_reports([pipe.last_step], comm, losses=[loss])
+    return (None, None) if out is None else out[0]
+
+
+@contextlib.contextmanager
+def _live_metrics(cfg: TrainConfig, pipe: Pipeline, rank: int) -> Iterator[Instruments]:
+    if cfg.metrics_port is None:
+        yield Instruments()
+        return
+    from ..telemetry.prometheus import PrometheusInstrument, serve_metrics
+    prom = PrometheusInstrument(split_backward=cfg.split_backward)
+    instruments = Instruments([prom])
+    instrument_pipeline(pipe, instruments)
+    server = serve_metrics(cfg.metrics_port + rank if cfg.metrics_port else 0, prom.registry)
+    print(f"rank {rank}: Prometheus metrics on http://127.0.0.1:{server.server_port}/metrics",
+          file=sys.stderr, flush=True)
+    try:
+        yield instruments
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _mpi_transport(comm: Any) -> Any:
+    try:
+        from ..transports.mpi import MPITransport  # type: ignore[import-not-found]
+    except ImportError:
+        raise ConfigError("running under MPI needs the MPI transport", expected="aioready."
+                          "transports.mpi in this build", got="not importable",
+                          fix="run without mpirun (in-process) or install a build with it"
+                          ) from None
+    return MPITransport(comm)
+
+
+def write_outputs(result: TrainResult, cfg: TrainConfig, *, json_out: str | None = None,
+                  chrome_trace: str | None = None, png: str | None = None,
+                  csv_out: str | None = None) -> list[Path]:
+    """Write the requested exports of a finished run (rank 0); return the paths written."""
+    import json
+
+    from ..telemetry.export import write_chrome_trace, write_csv
+    written = []
+    if json_out:
+        path = Path(json_out)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result.summary(cfg), indent=1))
+        written.append(path)
+    if chrome_trace:
+        written.append(write_chrome_trace(result.reports, chrome_trace))
+    if csv_out:
+        written.append(write_csv(result.reports, csv_out))
+    if png:
+        from ..telemetry.plots import plot_timeline
+        written.append(plot_timeline(result.reports[-1], png, label=f"{cfg.mode} {cfg.hint} "))
+    return written

@@ -1,1 +1,0 @@
-"""One module per `aioready` subcommand: `add_parser(subparsers)` and `run(args) -> int`."""

@@ -1,0 +1,293 @@
+"""Pipeline: the public entry point, `loss = await pipe.step(inputs, targets)`.
+
+It works inside whatever asyncio loop is running (a training script, a service) and never
+installs a loop policy. With no transport, every stage runs in this process, one RankRuntime per
+rank on the in-process transport; with a transport (MPI), `stages` are this rank's chunks.
+Gradients accumulate in the stage modules; the caller steps the optimizer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Callable, Sequence
+
+from ..devices.base import Device
+from ..errors import ConfigError
+from ..hints import HintOrder
+from ..schedulers import make_hint
+from ..telemetry.spans import StepReport
+from ..transports.base import Transport
+from ..transports.inproc import InprocWorld
+from .rank import MODES, RankRuntime
+from .watchdog import DEFAULT, STALL_TIMEOUT_S, StallWatchdog, StepGuard, resolve_timeout
+
+__all__ = ["Pipeline", "split_microbatches"]
+
+def split_microbatches(value: Any, num: int, *, name: str) -> list[Any] | None:
+    """Split a batch into `num` equal microbatches along dim 0; a list is taken as given."""
+    if value is None:
+        return None
+    if isinstance(value, list):
+        if len(value) != num:
+            raise ConfigError(f"{name}: a list is taken as the microbatches themselves",
+                              expected=f"{num} microbatches", got=f"{len(value)}")
+        return value
+    if isinstance(value, tuple):
+        parts = [split_microbatches(v, num, name=f"{name}[{i}]") for i, v in enumerate(value)]
+        return [tuple(p[m] for p in parts) for m in range(num)]  # type: ignore[index]
+    size = value.shape[0]
+    if size % num:
+        raise ConfigError(f"{name}: batch does not split into equal microbatches",
+                          expected=f"a batch size divisible by microbatches={num}",
+                          got=f"batch size {size}",
+                          fix="pass a list of microbatches for unequal sizes")
+    return list(value.split(size // num))
+
+
+def _check_types(loss_fn: Any, split_backward: Any, cap: Any, device: Any) -> None:
+    """Refuse wrongly typed arguments here, not with a TypeError deep inside the first step."""
+    if loss_fn is not None and not callable(loss_fn):
+        raise ConfigError("loss_fn must be callable", expected="loss_fn(output, target)",
+                          got=type(loss_fn).__name__)
+    if not isinstance(split_backward, bool):
+        raise ConfigError("split_backward", expected="True or False", got=repr(split_backward))
+    caps = [cap] if cap is None or isinstance(cap, (int, str)) else cap
+    if isinstance(cap, str) or not all(c is None or (isinstance(c, int) and not isinstance(
+            c, bool)) for c in caps):
+        raise ConfigError("cap", expected="None, an int >= 1, or one int per rank",
+                          got=repr(cap))
+    if not (isinstance(device, str) or hasattr(device, "run") or callable(device)):
+        raise ConfigError("device", expected="'cpu', 'cuda', a Device or a factory(rank)",
+                          got=type(device).__name__)
+
+
+def _make_device(spec: Any, rank: int) -> Device:
+    if spec == "cpu":
+        from ..devices.cpu import CPUDevice
+        return CPUDevice(f"aioready-rank{rank}")
+    if spec == "inline":
+        from ..devices.inline import InlineDevice
+        return InlineDevice()
+    if spec == "cuda":
+        from ..devices.cuda import CUDADevice  # type: ignore[import-not-found]
+        return CUDADevice(rank)  # type: ignore[no-any-return]
+    if isinstance(spec, str):
+        raise ConfigError("unknown device", expected="'cpu', 'inline', 'cuda', a Device or a factory",
+                          got=repr(spec))
+    if hasattr(spec, "run") and not isinstance(spec, type):
+        return spec  # type: ignore[no-any-return]
+    return spec(rank)  # type: ignore[no-any-return]  # a factory, or a Device class
+
+
+class Pipeline:
+    """A pipeline-parallel training step, readiness-first (`ready`) or in hint order (`strict`)."""
+
+    def __init__(
+        self, stages: Sequence[Any], loss_fn: Callable[[Any, Any], Any] | None = None, *,
+        microbatches: int = 8, hint: str | HintOrder = "1f1b", mode: str = "ready",
+        transport: Transport | None = None, split_backward: bool = False,
+        cap: int | Sequence[int] | None = None, device: Any = "cpu",
+        num_stages: int | None = None, coordinator: Any = None,
+        stall_timeout: float | None = DEFAULT, peer_timeout: float | None = DEFAULT,
+    ) -> None:
+        if not isinstance(microbatches, int) or isinstance(microbatches, bool) or microbatches < 1:
+            raise ConfigError("microbatches must be a positive integer", expected=">= 1",
+                              got=repr(microbatches))
+        if mode not in MODES:
+            raise ConfigError("mode", expected=" | ".join(MODES), got=repr(mode))
+        if not stages:
+            raise ConfigError("stages is empty", expected="at least one module", got=0)
+        _check_types(loss_fn, split_backward, cap, device)
+        if coordinator is not None and transport is None:
+            raise ConfigError("a TP coordinator needs a transport (one rank per process)",
+                              expected="transport=... with coordinator=...", got="no transport")
+        self.microbatches = microbatches
+        self.mode = mode
+        self.transport = transport
+        num_local = len(stages)
+        if transport is None:
+            total = num_local if num_stages is None else num_stages
+        else:
+            total = num_stages or transport.world_size * num_local
+        try:
+            self.hint = make_hint(hint, num_stages=total, num_microbatches=microbatches,
+                                  split_backward=split_backward,
+                                  num_ranks=None if transport is None else transport.world_size)
+        except ConfigError as exc:
+            if transport is None:
+                raise
+            raise ConfigError(
+                f"the stage list does not match the transport's world of "
+                f"{transport.world_size} ranks: {exc.what}", rank=transport.rank,
+                expected=exc.expected, got=exc.got, fix=exc.fix) from None
+        if self.hint.num_microbatches != microbatches or self.hint.split_backward != split_backward:
+            raise ConfigError(f"hint {self.hint.name!r} was built for another step shape",
+                              expected=f"microbatches={microbatches}, split_backward="
+                              f"{split_backward}", got=f"microbatches={self.hint.num_microbatches}"
+                              f", split_backward={self.hint.split_backward}")
+        placement = self.hint.placement
+        if transport is None:
+            if num_local != placement.num_stages:
+                raise ConfigError("in-process pipelines take every stage",
+                                  expected=placement.num_stages, got=num_local)
+            world = InprocWorld(placement.num_ranks)
+            ranks = list(range(placement.num_ranks))
+            endpoints: list[Transport] = list(world.endpoints)
+            modules = {s: stages[s] for s in range(num_local)}
+        else:
+            if transport.world_size != placement.num_ranks:
+                raise ConfigError("the stage list does not match the transport's world",
+                                  expected=f"a hint for {transport.world_size} ranks",
+                                  got=f"{placement.num_ranks} ranks")
+            mine = placement.stages_of(transport.rank)
+            if len(mine) != num_local:
+                raise ConfigError("the stage list does not match this rank's chunks",
+                                  rank=transport.rank, expected=f"{len(mine)} modules "
+                                  f"(stages {list(mine)})", got=f"{num_local} modules")
+            ranks, endpoints = [transport.rank], [transport]
+            modules = dict(zip(mine, stages))
+        caps = self._caps(cap, placement.num_ranks)
+        self.runtimes: list[RankRuntime] = []
+        for rank, endpoint in zip(ranks, endpoints):
+            executors = self._executors(modules, placement.stages_of(rank), loss_fn)
+            self.runtimes.append(RankRuntime(
+                rank=rank, hint=self.hint, mode=mode, cap=caps[rank], executors=executors,
+                device=_make_device(device, rank), transport=endpoint, coordinator=coordinator))
+        self._step = 0
+        self.last_step: StepReport | None = None
+        self.history: list[list[StepReport]] = []
+        self._guard = StepGuard()
+        self._stall_arg = stall_timeout
+        self.stall_timeout = resolve_timeout("stall_timeout", stall_timeout,
+                                             "AIOREADY_STALL_TIMEOUT", STALL_TIMEOUT_S)
+        self.stall_watchdog = (None if self.stall_timeout is None else
+                               StallWatchdog(self.runtimes, self._guard, self.stall_timeout))
+        self.peer_monitor = None
+        if transport is not None and transport.world_size > 1:
+            from .faults import PEER_TIMEOUT_S, PeerMonitor
+            self.peer_timeout = resolve_timeout("peer_timeout", peer_timeout,
+                                                "AIOREADY_PEER_TIMEOUT", PEER_TIMEOUT_S)
+            self.peer_monitor = PeerMonitor(self.runtimes[0], self._guard, self.peer_timeout)
+        else:
+            self.peer_timeout = resolve_timeout("peer_timeout", peer_timeout,
+                                                "AIOREADY_PEER_TIMEOUT", None)
+
+    def _caps(self, cap: Any, num_ranks: int) -> list[int | None]:
+        if cap is None or isinstance(cap, int):
+            if isinstance(cap, int) and cap < 1:
+                raise ConfigError("cap must admit at least one microbatch", expected=">= 1",
+                                  got=cap)
+            return [cap] * num_ranks
+        caps = list(cap)
+        if len(caps) != num_ranks:
+            raise ConfigError("cap: one per rank", expected=num_ranks, got=len(caps))
+        return caps
+
+    def _executors(self, modules: dict[int, Any], stages: Sequence[int],
+                   loss_fn: Any) -> list[Any] | None:
+        if all(modules[s] is None for s in stages):
+            return None
+        last = self.hint.placement.num_stages - 1
+        if loss_fn is None and last in stages and modules[last] is not None:
+            raise ConfigError("the last stage needs a loss function", expected="loss_fn(output, "
+                              "target)", got=None, fix="pass loss_fn to Pipeline")
+        from .stage import StageExecutor
+        return [StageExecutor(modules[s], stage=s, num_stages=self.hint.placement.num_stages,
+                              loss_fn=loss_fn, num_microbatches=self.microbatches)
+                for s in stages]
+
+    @property
+    def step_index(self) -> int:
+        """The index of the next step to run."""
+        return self._step
+
+    def set_step_index(self, step: int) -> None:
+        """Continue counting from `step` (after loading a checkpoint)."""
+        self._step = step
+        for rt in self.runtimes:
+            rt.step_index = step - 1
+
+    def state_dict(self, optimizers: Any = None) -> dict[int, dict[str, Any]]:
+        """{rank: modules, optimizers, step, RNG} for this process's ranks (checkpoint.py).
+
+        Like torch's `state_dict`, it references the live tensors: copy it to keep a snapshot.
+        """
+        from .checkpoint import state_dict
+        return state_dict(self, optimizers)
+
+    def load_state_dict(self, state: Any, optimizers: Any = None, *,
+                        check_config: bool = True) -> int:
+        """Validate, then restore a `state_dict()`; return the index of the next step."""
+        from .checkpoint import load_state_dict
+        return load_state_dict(self, state, optimizers, check_config=check_config)
+
+    async def step(self, inputs: Any = None, targets: Any = None) -> Any:
+        """Run one step; return the summed loss where the last stage lives, else None.
+
+        `inputs` and `targets` are split along dim 0 into equal microbatches, or given as a list
+        of microbatches (variable shapes allowed). Ranks without stage 0 (the last stage) pass
+        None for inputs (targets).
+        """
+        M = self.microbatches
+        mbs = split_microbatches(inputs, M, name="inputs")
+        tgts = split_microbatches(targets, M, name="targets")
+        step = self._step
+        if self.stall_watchdog is not None and self._stall_arg is DEFAULT:
+            from ..clock import VirtualClockLoop  # simulated time: the default is off
+            virtual = isinstance(asyncio.get_running_loop(), VirtualClockLoop)
+            self.stall_watchdog.enabled = not virtual
+        try:
+            loss = await self._guard.run(self._run_ranks(step, mbs, tgts), step)
+        except Exception:
+            if self.peer_monitor is not None:
+                await self.peer_monitor.flush()
+            raise
+        self._step += 1
+        reports = [rt.reports[-1] for rt in self.runtimes]
+        self.history.append(reports)
+        self.last_step = _merge(reports)
+        return loss
+
+    async def _run_ranks(self, step: int, mbs: Any, tgts: Any) -> Any:
+        if len(self.runtimes) == 1:
+            return await self.runtimes[0].run_step(step, mbs, tgts)
+        try:
+            async with asyncio.TaskGroup() as group:
+                tasks = [group.create_task(rt.run_step(step, mbs, tgts)) for rt in self.runtimes]
+        except BaseExceptionGroup as group_error:
+            raise _first_cause(group_error) from None
+        loss = tasks[-1].result() if tasks else None
+        for t in tasks:
+            if t.result() is not None:
+                loss = t.result()
+        return loss
+
+    def close(self) -> None:
+        if self.peer_monitor is not None:
+            self.peer_monitor.close()
+        for rt in self.runtimes:
+            rt.device.close()
+
+    def __repr__(self) -> str:
+        return (f"<Pipeline hint={self.hint.name} mode={self.mode} M={self.microbatches} "
+                f"ranks={[rt.rank for rt in self.runtimes]}>")
+
+
+def _merge(reports: list[StepReport]) -> StepReport:
+    merged = StepReport(reports[0].step, num_ranks=reports[0].num_ranks)
+    merged.start = min(r.start for r in reports)
+    merged.end = max(r.end for r in reports)
+    for r in reports:
+        merged.spans.extend(r.spans)
+        merged.peak_in_flight.update(r.peak_in_flight)
+    return merged
+
+
+def _first_cause(group: BaseExceptionGroup) -> BaseException:
+    """The first real error of a failed in-process step (the others are its consequences)."""
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            return _first_cause(exc)
+        if not isinstance(exc, asyncio.CancelledError):
+            return exc
+    return group.exceptions[0]

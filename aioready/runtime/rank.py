@@ -1,0 +1,333 @@
+"""RankRuntime: one rank's part of a step -- receive, arbitrate, execute, send.
+
+Messages are routed by header the moment they arrive (the transport calls `_deliver` on the loop
+thread): each one satisfies one need of one task, and a task whose needs are all met is pushed
+into the ReadySet and wakes the arbiter. The arbiter runs one task at a time on the device; when
+a task ends, its output is sent without waiting (`send_nowait`) and its local successor's need is
+satisfied. A step ends on a rank when all its tasks ran and all its sends completed.
+
+Messages of the next step may arrive before this rank finished the current one (a faster peer
+started it); they are kept and replayed when that step starts. Anything else that matches no
+task is a ProtocolError that stops the step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from functools import partial
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
+
+from ..arbiter import Wakeup, run_arbiter
+from ..clock import clock_of
+from ..devices.base import Device, TaskInfo
+from ..errors import AioreadyError, ConfigError, InternalError, ProtocolError
+from ..hints import HintOrder
+from ..progress import ProgressEngine
+from ..ready_set import ReadySet
+from ..tasks import Kind, Task, all_tasks
+from ..telemetry.spans import Span, StepReport
+from ..transports.base import Message, MessageKind, Transport
+
+if TYPE_CHECKING:
+    from ..tp.coordination import StepCoordinator
+
+__all__ = ["RankRuntime", "Executor", "MODES"]
+
+MODES = ("ready", "strict")
+
+
+class Executor(Protocol):
+    """What the runtime needs from a stage (StageExecutor implements it)."""
+
+    def forward(self, mb: int, inputs: tuple[Any, ...], target: Any = None) -> tuple[Any, ...]: ...
+
+    def backward(self, mb: int, grads: Sequence[Any] | None) -> tuple[Any, ...]: ...
+
+    def backward_input(self, mb: int, grads: Sequence[Any] | None) -> tuple[Any, ...]: ...
+
+    def backward_weight(self, mb: int) -> None: ...
+
+
+def _noop(*_: Any) -> tuple[Any, ...]:
+    return ()
+
+
+class RankRuntime:
+    """The coroutines and per-step state of one rank."""
+
+    def __init__(
+        self, *, rank: int, hint: HintOrder, mode: str, cap: int | None,
+        executors: Sequence[Executor] | None, device: Device, transport: Transport,
+        coordinator: StepCoordinator | None = None,
+    ) -> None:
+        if mode not in MODES:
+            raise ConfigError("unknown mode", expected=" | ".join(MODES), got=repr(mode))
+        self.rank = rank
+        self.hint = hint
+        self.mode = mode
+        self.placement = hint.placement
+        self.stages = self.placement.stages_of(rank)
+        self.num_stages = self.placement.num_stages
+        self.num_microbatches = hint.num_microbatches
+        self.split_backward = hint.split_backward
+        default_cap = hint.default_caps[rank]  # type: ignore[index]
+        self.cap = default_cap if cap is None else cap
+        if self.cap < 1:
+            raise ConfigError("cap must admit at least one microbatch", expected=">= 1",
+                              got=self.cap, rank=rank)
+        if mode == "strict":
+            hint.check_sequence(only_rank=rank)
+            if self.cap < hint.peak(rank):
+                raise ConfigError(
+                    f"strict mode cannot run hint {hint.name!r} under this cap", rank=rank,
+                    expected=f"cap >= the hint's peak in-flight ({hint.peak(rank)})",
+                    got=self.cap, fix="raise the cap or use mode='ready'")
+        if executors is not None and len(executors) != len(self.stages):
+            raise ConfigError("wrong number of stage modules for this rank", rank=rank,
+                              expected=len(self.stages), got=len(executors))
+        self.executors = executors
+        self.device = device
+        self.transport = transport
+        self.coordinator = coordinator  # a TP group's decision stream (aioready.tp.coordination)
+        self.step_index = -1
+        self._active = False
+        self._early: dict[int, list[Message]] = {}
+        self._error: BaseException | None = None
+        self._wakeup = Wakeup()
+        self.reports: list[StepReport] = []
+        self._handlers = {Kind.F: self._run_f, Kind.B: self._run_b, Kind.W: self._run_w}
+        self._opened = False
+        self._now: Callable[[], float] = time.monotonic
+        self.num_events = 0  # messages in, tasks started and ended: the watchdogs' progress count
+        self.on_control: Callable[[Message], None] | None = None  # CONTROL messages (faults.py)
+        self.running_task: Task | None = None
+
+    # -- per-step state -------------------------------------------------------------------
+    def _reset(self, step: int, inputs: Sequence[Any] | None, targets: Sequence[Any] | None
+               ) -> None:
+        self.step_index = step
+        n_chunks = len(self.stages)
+        M = self.num_microbatches
+        self._ready = ReadySet(
+            self.hint.priority(self.rank), cap=self.cap, num_chunks=n_chunks,
+            split_backward=self.split_backward,
+            strict_order=self.hint.strict_order(self.rank) if self.mode == "strict" else None)
+        if self.coordinator is not None:
+            self._ready = self.coordinator.wrap(self._ready, step=step, mode=self.mode,
+                                                wakeup=self._wakeup, fail=self.fail)
+        self._missing: dict[Task, int] = {}
+        self._ready_at: dict[Task, float] = {}
+        self._acts: dict[tuple[int, int], tuple[Any, ...]] = {}
+        self._grads: dict[tuple[int, int], tuple[Any, ...]] = {}
+        self._targets = targets
+        self._loss: Any = None
+        last = self.num_stages - 1
+        for task in all_tasks(n_chunks, M, self.split_backward):
+            stage = self.stages[task.chunk]
+            self._missing[task] = 2 if task.kind is Kind.B and stage != last else 1
+        self._report = StepReport(step, num_ranks=self.placement.num_ranks)
+        self._now = clock_of(asyncio.get_running_loop())
+        self._report.start = self._now()
+        self._active = True
+        if self.stages[0] == 0:
+            if inputs is None and self.executors is None:
+                inputs = [()] * M
+            if inputs is None or len(inputs) != M:
+                raise ConfigError("the rank holding stage 0 needs the step's microbatches",
+                                  rank=self.rank, step=step, expected=f"{M} microbatches",
+                                  got=None if inputs is None else len(inputs))
+            for m, x in enumerate(inputs):
+                self._acts[(0, m)] = x if isinstance(x, tuple) else (x,)
+                self._satisfy(Task(Kind.F, m, 0))
+        for msg in self._early.pop(step, []):
+            self._route(msg)
+
+    def _satisfy(self, task: Task) -> None:
+        left = self._missing[task] - 1
+        self._missing[task] = left
+        if left == 0:
+            self._ready_at[task] = self._now()
+            self._ready.push(task)
+            self._wakeup.notify()
+
+    # -- messages -------------------------------------------------------------------------
+    def _deliver(self, msg: Message) -> None:
+        if msg.kind is MessageKind.CONTROL and self.on_control is not None:
+            self.on_control(msg)  # heartbeats and errors: not progress of the step
+            return
+        self.num_events += 1
+        try:
+            if msg.kind not in (MessageKind.ACTIVATION, MessageKind.GRADIENT):
+                raise ProtocolError("message kind this runtime does not handle", rank=self.rank,
+                                    expected="activation or gradient", got=msg.describe())
+            if self._active and msg.step == self.step_index:
+                self._route(msg)
+            elif msg.step == self.step_index + 1:
+                self._early.setdefault(msg.step, []).append(msg)
+            else:
+                raise ProtocolError(
+                    "message for a step this rank is not running", rank=self.rank,
+                    step=self.step_index, expected=f"step {self.step_index} or "
+                    f"{self.step_index + 1}", got=msg.describe())
+        except AioreadyError as exc:
+            self.fail(exc)
+
+    def fail(self, exc: BaseException) -> None:
+        """Stop the running step with `exc` (from a message handler or a watchdog)."""
+        if self._error is None:
+            self._error = exc
+        self._wakeup.fail(exc)
+
+    def _route(self, msg: Message) -> None:
+        if msg.stage not in self.stages:
+            raise ProtocolError("message for a stage this rank does not hold", rank=self.rank,
+                                step=msg.step, expected=f"stages {list(self.stages)}",
+                                got=msg.describe())
+        if not 0 <= msg.microbatch < self.num_microbatches:
+            raise ProtocolError("message for an unknown microbatch", rank=self.rank,
+                                step=msg.step, expected=f"0..{self.num_microbatches - 1}",
+                                got=msg.describe())
+        chunk = self.stages.index(msg.stage)
+        key = (chunk, msg.microbatch)
+        if msg.kind is MessageKind.ACTIVATION:
+            store, task, ok = self._acts, Task(Kind.F, msg.microbatch, chunk), msg.stage > 0
+        else:
+            store, task = self._grads, Task(Kind.B, msg.microbatch, chunk)
+            ok = msg.stage < self.num_stages - 1
+        if not ok:
+            raise ProtocolError("message kind that this stage never receives", rank=self.rank,
+                                step=msg.step, expected="activations for stages > 0, gradients "
+                                "for stages < last", got=msg.describe())
+        if key in store or self._missing.get(task, 0) <= 0:
+            raise ProtocolError("duplicate message", rank=self.rank, step=msg.step,
+                                task=task, expected="one message per task", got=msg.describe())
+        store[key] = msg.tensors
+        self._satisfy(task)
+
+    # -- the step -------------------------------------------------------------------------
+    async def run_step(self, step: int, inputs: Sequence[Any] | None = None,
+                       targets: Sequence[Any] | None = None) -> Any:
+        """Run this rank's tasks of `step`; return the loss on the last stage, else None."""
+        if self._active:
+            raise RuntimeError(f"rank {self.rank}: step {self.step_index} is still running")
+        self._error = None
+        if not self._opened:  # inside the loop, so transports may start their pollers here
+            self.transport.open(self._deliver)
+            self._opened = True
+        self._reset(step, inputs, targets)
+        try:
+            engine = ProgressEngine.existing()
+            await run_arbiter(self._ready, self._execute, self._wakeup, len(self._missing),
+                              self._check, None if engine is None else engine.set_waiting)
+            await self.transport.wait_sent()
+            if self.coordinator is not None:
+                await self.coordinator.wait_sent()
+        except AioreadyError as exc:
+            exc.locate(rank=self.rank, step=step)
+            raise
+        except Exception as exc:
+            raise InternalError(f"unexpected {type(exc).__name__} in the runtime: {exc}; "
+                                "please file a bug", rank=self.rank, step=step) from exc
+        finally:
+            self._active = False
+        self._report.end = self._now()
+        self._report.peak_in_flight[self.rank] = self._ready.peak_in_flight
+        self.reports.append(self._report)
+        return self._loss
+
+    def _check(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    async def _execute(self, task: Task) -> None:
+        stage = self.stages[task.chunk]
+        info = TaskInfo(self.step_index, self.rank, stage, task.chunk, task.microbatch,
+                        task.kind)
+        start = self._now()
+        self.num_events += 1
+        self.running_task = task
+        await self._handlers[task.kind](task, stage, info)
+        self.running_task = None
+        self.num_events += 1
+        end = self._now()
+        self._report.spans.append(Span(self.rank, stage, task.chunk, task.microbatch, task.kind,
+                                       self._ready_at.pop(task, start), start, end))
+        self._ready.done(task)
+        if task.kind is Kind.F:
+            self._satisfy(Task(Kind.B, task.microbatch, task.chunk))
+        elif task.kind is Kind.B and self.split_backward:
+            self._satisfy(Task(Kind.W, task.microbatch, task.chunk))
+
+    def _fn(self, chunk: int, name: str) -> Callable[..., Any]:
+        if self.executors is None:
+            return _noop
+        return getattr(self.executors[chunk], name)  # type: ignore[no-any-return]
+
+    async def _run_f(self, task: Task, stage: int, info: TaskInfo) -> None:
+        inputs = self._acts.pop((task.chunk, task.microbatch))
+        last = stage == self.num_stages - 1
+        target = self._targets[task.microbatch] if last and self._targets is not None else None
+        out = await self.device.run(info, partial(self._fn(task.chunk, "forward"),
+                                                  task.microbatch, inputs, target))
+        if last:
+            if out:
+                self._loss = out[0] if self._loss is None else self._loss + out[0]
+        else:
+            self._send(MessageKind.ACTIVATION, stage + 1, task.microbatch, out)
+
+    async def _run_b(self, task: Task, stage: int, info: TaskInfo) -> None:
+        grads = self._grads.pop((task.chunk, task.microbatch), None)
+        name = "backward_input" if self.split_backward else "backward"
+        out = await self.device.run(info, partial(self._fn(task.chunk, name),
+                                                  task.microbatch, grads))
+        if stage > 0:
+            self._send(MessageKind.GRADIENT, stage - 1, task.microbatch, out)
+
+    async def _run_w(self, task: Task, stage: int, info: TaskInfo) -> None:
+        await self.device.run(info, partial(self._fn(task.chunk, "backward_weight"),
+                                            task.microbatch))
+
+    def _send(self, kind: MessageKind, stage: int, mb: int, tensors: tuple[Any, ...]) -> None:
+        msg = Message(self.step_index, kind, stage, mb, tuple(tensors or ()))
+        self.transport.send_nowait(self.placement.rank_of(stage), msg)
+
+    # -- introspection --------------------------------------------------------------------
+    def pending_receives(self) -> list[tuple[Task, int]]:
+        """Tasks still waiting on a message, with the rank that must send it (best first)."""
+        if not self._active:
+            return []
+        last = self.num_stages - 1
+        out = []
+        for task, left in self._missing.items():
+            if left <= 0 or task.kind is Kind.W:
+                continue
+            stage = self.stages[task.chunk]
+            key = (task.chunk, task.microbatch)
+            if task.kind is Kind.F and stage > 0 and key not in self._acts:
+                out.append((task, self.placement.rank_of(stage - 1)))
+            elif task.kind is Kind.B and stage < last and key not in self._grads:
+                out.append((task, self.placement.rank_of(stage + 1)))
+        priority = self.hint.priority(self.rank)
+        return sorted(out, key=lambda tr: priority[tr[0]])
+
+    def dump(self) -> str:
+        """A one-screen summary of where this rank stands (for stall and fault reports)."""
+        if not self._active:
+            return f"rank {self.rank}: idle after step {self.step_index}"
+        waiting = sorted(str(t) for t, n in self._missing.items() if n > 0)
+        done = {Task(Kind(s.kind), s.microbatch, s.chunk) for s in self._report.spans}
+        order = self.hint.orders[self.rank]
+        pos = next((i for i, t in enumerate(order) if t not in done), len(order))
+        recv = [f"{t}<-rank {r}" for t, r in self.pending_receives()]
+        return (f"rank {self.rank} step {self.step_index} ({self.mode}): running "
+                f"{self.running_task or '-'}, ready "
+                f"{[str(t) for t in self._ready.ready_tasks()]}, in flight "
+                f"{self._ready.in_flight}/{self.cap} microbatches "
+                f"{self._ready.in_flight_microbatches}, done {len(done)}/{len(self._missing)}, "
+                f"hint position {pos}/{len(order)} (next {order[pos] if pos < len(order) else '-'}"
+                f", strict next {self._ready.next_in_order}), pending receives {len(recv)} "
+                f"{recv[:8]}, waiting on {len(waiting)} tasks (first {waiting[:6]})")
+
+    def __repr__(self) -> str:
+        return f"<RankRuntime rank={self.rank} mode={self.mode} cap={self.cap} stages={self.stages}>"

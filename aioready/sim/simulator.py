@@ -1,0 +1,280 @@
+"""Simulator: the real runtime, every rank in one process, on a virtual clock.
+
+`simulate` builds one RankRuntime per rank (the same ReadySet, arbiter, runtime and in-process
+transport code as a training run; no stage modules, so nothing is computed) with a SimDevice
+whose durations come from a jitter model or a trace, and runs the step(s) on
+`clock.run_virtual`. Simulated time passes instantly and a run is a pure function of its
+arguments: the same seed gives byte-identical `to_json()`.
+
+Time unit: the virtual clock counts trace units, so every time here is in ms. Same-instant
+events are ordered by clock.py's `wait_idle` (awaited by the arbiter): every completion and
+delivery of an instant runs before any arbiter decides, so strict 1F1B and GPipe with F=1, B=2
+take exactly (M+S-1)*(F+B).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Coroutine, Sequence
+
+import numpy as np
+
+from ..clock import run_virtual
+from ..devices.sim import SimDevice
+from ..errors import ConfigError
+from ..hints import HintOrder
+from ..placement import Placement
+from ..runtime.pipeline import _first_cause
+from ..runtime.rank import MODES, RankRuntime
+from ..schedulers import make_hint
+from ..tasks import Kind
+from ..telemetry.bounds import lower_bound_table
+from ..telemetry.spans import StepReport
+from ..transports.inproc import InprocWorld
+from .durations import Durations, device_duration
+from .traces import Trace, read_trace
+from .variability import BaseDurations, JitterModel, parse_jitter
+
+__all__ = ["simulate", "SimResult", "StepStats", "resolve_caps"]
+
+
+def resolve_caps(cap: int | str | Sequence[int] | None, hint: HintOrder) -> list[int | None]:
+    """Per-rank caps from None (the hint's peak), an int, 'Nx' (N times the hint's peak,
+    rounded up) or one int per rank."""
+    R = hint.num_ranks
+    if cap is None:
+        return [None] * R
+    if isinstance(cap, str):
+        text = cap.strip().lower()
+        if text.endswith("x"):
+            try:
+                factor = float(text[:-1])
+            except ValueError:
+                factor = -1.0
+            if not factor > 0:
+                raise ConfigError("cap factor", expected="like '2x' (a multiple of the hint's "
+                                  "peak in-flight)", got=repr(cap))
+            return [max(1, math.ceil(factor * c - 1e-9)) for c in hint.default_caps or ()]
+        if not text.isdigit():
+            raise ConfigError("cap", expected="an integer >= 1 or a factor like '2x'",
+                              got=repr(cap))
+        cap = int(text)
+    if isinstance(cap, int):
+        if cap < 1:
+            raise ConfigError("cap must admit at least one microbatch", expected=">= 1", got=cap)
+        return [cap] * R
+    caps = [int(c) for c in cap]
+    if len(caps) != R:
+        raise ConfigError("cap: one per rank", expected=R, got=len(caps))
+    return list(caps)
+
+
+@dataclass(frozen=True, slots=True)
+class StepStats:
+    """One simulated step; times in ms."""
+
+    step_time: float
+    lower_bound: float
+    efficiency: float
+    busy_fraction: tuple[float, ...]
+    bubble_fraction: float
+    peak_in_flight: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SimResult:
+    """What `simulate` measured; times in ms. Aggregates are over all steps."""
+
+    stages: int
+    microbatches: int
+    ranks: int
+    hint: str
+    mode: str
+    jitter: str
+    seed: int
+    trace: str | None
+    split_backward: bool
+    cap: tuple[int, ...]
+    per_step: tuple[StepStats, ...]
+    num_tasks: int
+    num_messages: int
+    wall_s: float = field(default=0.0, compare=False)
+    """real seconds the simulation took (not part of to_json: it is not deterministic)"""
+
+    @property
+    def step_time(self) -> float:
+        """Mean step time."""
+        return sum(s.step_time for s in self.per_step) / len(self.per_step)
+
+    @property
+    def lower_bound(self) -> float:
+        return sum(s.lower_bound for s in self.per_step) / len(self.per_step)
+
+    @property
+    def efficiency(self) -> float:
+        """Total lower bound over total step time."""
+        return sum(s.lower_bound for s in self.per_step) / sum(s.step_time
+                                                               for s in self.per_step)
+
+    @property
+    def busy_fraction(self) -> tuple[float, ...]:
+        total = sum(s.step_time for s in self.per_step)
+        return tuple(sum(s.busy_fraction[r] * s.step_time for s in self.per_step) / total
+                     for r in range(self.ranks))
+
+    @property
+    def bubble_fraction(self) -> float:
+        busy = self.busy_fraction
+        return 1.0 - sum(busy) / len(busy)
+
+    @property
+    def peak_in_flight(self) -> tuple[int, ...]:
+        return tuple(max(s.peak_in_flight[r] for s in self.per_step) for r in range(self.ranks))
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain data; step_time, lower_bound and efficiency are lists when several steps ran."""
+        several = len(self.per_step) > 1
+
+        def value(name: str) -> Any:
+            vals = [getattr(s, name) for s in self.per_step]
+            return vals if several else vals[0]
+        return {
+            "time_unit": "ms", "stages": self.stages, "ranks": self.ranks,
+            "microbatches": self.microbatches, "hint": self.hint, "mode": self.mode,
+            "jitter": self.jitter, "seed": self.seed, "trace": self.trace,
+            "split_backward": self.split_backward, "cap": list(self.cap),
+            "steps": len(self.per_step), "step_time": value("step_time"),
+            "lower_bound": value("lower_bound"), "efficiency": value("efficiency"),
+            "busy_fraction": list(self.busy_fraction), "bubble_fraction": self.bubble_fraction,
+            "peak_in_flight": list(self.peak_in_flight), "num_tasks": self.num_tasks,
+            "num_messages": self.num_messages,
+            "per_step": [asdict(s) for s in self.per_step] if several else None,
+        }
+
+    def to_json(self, indent: int | None = 2) -> str:
+        """Deterministic JSON (no wall-clock figures): byte-identical for the same arguments."""
+        return json.dumps(self.as_dict(), indent=indent, allow_nan=False) + "\n"
+
+    def summary(self) -> str:
+        return (f"{self.hint} {self.mode}: step time {self.step_time:.4g} ms, lower bound "
+                f"{self.lower_bound:.4g} ms, efficiency {self.efficiency:.3f}, bubble "
+                f"{self.bubble_fraction:.3f}, peak in-flight max {max(self.peak_in_flight)}")
+
+
+def _check_int(name: str, value: Any, least: int = 1) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < least:
+        raise ConfigError(f"{name} must be an integer >= {least}", expected=f">= {least}",
+                          got=repr(value))
+    return value
+
+
+def _durations(trace: str | Path | Trace | None, jitter: str, seed: int, hint: HintOrder,
+               base: BaseDurations | None, steps: int) -> tuple[Durations, JitterModel]:
+    spec = parse_jitter(jitter)
+    model = JitterModel(spec, seed=seed, placement=hint.placement,
+                        num_microbatches=hint.num_microbatches,
+                        split_backward=hint.split_backward, base=base)
+    if trace is None:
+        return model, model
+    if spec.has_compute:
+        raise ConfigError("a trace gives the task durations; jitter may only add comm terms",
+                          expected="jitter 'none' or 'comm:...'", got=str(spec))
+    loaded = trace if isinstance(trace, Trace) else read_trace(trace, placement=hint.placement)
+    loaded.check(hint.placement, hint.num_microbatches, hint.split_backward, steps)
+    return loaded, model
+
+
+async def _run_steps(runtimes: list[RankRuntime], steps: int) -> None:
+    for step in range(steps):
+        try:
+            async with asyncio.TaskGroup() as group:
+                for rt in runtimes:
+                    group.create_task(rt.run_step(step))
+        except BaseExceptionGroup as errors:
+            raise _first_cause(errors) from None
+
+
+def _run_blocking(main: Coroutine[Any, Any, None]) -> None:
+    """Run on a fresh virtual-clock loop; from inside a running loop (a notebook, async code),
+    in a helper thread, since a thread can run one loop at a time. The caller waits."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        run_virtual(main)
+        return
+    with ThreadPoolExecutor(1, thread_name_prefix="aioready-sim") as pool:
+        pool.submit(run_virtual, main).result()
+
+
+
+def _step_stats(reports: list[StepReport], table: np.ndarray, hint: HintOrder) -> StepStats:
+    start = min(r.start for r in reports)
+    end = max(r.end for r in reports)
+    total = end - start
+    busy = [0.0] * hint.num_ranks
+    peak = [0] * hint.num_ranks
+    for report in reports:
+        for span in report.spans:
+            busy[span.rank] += span.end - span.start
+        for rank, value in report.peak_in_flight.items():
+            peak[rank] = value
+    fraction = tuple(b / total if total > 0 else 0.0 for b in busy)
+    lb = lower_bound_table(hint.placement, table, hint.split_backward)
+    return StepStats(total, lb, lb / total if total > 0 else 1.0, fraction,
+                     1.0 - sum(fraction) / len(fraction), tuple(peak))
+
+
+def simulate(*, stages: int, microbatches: int, hint: str | HintOrder = "1f1b",
+             mode: str = "ready", jitter: str = "none", seed: int = 0,
+             trace: str | Path | Trace | None = None,
+             cap: int | str | Sequence[int] | None = None, split_backward: bool = False,
+             steps: int = 1, ranks: int | None = None,
+             base: BaseDurations | None = None) -> SimResult:
+    """Simulate `steps` steps of a pipeline with the real runtime on a virtual clock.
+
+    Durations come from `trace` (a CSV path or a Trace; `jitter` may then add only comm terms)
+    or from the seeded `jitter` model over `base` durations. `cap`: None (the hint's peak per
+    rank), an int, 'Nx' (N times the hint's peak) or one int per rank. It runs its own
+    virtual-clock loop and blocks until done (from async code: in a helper thread).
+    """
+    _check_int("stages", stages)
+    _check_int("microbatches", microbatches)
+    _check_int("steps", steps)
+    _check_int("seed", seed, 0)
+    if mode not in MODES:
+        raise ConfigError("mode", expected=" | ".join(MODES), got=repr(mode))
+    order = make_hint(hint, num_stages=stages, num_ranks=ranks, num_microbatches=microbatches,
+                      split_backward=split_backward)
+    if (order.placement.num_stages, order.num_microbatches, order.split_backward) != (
+            stages, microbatches, split_backward):
+        raise ConfigError(f"hint {order.name!r} was built for another pipeline shape",
+                          expected=f"stages={stages}, microbatches={microbatches}, "
+                          f"split_backward={split_backward}",
+                          got=f"stages={order.placement.num_stages}, microbatches="
+                          f"{order.num_microbatches}, split_backward={order.split_backward}")
+    durations, model = _durations(trace, jitter, seed, order, base, steps)
+    world = InprocWorld(order.num_ranks, delay=model.delay(scale=1.0))
+    device = SimDevice(device_duration(durations, scale=1.0), run_compute=False)
+    caps = resolve_caps(cap, order)
+    runtimes = [RankRuntime(rank=r, hint=order, mode=mode, cap=caps[r], executors=None,
+                            device=device, transport=world.endpoints[r])
+                for r in range(order.num_ranks)]
+    began = time.perf_counter()
+    _run_blocking(_run_steps(runtimes, steps))
+    wall = time.perf_counter() - began
+    per_step = tuple(_step_stats([rt.reports[i] for rt in runtimes], durations.table(i), order)
+                     for i in range(steps))
+    source = trace.source if isinstance(trace, Trace) else None if trace is None else str(trace)
+    return SimResult(
+        stages=stages, microbatches=microbatches, ranks=order.num_ranks, hint=order.name,
+        mode=mode, jitter=str(parse_jitter(jitter)), seed=seed,
+        trace=source, split_backward=split_backward,
+        cap=tuple(rt.cap for rt in runtimes), per_step=per_step,
+        num_tasks=sum(len(rt.reports[0].spans) for rt in runtimes) * steps,
+        num_messages=world.num_messages, wall_s=wall)

@@ -1,0 +1,54 @@
+"""The lower bound of a step from its realised durations (communication ignored).
+
+LB = max(longest dependency chain, max over ranks r of head_r + busy_r + tail_r): `busy_r` is the
+sum of r's task durations, `head_r` the least time any microbatch needs to reach r's first stage,
+and `tail_r` (unsplit backward only) the least time a gradient needs from r's first stage back to
+stage 0; with split backward W can fill that tail. With no jitter this makes 1F1B and GPipe
+exactly 1.0 efficient. Efficiency = LB / step time: every benchmark and every step's metrics
+report it, for real runs and simulated ones alike.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
+
+import numpy as np
+
+from ..tasks import Kind
+
+if TYPE_CHECKING:
+    from ..placement import Placement
+
+__all__ = ["lower_bound", "lower_bound_table"]
+
+
+def lower_bound_table(placement: Placement, table: np.ndarray, split_backward: bool) -> float:
+    """The lower bound of one step from its duration table (stages, microbatches, 3)."""
+    F, B = table[:, :, Kind.F], table[:, :, Kind.B]
+    W = table[:, :, Kind.W] if split_backward else np.zeros_like(F)
+    f_end = np.cumsum(F, axis=0)  # F(s,m) ends after every F up to s
+    b_end = f_end[-1] + np.cumsum(B[::-1], axis=0)[::-1]  # B(s,m) after the last F and B >= s
+    chain = float(np.max(b_end + W))
+    before_f = np.vstack([np.zeros((1, F.shape[1])), f_end])  # F of stages < s
+    before_b = np.vstack([np.zeros((1, B.shape[1])), np.cumsum(B, axis=0)])  # B of stages < s
+    busy = (F + B + W).sum(axis=1)
+    best = chain
+    for rank in range(placement.num_ranks):
+        stages = list(placement.stages_of(rank))
+        first = min(stages)
+        head = float(before_f[first].min())
+        tail = 0.0 if split_backward else float(before_b[first].min())
+        best = max(best, head + float(busy[stages].sum()) + tail)
+    return best
+
+
+def lower_bound(placement: Placement, num_microbatches: int, split_backward: bool,
+                duration: Callable[[int, int, Kind], float]) -> float:
+    """DESIGN.md's lower bound; `duration(stage, microbatch, kind)` gives realised durations."""
+    kinds = (Kind.F, Kind.B, Kind.W) if split_backward else (Kind.F, Kind.B)
+    table = np.zeros((placement.num_stages, num_microbatches, 3))
+    for s in range(placement.num_stages):
+        for m in range(num_microbatches):
+            for k in kinds:
+                table[s, m, k] = duration(s, m, k)
+    return lower_bound_table(placement, table, split_backward)
