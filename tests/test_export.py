@@ -19,6 +19,7 @@ from aioready.telemetry.export import (
     chrome_trace,
     read_chrome_trace,
     read_csv,
+    read_reports,
     write_chrome_trace,
     write_csv,
     write_parquet,
@@ -143,3 +144,14 @@ def test_plot_command_from_json_and_csv(tmp_path: Path) -> None:
         assert (tmp_path / name).read_bytes().startswith(PNG_MAGIC)
     assert cli_main(["plot", str(tmp_path / "t.csv"), "-o", str(tmp_path / "c.png"),
                      "--step", "9"]) == 1  # a clear error, not a traceback
+
+
+def test_read_reports_picks_the_reader_by_suffix(tmp_path: Path) -> None:
+    reps = reports(steps=1)
+    spans = sorted((s.rank, s.label) for s in reps[0].spans)
+    for path in (write_chrome_trace(reps, tmp_path / "t.json"), write_csv(reps, tmp_path / "t.csv")):
+        back = read_reports(path)
+        assert [r.step for r in back] == [reps[0].step]
+        assert sorted((s.rank, s.label) for s in back[0].spans) == spans
+    with pytest.raises(TraceError, match="unknown trace file type"):
+        read_reports(tmp_path / "t.parquet")

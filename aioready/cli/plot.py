@@ -36,8 +36,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 
 
 def _pick(path: str, step: int | None) -> StepReport:
-    from ..telemetry.export import read_trace
-    reports = read_trace(path)
+    from ..telemetry.export import read_reports
+    reports = read_reports(path)
     if step is None:
         return reports[-1]
     for r in reports:

@@ -22,7 +22,7 @@ from ..tasks import Kind
 from .spans import Span, StepReport
 
 __all__ = ["KIND_CNAME", "KIND_COLOR", "CSV_COLUMNS", "chrome_trace", "write_chrome_trace",
-           "read_chrome_trace", "write_csv", "read_csv", "write_parquet", "read_trace"]
+           "read_chrome_trace", "write_csv", "read_csv", "write_parquet", "read_reports"]
 
 KIND_CNAME = {Kind.F: "thread_state_runnable", Kind.B: "good", Kind.W: "yellow"}
 KIND_COLOR = {Kind.F: "#4C78A8", Kind.B: "#59A14F", Kind.W: "#EDC948"}
@@ -177,8 +177,10 @@ def write_parquet(reports: Sequence[StepReport], path: str | Path) -> Path:
     return path
 
 
-def read_trace(path: str | Path) -> list[StepReport]:
-    """Read a Chrome trace (.json) or a span CSV (.csv), by suffix."""
+def read_reports(path: str | Path) -> list[StepReport]:
+    """Step reports from a Chrome trace (.json) or a span CSV (.csv), by suffix.
+
+    Not a duration trace (aioready.sim.traces.read_trace): this reads what a run recorded."""
     suffix = Path(path).suffix.lower()
     if suffix == ".json":
         return read_chrome_trace(path)
