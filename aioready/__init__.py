@@ -7,8 +7,7 @@ need them.
 
 from __future__ import annotations
 
-import asyncio
-from typing import Any, Awaitable, TypeVar
+from typing import Any
 
 from .errors import (
     AioreadyError,
@@ -24,6 +23,7 @@ from .errors import (
     TraceError,
 )
 from .hints import HintOrder
+from .launch import run_loop as run
 from .placement import Placement
 from .tasks import Kind, Task
 
@@ -35,19 +35,6 @@ __all__ = [
 
 __version__ = "0.1.0"
 
-T = TypeVar("T")
-
-
-def run(main: Awaitable[T], *, debug: bool | None = None) -> T:
-    """`asyncio.run`, on a uvloop loop when uvloop is installed; never changes the loop policy."""
-    try:
-        import uvloop
-        factory: Any = uvloop.new_event_loop
-    except ImportError:
-        factory = None
-    with asyncio.Runner(debug=debug, loop_factory=factory) as runner:
-        return runner.run(main)  # type: ignore[arg-type]
-
 
 def __getattr__(name: str) -> Any:
     if name == "Pipeline":
@@ -57,6 +44,6 @@ def __getattr__(name: str) -> Any:
         from .schedulers import make_hint
         return make_hint
     if name == "simulate":
-        from .sim.simulator import simulate  # type: ignore[attr-defined]
+        from .sim.simulator import simulate
         return simulate
     raise AttributeError(f"module 'aioready' has no attribute {name!r}")

@@ -21,7 +21,7 @@ import torch  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 from aioready.devices.cuda import CUDADevice  # noqa: E402
-from aioready.runtime.launch import run  # noqa: E402
+from aioready.launch import run  # noqa: E402
 from aioready.runtime.pipeline import Pipeline  # noqa: E402
 from aioready.testing.helpers import make_mlp_stages, mse_loss, reference_step  # noqa: E402
 from aioready.transports.mpi import MPITransport  # noqa: E402

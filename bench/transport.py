@@ -31,7 +31,7 @@ from mpi4py import MPI
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from aioready.progress import ProgressEngine  # noqa: E402
-from aioready.runtime.launch import run  # noqa: E402
+from aioready.launch import run  # noqa: E402
 from aioready.transports.base import Message, MessageKind  # noqa: E402
 from aioready.transports.mpi import MPITransport  # noqa: E402
 

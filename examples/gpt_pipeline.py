@@ -17,7 +17,7 @@ import torch
 
 import aioready
 from aioready.cli.trainer import synthetic_microbatch
-from aioready.runtime.launch import run
+from aioready.launch import run
 from aioready.testing.models import gpt_stages, lm_loss
 
 

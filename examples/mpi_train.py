@@ -6,7 +6,7 @@ Every rank builds the same full model from a fixed seed (aioready.testing.make_m
 keeps only its own stages; data comes from a seeded generator, so every rank agrees on the batch
 without sending it. The last rank prints the loss of each step. With --check, the first step's
 loss and gradients are compared against the unsplit model (float64, max abs diff <= 1e-10).
-An error on any rank aborts the whole job (aioready.runtime.launch.run).
+An error on any rank aborts the whole job (aioready.launch.run).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from aioready.runtime.launch import run
+from aioready.launch import run
 from aioready.runtime.pipeline import Pipeline
 from aioready.schedulers import HINTS, make_hint
 from aioready.testing.helpers import make_mlp_stages, mse_loss, reference_step

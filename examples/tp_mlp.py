@@ -11,7 +11,7 @@ line `RESULT {json}`. Random per-task delays after each task's compute (`--jitte
 in [0, J] plus tp_rank * J/2, seeded by world rank, so each TP member sees readiness at
 different moments; `--straggler-ms`: one member holds its gradients longer) exercise the
 coordination. Any error aborts the
-whole job (aioready.runtime.launch.abort_on_error): a mismatch is an error message, not a hang.
+whole job (aioready.launch.abort_on_error): a mismatch is an error message, not a hang.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from mpi4py import MPI
 import aioready
 from aioready.devices.cpu import CPUDevice
 from aioready.devices.delayed import DelayedDevice
-from aioready.runtime.launch import abort_on_error
+from aioready.launch import abort_on_error
 from aioready.runtime.pipeline import Pipeline
 from aioready.tasks import Kind
 from aioready.testing.helpers import mse_loss, reference_step

@@ -156,7 +156,7 @@ def test_cuda_tensors_arrive_intact() -> None:
     assert "CUDA OK" in proc.stdout, proc.stdout
 
 
-_OVERSUB = ("from mpi4py import MPI; from aioready.runtime.launch import say; "
+_OVERSUB = ("from mpi4py import MPI; from aioready.launch import say; "
             "from aioready.transports.mpi import MPITransport; "
             "say('OVERSUBSCRIBED', MPITransport(MPI.COMM_WORLD).oversubscribed)")
 

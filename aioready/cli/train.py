@@ -94,7 +94,7 @@ def mpi_comm() -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..runtime.launch import run as run_loop  # under mpirun: any error aborts every rank
+    from ..launch import run as run_loop  # under mpirun: any error aborts every rank
     from .trainer import train, write_outputs
     cfg = config_from_args(args)
     import torch

@@ -28,7 +28,7 @@ delivered locally on the loop, by reference.
 
 A header that does not parse, or sizes that do not match it, raise ProtocolError on the receiving
 rank: the runtime's step fails with it (see `open`), and `python -m aioready` or
-`aioready.runtime.launch.abort_on_error` turn it into MPI_Abort so the whole job stops.
+`aioready.launch.abort_on_error` turn it into MPI_Abort so the whole job stops.
 
 `MPITransport(comm)` duplicates `comm`, a collective call: every rank constructs its transport at
 the same point of the program.

@@ -11,7 +11,7 @@ import logging
 import torch
 from mpi4py import MPI
 
-from aioready.runtime.launch import run, say
+from aioready.launch import run, say
 from aioready.transports.base import Message, MessageKind
 from aioready.transports.mpi import MPITransport
 

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from aioready.runtime.launch import run, say
+from aioready.launch import run, say
 from aioready.runtime.pipeline import Pipeline
 from aioready.schedulers import HINTS, make_hint
 from aioready.testing.helpers import make_mlp_stages, mse_loss, reference_step

@@ -4,7 +4,7 @@ Usage: mpiexec -n 4 python tests/mpi_scripts/peer_fault.py FAULT VICTIM STEP
 FAULT = kill (SIGKILL) | stop (SIGSTOP) | raise (ValueError in the victim's forward) | none.
 The victim injects it in its forward of microbatch 1 of step STEP, after printing
 `FAULT rank=R t=<unix time>`; a rank whose step fails prints `DETECTED rank=R t=... type=... msg=...`
-then aioready.runtime.launch aborts the job.
+then aioready.launch aborts the job.
 """
 
 import asyncio
@@ -17,7 +17,7 @@ import torch
 from mpi4py import MPI
 
 from aioready import AioreadyError
-from aioready.runtime.launch import run, say
+from aioready.launch import run, say
 from aioready.runtime.pipeline import Pipeline
 from aioready.testing.helpers import make_mlp_stages, mse_loss
 from aioready.transports.mpi import MPITransport

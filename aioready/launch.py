@@ -14,14 +14,15 @@ exception), or wrap the entry point:
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import sys
 import traceback
 from contextlib import contextmanager
-from typing import Awaitable, Iterator, TypeVar
+from typing import Any, Awaitable, Iterator, TypeVar
 
-__all__ = ["abort_on_error", "run", "say", "world"]
+__all__ = ["abort_on_error", "run", "run_loop", "say", "world"]
 
 T = TypeVar("T")
 
@@ -61,8 +62,21 @@ def abort_on_error(exit_code: int = 1) -> Iterator[None]:
         raise
 
 
+def run_loop(main: Awaitable[T], *, debug: bool | None = None) -> T:
+    """`asyncio.run` on a uvloop loop when uvloop is installed; never changes the loop policy.
+
+    This is `aioready.run`: the library itself never installs uvloop, only entry points do.
+    """
+    try:
+        import uvloop
+        factory: Any = uvloop.new_event_loop
+    except ImportError:
+        factory = None
+    with asyncio.Runner(debug=debug, loop_factory=factory) as runner:
+        return runner.run(main)  # type: ignore[arg-type]
+
+
 def run(main: Awaitable[T], *, debug: bool | None = None) -> T:
     """`aioready.run(main)` (uvloop when installed) that aborts the MPI job on an error."""
-    from .. import run as run_loop
     with abort_on_error():
         return run_loop(main, debug=debug)
