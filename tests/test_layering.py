@@ -1,4 +1,4 @@
-"""The core imports without torch and mpi4py (DESIGN.md "Layout": layering)."""
+"""The core imports without torch and mpi4py (docs/architecture.md "Layers and subpackages")."""
 
 from __future__ import annotations
 
