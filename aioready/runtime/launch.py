@@ -5,7 +5,7 @@ never come. `python -m aioready ...` already aborts the MPI job on an error; for
 either run them as `mpiexec -n 4 python -m mpi4py script.py` (mpi4py aborts on any unhandled
 exception), or wrap the entry point:
 
-    from aioready.launch import run
+    from aioready.runtime.launch import run
     run(main())                      # aioready.run + MPI_Abort on error
 
     with abort_on_error():           # or around any block
