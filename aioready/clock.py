@@ -11,8 +11,9 @@ deadline order and then in scheduling order. On top of that, `wait_idle()` retur
 resolves only once nothing else is left to run at the current instant (no ready callback, no due
 timer), before the clock moves; waiters are released in the order they began to wait. The arbiter
 awaits it before every decision, so every completion and message of an instant is seen before any
-rank decides what to run next (DESIGN.md: completions before the arbiter's next decision). With no
-threads in the process this makes a run a pure function of its inputs.
+rank decides what to run next (docs/architecture.md "The simulator": completions before the
+arbiter's next decision). With no threads in the process this makes a run a pure function of its
+inputs.
 
 If nothing is ready, no timer is scheduled and nothing is being waited for on a descriptor, the
 program can never progress: the loop raises VirtualClockDeadlock instead of blocking forever.

@@ -1,11 +1,11 @@
 """HintOrder: a per-rank ranking of that rank's tasks, used by the arbiter as a hint.
 
-Two kinds of hint reduce to the same value (DESIGN.md "Hint orders"): an *order* (rank = position
-in a list: 1F1B, ZB-H1, an imported torch order) and a *priority rule* (rank computed from the
-task: BF, BFW). Both are stored as one list per rank, sorted by rank. An order is also a valid
-sequence to run in `strict` mode; a rule is not (its sorted list ignores dependencies), so
-`is_sequence` is False for rules and strict mode refuses them unless the scheduler derived a
-sequence for them.
+Two kinds of hint reduce to the same value (docs/hints.md "Orders and priority rules"): an *order*
+(rank = position in a list: 1F1B, ZB-H1, an imported torch order) and a *priority rule* (rank
+computed from the task: BF, BFW). Both are stored as one list per rank, sorted by rank. An order is
+also a valid sequence to run in `strict` mode; a rule is not (its sorted list ignores
+dependencies), so `is_sequence` is False for rules and strict mode refuses them unless the
+scheduler derived a sequence for them.
 
 The default cap of a rank is the hint's own peak in-flight count on that rank: walking the order
 in sequence, a microbatch enters at the F of the rank's entry chunk (chunk 0) and leaves when its
@@ -61,7 +61,8 @@ def peak_chunk_activations(order: Sequence[Task], *, split_backward: bool) -> in
     """Largest number of (chunk, microbatch) activations held on a rank that runs `order`.
 
     A chunk's activation of a microbatch is held from its F until its last backward piece (B
-    unsplit, W split). This is the memory measure of multi-chunk hints (SCHEDULES.md 4.4).
+    unsplit, W split). This is the memory measure of multi-chunk hints (docs/hints.md "Default
+    caps").
     """
     last_kind = Kind.W if split_backward else Kind.B
     now = peak = 0

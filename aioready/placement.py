@@ -2,7 +2,7 @@
 
 A rank's chunks are numbered in the order a microbatch's forward visits them, which is also
 ascending stage order, so chunk 0 is the rank's entry stage (where a microbatch first arrives).
-Placements (SCHEDULES.md 1.3):
+Placements (docs/hints.md "Placements"):
   linear       S = R, rank r holds stage r
   interleaved  S = v*R, rank r holds stages r, r+R, ..., chunk c = stage c*R + r (Megatron VPP)
   v            S = 2R, rank r holds stages r and 2R-1-r (ZBV, DualPipeV)

@@ -1,20 +1,21 @@
 """The completion engine: one polling coroutine per event loop completes every MPI request and
-CUDA event of the rank (ASYNC.md, "Recommendation").
+CUDA event of the rank (docs/async.md "The completion engine").
 
 MPI has no file descriptor to wait on, and a helper thread blocked in `MPI_Waitany` spins a core
-and fights MPICH's global lock (ASYNC.md 4), so completion is polled on the loop thread. Every
-completion source (MPI requests, CUDA events, fakes in the simulator) sits behind one small
-protocol, `CompletionSource`; the engine only decides *when* to poll:
+and fights MPICH's global lock (docs/async.md "Why polling on the loop thread"), so completion is
+polled on the loop thread. Every completion source (MPI requests, CUDA events, fakes in the
+simulator) sits behind one small protocol, `CompletionSource`; the engine only decides *when* to
+poll:
 
 - **hot** (`await asyncio.sleep(0)`, ~1 us per pass on uvloop) while a source says a transfer needs
   progress (`wants_hot()`: a rendezvous-size message is in flight), for `spin_s` after the last
   completion or `kick()`, or until a deadline set with `stay_hot()`. A 2 ms window, not 200 us:
-  shorter windows let two ranks drift into missing each other by one sleep (ASYNC.md 2). The
-  window must also have been spent on a CPU (thread time), so a preempted poller does not park
-  before it ever looked; `wants_hot()` alone keeps it hot for at most `hot_max_s`.
-  Optionally (`yield_every`, off by default) the poller calls `sched_yield()` every so many hot
-  passes, for ranks forced to share a core; measured here it hurt more than it helped once the
-  ranks were bound to their own cores (it hands the core to unrelated processes): bind instead.
+  shorter windows let two ranks drift into missing each other by one sleep (docs/async.md "Spin,
+  park, back off"). The window must also have been spent on a CPU (thread time), so a preempted
+  poller does not park before it ever looked; `wants_hot()` alone keeps it hot for at most
+  `hot_max_s`. Optionally (`yield_every`, off by default) the poller calls `sched_yield()` every so
+  many hot passes, for ranks forced to share a core; measured here it hurt more than it helped once
+  the ranks were bound to their own cores (it hands the core to unrelated processes): bind instead.
 - **parked** on a timerfd registered with `loop.add_reader` otherwise: `park_s` (250 us) for
   `park_window_s` after the last progress, then longer, growing with the quiet time up to
   `backoff_max_s`, for long bubbles (~1-4 % CPU here, bench/results/transport.md).

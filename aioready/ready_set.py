@@ -6,9 +6,10 @@ back), one for everything else. A decision compares the two heap tops: O(log n),
 
 Note [entry-only gate]: the only task ever held back is the F of the entry chunk (chunk 0), and
 only while `in_flight >= cap`. Gating F of deeper chunks, B or W deadlocks interleaved and V
-placements (SCHEDULES.md 4.1 D5); gating only injection keeps `ready` mode deadlock-free
-(DESIGN.md "The arbiter", SCHEDULES.md 4.3). In-flight counts a microbatch from the start of its
-entry F to the end of its last local backward piece.
+placements (docs/hints.md "What deadlocks in interleaved and V placements if every F is capped");
+gating only injection keeps `ready` mode deadlock-free (docs/architecture.md "The arbiter",
+docs/hints.md "Why ready mode cannot deadlock"). In-flight counts a microbatch from the start of
+its entry F to the end of its last local backward piece.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ the weight gradient too when backward is not split --, W weight gradient), the r
 and the microbatch. Its one text form (`F3`, `B0`, `W7`, `F3c1` for chunk 1) is used in hint files,
 logs, errors and tests, and round-trips through `Task.parse`.
 
-Dependencies (DESIGN.md "One step"), for the stage s that a chunk holds:
+Dependencies (docs/architecture.md "The task graph"), for the stage s that a chunk holds:
   F(s,m) needs the activation of F(s-1,m)            (stage 0: the microbatch itself)
   B(s,m) needs F(s,m) and the gradient of B(s+1,m)   (last stage: only its own F)
   W(s,m) needs B(s,m)

@@ -8,11 +8,11 @@ stages on 4 ranks. Runs the real runtime (RankRuntime, ReadySet, in-process tran
 virtual clock, without compute. Reports the median step time over seeds in each mode, and each
 mode's efficiency = lower bound / step time (median over seeds of the per-seed ratio).
 
-Lower bound: aioready.sim.lower_bound (DESIGN.md's) when that module is present; otherwise a local
-one, labelled as such: the larger of the busiest rank's realized work and the longest single
-microbatch's F/B chain plus its last W. The jitter model is local too (a seeded mean-1 lognormal,
-the same law as variability.py's `lognormal:0.5`), so the bench runs before the variability
-issue lands.
+Lower bound: aioready.sim.lower_bound (docs/architecture.md "Lower bound") when that module is
+present; otherwise a local one, labelled as such: the larger of the busiest rank's realized work
+and the longest single microbatch's F/B chain plus its last W. The jitter model is local too (a
+seeded mean-1 lognormal, the same law as variability.py's `lognormal:0.5`), so the bench runs
+before the variability issue lands.
 
 Run: python -m bench.hints [--quick]   (--quick: 5 seeds instead of 20)
 """

@@ -6,7 +6,7 @@
 `aioready.simulate` runs the real runtime (ready set, arbiter, messages) on a virtual clock:
 task durations come from the seeded jitter model, no time passes for real, and the result is
 exact and deterministic. Efficiency is the lower bound from the realised durations over the
-simulated step time (DESIGN.md "Variability").
+simulated step time (docs/architecture.md "Variability and traces").
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """Every hint under the simulated device on the virtual clock (no torch compute).
 
 strict mode: the step time equals an independent as-soon-as-possible replay of the order, and
-the textbook value where one exists (formulas below, SCHEDULES.md 2.1-2.2); the peak in-flight
-count per rank equals the hint's own. ready mode with random task durations and message delays
-on interleaved and V placements: every task runs exactly once (the entry-only gate never
+the textbook value where one exists (formulas below, docs/hints.md "Textbook figures"); the peak
+in-flight count per rank equals the hint's own. ready mode with random task durations and message
+delays on interleaved and V placements: every task runs exactly once (the entry-only gate never
 deadlocks).
 """
 
@@ -58,7 +58,7 @@ def textbook(name: str, split: bool, S: int, R: int, M: int) -> float | None:
         return M * c + (R - 1) * (f + b - w) / v if M >= R else (chain if M == 1 else None)
     if name == "zb-h1":  # ZB paper: bubble (R-1)(tF+tB-tW)
         return M * c + (R - 1) * (f + b - w) if M >= R else (chain if M == 1 else None)
-    if name == "zb-h2":  # reaches the barrier lower bound 3M + (R-1) tF (SCHEDULES.md 2.2)
+    if name == "zb-h2":  # reaches the barrier lower bound 3M + (R-1) tF (docs/hints.md)
         return M * c + (R - 1) * f if M >= 2 * R else (chain if M == 1 else None)
     if name == "zbv":  # only the start-up skew (R-1) tF/v; M=1: rank 0 runs W(c1) before B(c0)
         if M >= 2 * R - 1:
@@ -122,7 +122,8 @@ def test_strict_step_time_and_peak(name: str, split: bool, S: int, M: int) -> No
 
 
 def test_documented_values_r4_m8() -> None:
-    """SCHEDULES.md 2.2 makespans for R=4, M=8 with unit costs (chunk tasks 1/2 at v=2)."""
+    """docs/hints.md "Textbook figures": makespans for R=4, M=8 with unit costs (chunk tasks 1/2 at
+    v=2)."""
     assert textbook("1f1b", False, 4, 4, 8) == 33.0
     assert textbook("gpipe", False, 4, 4, 8) == 33.0
     assert textbook("zb-h1", True, 4, 4, 8) == 27.0

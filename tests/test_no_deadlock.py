@@ -1,5 +1,6 @@
 """Property: under random task durations `ready` mode completes every step, runs each task once,
-never exceeds the cap and never breaks a dependency (DESIGN.md "The arbiter", SCHEDULES.md 4.3)."""
+never exceeds the cap and never breaks a dependency (docs/architecture.md "The arbiter",
+docs/hints.md "Why ready mode cannot deadlock")."""
 
 from __future__ import annotations
 

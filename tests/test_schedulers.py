@@ -1,5 +1,5 @@
-"""The hint library without torch: literal orders (SCHEDULES.md 2.3, R=4, M=8), documented
-peaks, validation over the whole grid, rule caps and the derived strict sequences."""
+"""The hint library without torch: literal orders (docs/hints.md "Reference orders", R=4, M=8),
+documented peaks, validation over the whole grid, rule caps and the derived strict sequences."""
 
 from __future__ import annotations
 
@@ -7,12 +7,13 @@ import pytest
 
 from aioready.errors import HintError
 from aioready.placement import Placement
-from aioready.schedulers import HINTS, hint_names, make_hint
+from aioready.schedulers import HINTS, make_hint
 from aioready.schedulers.listsched import list_schedule
 from aioready.schedulers.rules import rule_caps
 from aioready.tasks import Kind, Task
 
-# SCHEDULES.md 2.3, copied verbatim (I = our B). Multi-chunk rows use torch's <stage><type><mb>.
+# docs/hints.md "Reference orders", copied verbatim (I = our B). Multi-chunk rows use torch's
+# <stage><type><mb>.
 LITERAL = {
     ("gpipe", False): ["F0 F1 F2 F3 F4 F5 F6 F7 B0 B1 B2 B3 B4 B5 B6 B7"] * 4,
     ("1f1b", False): [
@@ -74,7 +75,7 @@ def test_bf_derives_1f1b_and_ranks_backward_first() -> None:
 
 
 def _documented_peaks(name: str, R: int, M: int) -> tuple[list[int] | None, list[int]] | None:
-    """(microbatches or None, chunk activations) per rank: SCHEDULES.md 2.1 / 4.4 formulas.
+    """(microbatches or None, chunk activations) per rank: docs/hints.md "Default caps" formulas.
 
     Interleaved: 2(R-1-r) + (v-1)*round + 1 chunk activations (Megatron's warmup + 1; the
     documented form has round = R), capped at v*M; its microbatch peak is documented only for

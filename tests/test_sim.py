@@ -197,7 +197,7 @@ def test_cli_simulate_json_and_compare(tmp_path: Path, capsys: pytest.CaptureFix
 # -- the simulator against a real in-process run with real sleeps -------------------------------
 def _real_trace() -> JitterModel:
     """Durations of 15-30 ms (F ~15, B ~27 with mild jitter): long enough that a timer waking
-    0.1-0.3 ms late on this VM (ASYNC.md 3) stays ~1% of a task."""
+    0.1-0.3 ms late on this VM (docs/async.md "Spin, park, back off") stays ~1% of a task."""
     return JitterModel("lognormal:0.15", seed=11, placement=Placement.linear(4),
                        num_microbatches=8, base=BaseDurations(f=15.0, b=27.0))
 

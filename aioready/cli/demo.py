@@ -3,8 +3,8 @@
 Trains the tiny GPT-style model of aioready/testing/models.py for a few steps under multimodal-like
 jitter (some microbatches cost 3x at every stage, as image-bearing ones do), once in `strict` mode
 (the hint order, exactly) and once in `ready` mode (readiness-first, in-flight cap raised to 2x the
-1F1B peak: the freedom DESIGN.md says the gains come from), with the same seed and so the same task
-durations. Over MPI (mpiexec from this Python's environment) when mpi4py, mpiexec and the MPI
+1F1B peak: the freedom docs/policy.md says the gains come from), with the same seed and so the same
+task durations. Over MPI (mpiexec from this Python's environment) when mpi4py, mpiexec and the MPI
 transport are all present; otherwise in one process, and it says so. Prints a table and writes
 timelines (out/strict.png, out/ready.png, out/compare.png) and Chrome traces.
 """

@@ -1,4 +1,4 @@
-"""CUDA events as a completion source of the progress engine (ASYNC.md section 1 and 3).
+"""CUDA events as a completion source of the progress engine (docs/async.md "CUDA events").
 
 Events recorded on one stream complete in order, so each stream keeps a FIFO of (event, future)
 and `poll()` queries only the head of each FIFO (`event.query()`, never blocking). How the loop
@@ -9,9 +9,10 @@ learns of a completion is the `wake` mode:
 - ``thread``: one waiter thread per stream blocks in `Event.synchronize()` (which releases the
   GIL; events are created with `blocking=True` so the thread sleeps) and wakes the loop with
   `call_soon_threadsafe`. The engine may park.
-- ``hybrid``: hot as ``poll`` for `spin_s` after the last new event (ASYNC.md: stay hot while a
-  completion is expected soon), then the pending events go to the waiter threads of ``thread``
-  and the engine may park. Short tasks get poll latency; long ones stop costing a spinning core.
+- ``hybrid``: hot as ``poll`` for `spin_s` after the last new event (docs/async.md "Spin, park,
+  back off": stay hot while a completion is expected soon), then the pending events go to the
+  waiter threads of ``thread`` and the engine may park. Short tasks get poll latency; long ones
+  stop costing a spinning core.
 - ``hostfn``: a C function (never a Python callable: a host callback that needs the GIL can
   deadlock against a thread holding the GIL and calling CUDA) enqueued with `cuLaunchHostFunc`
   on a side notify stream, after `wait_event`, writes to an eventfd the loop watches. The compute

@@ -1,4 +1,5 @@
-"""CUDA-aware MPI detection, device buffers for mpi4py, and pinned host staging (ASYNC.md 4).
+"""CUDA-aware MPI detection, device buffers for mpi4py, and pinned host staging (docs/async.md
+"CUDA tensors over MPI").
 
 mpi4py 4.1 has no query for CUDA-awareness, so `cuda_mpi_support()` asks the MPI library that
 mpi4py loaded: it finds it in /proc/self/maps (mpi4py loads it RTLD_LOCAL, so `CDLL(None)` cannot

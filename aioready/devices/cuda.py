@@ -2,7 +2,7 @@
 
 `run(info, fn)` calls `fn` on the loop thread inside `torch.cuda.stream(s)`: torch only enqueues
 kernels, so this returns quickly. An event recorded on `s` after the work is then awaited through
-the completion engine (cuda_events.CUDAEventSource), so the loop never blocks in a synchronize.
+the completion engine (cuda/events.py, CUDAEventSource), so the loop never blocks in a synchronize.
 `run` returns once the event completed, so anything that sends or consumes the outputs (an MPI
 Isend, the next stage) sees finished data: communication waits for the producing event, not for
 the whole device.
@@ -77,7 +77,7 @@ class CUDADevice:
 
     `CUDADevice(rank)` uses GPU `rank % device_count` (one process per GPU under MPI, or several
     in-process stages sharing GPUs). `wake` is how the loop learns of completions (see
-    cuda_events). With `timing=True` each task also records timing events, kept in `timings`
+    cuda/events.py). With `timing=True` each task also records timing events, kept in `timings`
     as (info, start_event, end_event), for GPU busy fractions.
     """
 

@@ -3,7 +3,7 @@
 Forward keeps what backward needs, per microbatch (a dict keyed by microbatch, never a FIFO:
 tasks run out of order). Full backward (B unsplit) calls autograd once and accumulates parameter
 gradients into the module. Split backward follows the method torch.distributed.pipelining uses,
-written here from its description (SCHEDULES.md 5):
+written here from its description (docs/architecture.md "Split backward"):
 
 - B computes only the input gradient. Before it runs, we find the *intermediates*: nodes of the
   graph whose gradient is known after the input-gradient pass (they lie on the path from the

@@ -1,7 +1,7 @@
 """Stall diagnosis: a step that makes no progress for a while stops with every rank's state.
 
-The arbiter is woken only by completions (DESIGN.md "The arbiter"), never by a timer, so the
-watchdog is a separate loop timer that reads the runtimes' progress counters (`num_events`:
+The arbiter is woken only by completions (docs/architecture.md "The arbiter"), never by a timer, so
+the watchdog is a separate loop timer that reads the runtimes' progress counters (`num_events`:
 messages in, tasks started and ended) and never touches the arbiter. When the count has not moved
 for `stall_timeout` seconds, it takes each rank's dump (ready set, pending receives, in-flight
 microbatches, hint position) and cancels the step, which then raises StallError carrying the dump.

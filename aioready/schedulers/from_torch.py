@@ -2,8 +2,8 @@
 
 torch's compute-only IR (`pipeline_order`, or its CSV dump) lists, per rank, actions written
 `<stage><TYPE><microbatch>` (`2F5`, `3I0`, `1W7`), composites `(0F7;7B3)OVERLAP_F_B`, and None
-or an empty cell for idle (SCHEDULES.md 2.4). We keep the compute actions in their order, so the
-hint rank of a task is its position in the filtered row:
+or an empty cell for idle (docs/hints.md "Importing torch schedules"). We keep the compute actions
+in their order, so the hint rank of a task is its position in the filtered row:
   F -> F, I (input grad) -> B, W -> W, B (full backward) -> B in an unsplit schedule, and B then
   W (adjacent) in a split one; OVERLAP_F_B -> its sub-actions in order;
   SEND_*/RECV_*/UNSHARD/RESHARD/REDUCE_GRAD and idle -> dropped (the runtime sends messages).

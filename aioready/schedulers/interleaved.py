@@ -1,14 +1,14 @@
 """Interleaved 1F1B (Megatron-LM virtual pipeline stages; Narayanan et al., SC'21) and the
 warmup / steady 1F1B / cooldown core that ZB-H1 shares with it.
 
-From the paper and Megatron (SCHEDULES.md 2.1, Megatron-LM issues #169, #675): rank r holds v
-chunks, chunk c = stage c*R + r; microbatches go through in rounds; a rank warms up with
+From the paper and Megatron (docs/hints.md "Textbook figures", Megatron-LM issues #169, #675): rank
+r holds v chunks, chunk c = stage c*R + r; microbatches go through in rounds; a rank warms up with
 (v-1)*round + 2*(R-1-r) forwards, then alternates one forward and one backward, then drains.
 Our reading, as torch 2.13's ScheduleInterleaved1F1B realizes it (reproduced literally for R=4,
-M=8 in the tests, SCHEDULES.md 2.3): a round is M // max(1, M // R) microbatches (M must split
-into rounds); the k-th forward of a rank runs chunk (k // round) mod v and the k-th backward
-chunk v-1 - (k // round) mod v, each on that chunk's next microbatch. With split backward, W
-either follows its B at once, or (zero bubble, `w_delay=d`) the first W comes in the d-th
+M=8 in the tests, docs/hints.md "Reference orders"): a round is M // max(1, M // R) microbatches (M
+must split into rounds); the k-th forward of a rank runs chunk (k // round) mod v and the k-th
+backward chunk v-1 - (k // round) mod v, each on that chunk's next microbatch. With split backward,
+W either follows its B at once, or (zero bubble, `w_delay=d`) the first W comes in the d-th
 backward step and each later step runs the W of the oldest pending B (ZB-H1, ZB paper 2.1:
 "W of rank r delayed by r steps"; torch's InterleavedZeroBubble uses the same rule).
 """

@@ -6,9 +6,9 @@ each rank ran. The model: zero communication latency; completions are applied on
 (time, rank) order, and after each one every idle rank, in rank order, pops its best admissible
 task from a ReadySet (the same class and the same entry-only gate the runtime uses), so a rank
 that frees up at t may decide before it sees what a higher-numbered rank finishes at t. With the
-BFW ranking and cap 2R-1 this reproduces SCHEDULES.md's ZB-H2 order literally (R=4, M=8).
-Durations default to unit cost (F=1, B=1, W=1 split; B=2 unsplit); uniform scaling does not
-change the result. Pure and deterministic: no asyncio, no torch.
+BFW ranking and cap 2R-1 this reproduces the ZB-H2 order of docs/hints.md "Reference orders"
+literally (R=4, M=8). Durations default to unit cost (F=1, B=1, W=1 split; B=2 unsplit); uniform
+scaling does not change the result. Pure and deterministic: no asyncio, no torch.
 
 We chose this over running the runtime under the virtual clock because there same-instant ties
 fall out of event-loop callback order; here they are part of a written, stable model.

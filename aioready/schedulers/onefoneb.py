@@ -2,8 +2,9 @@
 alternate one forward and one backward, then drain the backwards.
 
 Generated here from the formula, not imported from torch: torch 2.13's Schedule1F1B IR has an
-off-by-one on the last rank (SCHEDULES.md 2.4). With split backward each W follows its B directly
-(our reading); ZB-H1 is the schedule that defers W. Peak in-flight on rank r is min(M, R-r).
+off-by-one on the last rank (docs/hints.md "Importing torch schedules"). With split backward each W
+follows its B directly (our reading); ZB-H1 is the schedule that defers W. Peak in-flight on rank r
+is min(M, R-r).
 """
 
 from __future__ import annotations

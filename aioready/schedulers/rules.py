@@ -1,7 +1,7 @@
 """Priority rules BF and BFW (RRFP, arXiv 2605.18750): a rank per task from the task itself.
 
-From the paper's abstract (SCHEDULES.md 3): BF is RRFP's default hint, BFW its best one. The
-paper body was not available; the definitions are our reading (SCHEDULES.md 3, "inference"):
+From the paper's abstract: BF is RRFP's default hint, BFW its best one. The paper body was not
+available; the definitions are our reading (docs/hints.md "Priority rules: bf and bfw"):
   bf   backward before forward over {F, full B}: B first, deeper chunk first, then oldest
        microbatch; then F, oldest microbatch first. With split backward (not in the reading)
        W ranks right after B, so BF with split backward behaves like unsplit BF.

@@ -10,8 +10,8 @@ the W of the oldest pending B in every step, so W fills the 1F1B bubble. Bubble
 ZB-H2: our reading, not the paper's hand-made order. The paper warms up with 2(R-1-r)+1
 forwards and reshapes the tail into a parallelogram; we derive the order by list-scheduling the
 BFW rule (B > F > W, oldest first) under unit durations with an in-flight cap of 2R-1 on every
-rank (SCHEDULES.md 2.3 lists the result for R=4, M=8; it reaches the barrier lower bound
-3M + R-1 there). Peak in flight: up to 2R-1.
+rank (docs/hints.md "Reference orders" lists the result for R=4, M=8; it reaches the barrier lower
+bound 3M + R-1 there). Peak in flight: up to 2R-1.
 """
 
 from __future__ import annotations

@@ -3,9 +3,9 @@ ScheduleZBVZeroBubble).
 
 Rank r holds chunk 0 = stage r and chunk 1 = stage 2R-1-r, so a microbatch goes down the ranks
 on chunk 0, turns on rank R-1 without a message, comes back up on chunk 1, and its loss is on
-rank 0 (SCHEDULES.md 1.3). From the paper: with T_F = T_B = T_W the bubble is only the start-up
-skew, and each rank holds 2R chunk activations at its peak. Our reading of the phases, as torch
-realizes them (reproduced literally for R=4, M=8 in the tests), over n = max(2R-1, M)
+rank 0 (docs/hints.md "Placements"). From the paper: with T_F = T_B = T_W the bubble is only the
+start-up skew, and each rank holds 2R chunk activations at its peak. Our reading of the phases, as
+torch realizes them (reproduced literally for R=4, M=8 in the tests), over n = max(2R-1, M)
 microbatches, those >= M then dropped:
   warmup   2(R-r)-1 chunk-0 F; then r times (F chunk 1, F chunk 0); then R-r times
            (F, B, W on chunk 1)

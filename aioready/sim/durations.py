@@ -29,7 +29,8 @@ DurationFn = Callable[[TaskInfo], float]
 
 
 def base_durations(task_ms: float) -> BaseDurations:
-    """F = task_ms; B = 2F unsplit; B = W = F split (DESIGN.md's textbook ratios)."""
+    """F = task_ms; B = 2F unsplit; B = W = F split (docs/architecture.md "Variability and
+    traces")."""
     if task_ms < 0 or not math.isfinite(task_ms):
         raise ConfigError("task duration must be a finite number of ms >= 0", expected=">= 0",
                           got=task_ms)

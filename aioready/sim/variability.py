@@ -1,6 +1,6 @@
 """Variability: seeded jitter models named by a short spec, turned into task durations.
 
-A spec is one or more terms joined by `+` (DESIGN.md "Variability and traces"):
+A spec is one or more terms joined by `+` (docs/architecture.md "Variability and traces"):
 
   none                          every task takes its base duration
   lognormal:SIGMA               each task x exp(SIGMA*z - SIGMA**2/2): mean-preserving (mean 1,

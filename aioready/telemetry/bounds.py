@@ -44,7 +44,8 @@ def lower_bound_table(placement: Placement, table: np.ndarray, split_backward: b
 
 def lower_bound(placement: Placement, num_microbatches: int, split_backward: bool,
                 duration: Callable[[int, int, Kind], float]) -> float:
-    """DESIGN.md's lower bound; `duration(stage, microbatch, kind)` gives realised durations."""
+    """The lower bound of docs/architecture.md "Lower bound"; `duration(stage, microbatch, kind)`
+    gives realised durations."""
     kinds = (Kind.F, Kind.B, Kind.W) if split_backward else (Kind.F, Kind.B)
     table = np.zeros((placement.num_stages, num_microbatches, 3))
     for s in range(placement.num_stages):

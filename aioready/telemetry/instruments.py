@@ -1,4 +1,4 @@
-"""Optional instrument hooks (trio's Instrument, STYLE.md 9).
+"""Optional instrument hooks (trio's Instrument, docs/contributing.md "Telemetry hooks").
 
 An instrument is any object implementing some of the hooks below; every hook is optional. The
 hooks run on the loop thread and must be quick. With no instrument nothing is wrapped, so

@@ -28,7 +28,7 @@ class StepMetrics:
     bubble_fraction: float
     """Idle share of all ranks' time: 1 - mean busy fraction."""
     lower_bound: float
-    """DESIGN.md's bound from the realized durations (aioready.sim.lower_bound)."""
+    """docs/architecture.md "Lower bound" from the realized durations (telemetry/bounds.py)."""
     efficiency: float
     """lower_bound / step_time (1.0: no schedule could have been faster)."""
     peak_in_flight: tuple[int, ...]

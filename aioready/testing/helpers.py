@@ -1,7 +1,7 @@
 """Public test helpers: small real models, the unsplit reference, and parity checks.
 
 Correctness of a pipeline is measured against the same layers run unsplit in one module
-(DESIGN.md "Tests and benchmarks"): same loss, same gradient for every parameter.
+(docs/contributing.md "Tests"): same loss, same gradient for every parameter.
 """
 
 from __future__ import annotations

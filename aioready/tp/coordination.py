@@ -1,13 +1,13 @@
 """Tensor-parallel coordination: the TP group's leader chooses, the members follow.
 
 Members of one TP group issue collectives inside every task, and collectives match purely by
-issue order (SCHEDULES.md 6), so all members must run the same task sequence. In `ready` mode the
-group's leader (TP rank 0) arbitrates on its own ReadySet and announces each choice -- step, task
-kind, microbatch, chunk and a sequence number, one small header and no payload -- to the other
-members without waiting (`send_nowait` on a transport over the TP group). A member never chooses:
-its chooser offers the leader's next decided task, and only once that task is ready locally
-(its inputs may still be in flight: they come, because the upstream group ran the producing task
-collectively; SCHEDULES.md 4.3, last paragraph).
+issue order (docs/architecture.md "Tensor-parallel coordination"), so all members must run the same
+task sequence. In `ready` mode the group's leader (TP rank 0) arbitrates on its own ReadySet and
+announces each choice -- step, task kind, microbatch, chunk and a sequence number, one small header
+and no payload -- to the other members without waiting (`send_nowait` on a transport over the TP
+group). A member never chooses: its chooser offers the leader's next decided task, and only once
+that task is ready locally (its inputs may still be in flight: they come, because the upstream
+group ran the producing task collectively; docs/hints.md "Why ready mode cannot deadlock").
 
 In `strict` mode every member follows the hint by itself, so `wrap` hands back the ReadySet
 unchanged and no decision is sent (unless `follow_in_strict=True`, a benchmark control that

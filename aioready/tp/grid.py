@@ -6,7 +6,7 @@ and DP comes later without renumbering:
 
     world_rank = (dp * pp_size + pp_rank) * tp_size + tp_rank
 
-Each rank needs two communicators (DESIGN.md "Tensor-parallel coordination"):
+Each rank needs two communicators (docs/architecture.md "Tensor-parallel coordination"):
 - its TP group (same dp, same pp_rank): collectives inside a stage and the leader's decisions;
 - its PP line (same dp, same tp_rank): activations and gradients travel TP rank to TP rank,
   member t of pipeline rank p talks only to member t of p-1 and p+1.

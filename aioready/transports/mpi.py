@@ -1,7 +1,7 @@
 """MPITransport: message-driven, nonblocking point-to-point over mpi4py.
 
-Wire format (DESIGN.md "Communication"). Two duplicates of the communicator keep the two kinds of
-traffic apart, so a header can never match a payload receive or the reverse:
+Wire format (docs/architecture.md "Messages"). Two duplicates of the communicator keep the two
+kinds of traffic apart, so a header can never match a payload receive or the reverse:
 
 - *header channel*: one message per `Message`, tag = a per-destination sequence number. It holds
   the fixed binary header of transports/base.py, and, when the payload is small
@@ -20,8 +20,8 @@ Completion of every request is polled by the loop's ProgressEngine (progress.py)
 transport is a CompletionSource.
 
 Large CPU tensors travel without copies through numpy views of their storage (0.2 us against
-7 us for DLPack, ASYNC.md 4); inline payloads are copied once into the header message;
-non-contiguous tensors are made contiguous and grad-requiring ones detached.
+7 us for DLPack, docs/async.md "Tensors through mpi4py"); inline payloads are copied once into the
+header message; non-contiguous tensors are made contiguous and grad-requiring ones detached.
 CUDA tensors go through CUDA-aware MPI when the library says it is (mpi_cuda.py), else through
 pinned host buffers; which path is logged at start. A send to this rank itself (V placements) is
 delivered locally on the loop, by reference.

@@ -1,8 +1,9 @@
 """Tensors as bytes for MPI: dtype tables and zero-copy numpy views of tensor storage.
 
 Numpy views cost a fraction of a microsecond where mpi4py's DLPack path costs ~7 us per buffer
-(ASYNC.md 4), and a handful of torch calls per message matters at small sizes. bfloat16 has no
-numpy dtype and travels through a same-size int16 view. torch is imported on first use.
+(docs/async.md "Tensors through mpi4py"), and a handful of torch calls per message matters at small
+sizes. bfloat16 has no numpy dtype and travels through a same-size int16 view. torch is imported on
+first use.
 """
 
 from __future__ import annotations
