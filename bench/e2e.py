@@ -11,7 +11,7 @@ rank, whatever stages it holds in the run's placement.
 
 Reported per config: median step time over the measured steps (first `--warmup` steps skipped;
 step time = max over ranks after a barrier), the lower bound of the trace for that run's
-placement (aioready.sim.lower_bound, median over steps), efficiency = lower bound / step time (median
+placement (aioready.telemetry.bounds.lower_bound, median over steps), efficiency = lower bound / step time (median
 over steps), and the CPU time each rank's process used per step (all its threads). Writes
 bench/results/e2e.md, e2e.json and e2e.png.
 

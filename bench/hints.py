@@ -8,11 +8,9 @@ stages on 4 ranks. Runs the real runtime (RankRuntime, ReadySet, in-process tran
 virtual clock, without compute. Reports the median step time over seeds in each mode, and each
 mode's efficiency = lower bound / step time (median over seeds of the per-seed ratio).
 
-Lower bound: aioready.sim.lower_bound (docs/architecture.md "Lower bound") when that module is
-present; otherwise a local one, labelled as such: the larger of the busiest rank's realized work
-and the longest single microbatch's F/B chain plus its last W. The jitter model is local too (a
-seeded mean-1 lognormal, the same law as variability.py's `lognormal:0.5`), so the bench runs
-before the variability issue lands.
+Lower bound: aioready.telemetry.bounds.lower_bound (docs/architecture.md "Lower bound"). The
+jitter model is local (a seeded mean-1 lognormal, the same law as sim/variability.py's
+`lognormal:0.5` but other draws), so these figures stay comparable with earlier runs.
 
 Run: python -m bench.hints [--quick]   (--quick: 5 seeds instead of 20)
 """
@@ -28,10 +26,10 @@ from typing import Callable
 from aioready.clock import run_virtual
 from aioready.devices import SimDevice
 from aioready.hints import HintOrder
-from aioready.placement import Placement
 from aioready.runtime.pipeline import Pipeline
 from aioready.schedulers import HINTS, make_hint
 from aioready.tasks import Kind
+from aioready.telemetry.bounds import lower_bound
 
 from .common import median, write_result
 
@@ -53,24 +51,6 @@ def jitter(seed: int, split: bool) -> Duration:
     return duration
 
 
-def local_lower_bound(placement: Placement, M: int, split: bool, dur: Duration) -> float:
-    kinds = (Kind.F, Kind.B, Kind.W) if split else (Kind.F, Kind.B)
-    busiest = max(sum(dur(s, m, k) for s in placement.stages_of(r) for m in range(M)
-                      for k in kinds) for r in range(placement.num_ranks))
-    S = placement.num_stages
-    chain = max(sum(dur(s, m, Kind.F) + dur(s, m, Kind.B) for s in range(S))
-                + (dur(0, m, Kind.W) if split else 0.0) for m in range(M))
-    return max(busiest, chain)
-
-
-def lower_bound(placement: Placement, M: int, split: bool, dur: Duration) -> tuple[float, str]:
-    try:
-        from aioready.telemetry.bounds import lower_bound as lb  # type: ignore[attr-defined]
-    except ImportError:
-        return local_lower_bound(placement, M, split, dur), "local"
-    return lb(placement, M, split, dur), "aioready.sim"
-
-
 def step_time(hint: HintOrder, mode: str, dur: Duration) -> float:
     p = hint.placement
 
@@ -85,15 +65,15 @@ def step_time(hint: HintOrder, mode: str, dur: Duration) -> float:
     return run_virtual(main())
 
 
-def run(S: int, M: int, seeds: int) -> tuple[list[list[str]], str]:
-    rows, source = [], ""
+def run(S: int, M: int, seeds: int) -> list[list[str]]:
+    rows = []
     for name, split in HINT_SET:
         hint = make_hint(name, num_stages=S, num_microbatches=M, split_backward=split)
         times: dict[str, list[float]] = {"strict": [], "ready": []}
         eff: dict[str, list[float]] = {"strict": [], "ready": []}
         for seed in range(seeds):
             dur = jitter(seed, split)
-            bound, source = lower_bound(hint.placement, M, split, dur)
+            bound = lower_bound(hint.placement, M, split, dur)
             for mode in ("strict", "ready"):
                 t = step_time(hint, mode, dur)
                 times[mode].append(t)
@@ -104,7 +84,7 @@ def run(S: int, M: int, seeds: int) -> tuple[list[list[str]], str]:
                      f"{median(times['strict']) / median(times['ready']):.3f}",
                      f"{median(eff['strict']):.3f}", f"{median(eff['ready']):.3f}",
                      f"{statistics.mean(t > 0 for t in times['ready']):.0%}"])
-    return rows, source
+    return rows
 
 
 def main() -> None:
@@ -113,14 +93,12 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="5 seeds instead of 20")
     args = ap.parse_args()
     S, M, seeds = 8, 32, 5 if args.quick else 20
-    rows, source = run(S, M, seeds)
+    rows = run(S, M, seeds)
     head = ["hint", "ranks", "default caps", "strict median", "ready median",
             "strict/ready", "eff strict", "eff ready"]
     lines = [f"S={S} stages, M={M} microbatches, lognormal sigma={SIGMA} jitter (local, mean 1), "
              f"{seeds} seeds, default caps; lower bound: "
-             + ("aioready.sim.lower_bound" if source == "aioready.sim" else
-                "LOCAL (max of busiest rank's realized work and the longest one-microbatch "
-                "chain; aioready.sim was not available)") + ".",
+             + "aioready.telemetry.bounds.lower_bound.",
              "Step times in units of one unjittered F; efficiency = lower bound / step time "
              "(median of per-seed ratios).", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]

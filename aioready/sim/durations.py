@@ -79,6 +79,6 @@ def device_duration(durations: Durations, scale: float = 1e-3) -> Callable[[Task
 
 
 def step_duration(durations: Durations, step: int) -> Callable[[int, int, Kind], float]:
-    """`duration(stage, microbatch, kind)` of one step, the form `sim.lower_bound` takes."""
+    """`duration(stage, microbatch, kind)` of one step, the form `telemetry.bounds.lower_bound` takes."""
     rows = durations.table(step).tolist()
     return lambda stage, mb, kind: rows[stage][mb][kind]  # type: ignore[no-any-return]
