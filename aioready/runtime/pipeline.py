@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Callable, Sequence
 
+from ..caps import CapSpec, parse_cap, resolve_caps
 from ..devices.base import Device
 from ..errors import ConfigError
 from ..hints import HintOrder
@@ -51,11 +52,7 @@ def _check_types(loss_fn: Any, split_backward: Any, cap: Any, device: Any) -> No
                           got=type(loss_fn).__name__)
     if not isinstance(split_backward, bool):
         raise ConfigError("split_backward", expected="True or False", got=repr(split_backward))
-    caps = [cap] if cap is None or isinstance(cap, (int, str)) else cap
-    if isinstance(cap, str) or not all(c is None or (isinstance(c, int) and not isinstance(
-            c, bool)) for c in caps):
-        raise ConfigError("cap", expected="None, an int >= 1, or one int per rank",
-                          got=repr(cap))
+    parse_cap(cap)
     if not (isinstance(device, str) or hasattr(device, "run") or callable(device)):
         raise ConfigError("device", expected="'cpu', 'cuda', a Device or a factory(rank)",
                           got=type(device).__name__)
@@ -86,7 +83,7 @@ class Pipeline:
         self, stages: Sequence[Any], loss_fn: Callable[[Any, Any], Any] | None = None, *,
         microbatches: int = 8, hint: str | HintOrder = "1f1b", mode: str = "ready",
         transport: Transport | None = None, split_backward: bool = False,
-        cap: int | Sequence[int] | None = None, device: Any = "cpu",
+        cap: CapSpec = None, device: Any = "cpu",
         num_stages: int | None = None, coordinator: Any = None,
         stall_timeout: float | None = DEFAULT, peer_timeout: float | None = DEFAULT,
     ) -> None:
@@ -146,7 +143,7 @@ class Pipeline:
                                   f"(stages {list(mine)})", got=f"{num_local} modules")
             ranks, endpoints = [transport.rank], [transport]
             modules = dict(zip(mine, stages))
-        caps = self._caps(cap, placement.num_ranks)
+        caps = resolve_caps(cap, self.hint)
         self.runtimes: list[RankRuntime] = []
         for rank, endpoint in zip(ranks, endpoints):
             executors = self._executors(modules, placement.stages_of(rank), loss_fn)
@@ -171,17 +168,6 @@ class Pipeline:
         else:
             self.peer_timeout = resolve_timeout("peer_timeout", peer_timeout,
                                                 "AIOREADY_PEER_TIMEOUT", None)
-
-    def _caps(self, cap: Any, num_ranks: int) -> list[int | None]:
-        if cap is None or isinstance(cap, int):
-            if isinstance(cap, int) and cap < 1:
-                raise ConfigError("cap must admit at least one microbatch", expected=">= 1",
-                                  got=cap)
-            return [cap] * num_ranks
-        caps = list(cap)
-        if len(caps) != num_ranks:
-            raise ConfigError("cap: one per rank", expected=num_ranks, got=len(caps))
-        return caps
 
     def _executors(self, modules: dict[int, Any], stages: Sequence[int],
                    loss_fn: Any) -> list[Any] | None:
