@@ -19,6 +19,7 @@ from ..schedulers import make_hint
 from ..telemetry.spans import StepReport
 from ..transports.base import Transport
 from ..transports.inproc import InprocWorld
+from .driver import run_ranks
 from .rank import MODES, RankRuntime
 from .watchdog import DEFAULT, STALL_TIMEOUT_S, StallWatchdog, StepGuard, resolve_timeout
 
@@ -223,7 +224,7 @@ class Pipeline:
             virtual = isinstance(asyncio.get_running_loop(), VirtualClockLoop)
             self.stall_watchdog.enabled = not virtual
         try:
-            loss = await self._guard.run(self._run_ranks(step, mbs, tgts), step)
+            loss = await self._guard.run(run_ranks(self.runtimes, step, mbs, tgts), step)
         except Exception:
             if self.peer_monitor is not None:
                 await self.peer_monitor.flush()
@@ -232,20 +233,6 @@ class Pipeline:
         reports = [rt.reports[-1] for rt in self.runtimes]
         self.history.append(reports)
         self.last_step = _merge(reports)
-        return loss
-
-    async def _run_ranks(self, step: int, mbs: Any, tgts: Any) -> Any:
-        if len(self.runtimes) == 1:
-            return await self.runtimes[0].run_step(step, mbs, tgts)
-        try:
-            async with asyncio.TaskGroup() as group:
-                tasks = [group.create_task(rt.run_step(step, mbs, tgts)) for rt in self.runtimes]
-        except BaseExceptionGroup as group_error:
-            raise _first_cause(group_error) from None
-        loss = tasks[-1].result() if tasks else None
-        for t in tasks:
-            if t.result() is not None:
-                loss = t.result()
         return loss
 
     def close(self) -> None:
@@ -268,12 +255,3 @@ def _merge(reports: list[StepReport]) -> StepReport:
         merged.peak_in_flight.update(r.peak_in_flight)
     return merged
 
-
-def _first_cause(group: BaseExceptionGroup) -> BaseException:
-    """The first real error of a failed in-process step (the others are its consequences)."""
-    for exc in group.exceptions:
-        if isinstance(exc, BaseExceptionGroup):
-            return _first_cause(exc)
-        if not isinstance(exc, asyncio.CancelledError):
-            return exc
-    return group.exceptions[0]

@@ -29,7 +29,7 @@ from ..clock import run_virtual
 from ..devices.sim import SimDevice
 from ..errors import ConfigError
 from ..hints import HintOrder
-from ..runtime.pipeline import _first_cause
+from ..runtime.driver import run_ranks
 from ..runtime.rank import MODES, RankRuntime
 from ..schedulers import make_hint
 from ..telemetry.bounds import lower_bound_table
@@ -159,12 +159,7 @@ def _durations(trace: str | Path | Trace | None, jitter: str, seed: int, hint: H
 
 async def _run_steps(runtimes: list[RankRuntime], steps: int) -> None:
     for step in range(steps):
-        try:
-            async with asyncio.TaskGroup() as group:
-                for rt in runtimes:
-                    group.create_task(rt.run_step(step))
-        except BaseExceptionGroup as errors:
-            raise _first_cause(errors) from None
+        await run_ranks(runtimes, step)
 
 
 def _run_blocking(main: Coroutine[Any, Any, None]) -> None:
