@@ -7,9 +7,10 @@ also a valid sequence to run in `strict` mode; a rule is not (its sorted list ig
 dependencies), so `is_sequence` is False for rules and strict mode refuses them unless the
 scheduler derived a sequence for them.
 
-The default cap of a rank is the hint's own peak in-flight count on that rank: walking the order
-in sequence, a microbatch enters at the F of the rank's entry chunk (chunk 0) and leaves when its
-last local backward piece (B unsplit, W split, over every chunk) is done.
+The default cap of a rank is the hint's own peak in-flight count on that rank: its strict order
+walked in sequence under in_flight.InFlight, the rule the arbiter and the step metrics count by
+(a microbatch enters at the F of the rank's entry chunk and leaves when its last local backward
+piece is done).
 
 Note [hint text form]: a header comment, then one line of tasks per rank.
 
@@ -33,28 +34,11 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from .errors import ConfigError, HintError
+from .in_flight import peak_in_flight
 from .placement import Placement
 from .tasks import Kind, Task, all_tasks, needs
 
 __all__ = ["HintOrder", "peak_in_flight", "peak_chunk_activations", "first_dependency_violation"]
-
-
-def peak_in_flight(order: Sequence[Task], *, num_chunks: int, split_backward: bool) -> int:
-    """Largest number of microbatches in flight on a rank that runs `order` in sequence."""
-    pieces = num_chunks  # one last-kind piece (B unsplit, W split) per chunk
-    last_kind = Kind.W if split_backward else Kind.B
-    left: dict[int, int] = {}
-    now = peak = 0
-    for task in order:
-        if task.kind is Kind.F and task.chunk == 0:
-            left[task.microbatch] = pieces
-            now += 1
-            peak = max(peak, now)
-        elif task.kind is last_kind and task.microbatch in left:  # else: invalid order
-            left[task.microbatch] -= 1
-            if left[task.microbatch] == 0:
-                now -= 1
-    return peak
 
 
 def peak_chunk_activations(order: Sequence[Task], *, split_backward: bool) -> int:

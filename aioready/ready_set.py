@@ -8,8 +8,8 @@ Note [entry-only gate]: the only task ever held back is the F of the entry chunk
 only while `in_flight >= cap`. Gating F of deeper chunks, B or W deadlocks interleaved and V
 placements (docs/hints.md "What deadlocks in interleaved and V placements if every F is capped");
 gating only injection keeps `ready` mode deadlock-free (docs/architecture.md "The arbiter",
-docs/hints.md "Why ready mode cannot deadlock"). In-flight counts a microbatch from the start of
-its entry F to the end of its last local backward piece.
+docs/hints.md "Why ready mode cannot deadlock"). In-flight counting is in_flight.InFlight: from
+the start of a microbatch's entry F to the end of its last local backward piece.
 """
 
 from __future__ import annotations
@@ -18,10 +18,11 @@ import heapq
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from .errors import ConfigError, InternalError
-from .tasks import Kind, Task
+from .errors import ConfigError
+from .in_flight import InFlight, is_entry
+from .tasks import Task
 
-__all__ = ["ReadySet", "ReadySetStatistics", "InFlight"]
+__all__ = ["ReadySet", "ReadySetStatistics"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,48 +32,6 @@ class ReadySetStatistics:
     in_flight: int
     peak_in_flight: int
     cap: int
-
-
-class InFlight:
-    """The microbatches a rank holds: admitted at the start of their entry F, released when
-    their last local backward piece (one per chunk: B unsplit, W split) has ended."""
-
-    __slots__ = ("_left", "_pieces", "_last_kind", "count", "peak")
-
-    def __init__(self, num_chunks: int, split_backward: bool) -> None:
-        self._left: dict[int, int] = {}
-        self._pieces = num_chunks
-        self._last_kind = Kind.W if split_backward else Kind.B
-        self.count = 0
-        self.peak = 0
-
-    def fresh(self) -> "InFlight":
-        """An empty count under the same rule (a tensor-parallel member mirrors its leader)."""
-        return InFlight(self._pieces, self._last_kind is Kind.W)
-
-    def admit(self, microbatch: int) -> None:
-        self._left[microbatch] = self._pieces
-        self.count += 1
-        if self.count > self.peak:
-            self.peak = self.count
-
-    def release(self, task: Task) -> None:
-        """Bookkeeping after `task` ran: a microbatch leaves when its last backward piece ends."""
-        if task.kind is not self._last_kind:
-            return
-        left = self._left.get(task.microbatch)
-        if left is None:
-            raise InternalError("backward piece of a microbatch that was never admitted",
-                                task=task)
-        if left == 1:
-            del self._left[task.microbatch]
-            self.count -= 1
-        else:
-            self._left[task.microbatch] = left - 1
-
-    @property
-    def microbatches(self) -> list[int]:
-        return sorted(self._left)
 
 
 class ReadySet:
@@ -107,7 +66,7 @@ class ReadySet:
         if self._strict:
             self._ready.add(task)
             return
-        heap = self._entry if task.kind is Kind.F and task.chunk == 0 else self._main
+        heap = self._entry if is_entry(task) else self._main
         heapq.heappush(heap, (self._priority[task], task))
 
     def pop_nowait(self) -> Task | None:
@@ -129,7 +88,7 @@ class ReadySet:
         task = self._order[self._pos]
         if task not in self._ready:
             return None
-        if task.kind is Kind.F and task.chunk == 0:
+        if is_entry(task):
             if self.flight.count >= self._cap:
                 return None
             self.flight.admit(task.microbatch)
@@ -174,7 +133,7 @@ class ReadySet:
 
     def statistics(self) -> ReadySetStatistics:
         gated = 0 if self.flight.count < self._cap else (
-            sum(1 for t in self._ready if t.kind is Kind.F and t.chunk == 0)
+            sum(1 for t in self._ready if is_entry(t))
             if self._strict else len(self._entry))
         return ReadySetStatistics(len(self), gated, self.flight.count, self.flight.peak,
                                   self._cap)

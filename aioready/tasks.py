@@ -17,11 +17,11 @@ from __future__ import annotations
 import enum
 import re
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterator, Sequence
 
 from .errors import HintError
 
-__all__ = ["Kind", "Task", "Need", "needs", "all_tasks", "backward_kinds"]
+__all__ = ["Kind", "Task", "Need", "needs", "StepNeeds", "step_needs", "all_tasks", "backward_kinds"]
 
 
 class Kind(enum.IntEnum):
@@ -103,3 +103,34 @@ def needs(task: Task, *, is_last_stage: bool) -> tuple[Task | None, Need]:
         pred = Task(Kind.F, task.microbatch, task.chunk)
         return pred, (Need.NOTHING if is_last_stage else Need.GRAD)
     return Task(Kind.B, task.microbatch, task.chunk), Need.NOTHING
+
+
+@dataclass(frozen=True, slots=True)
+class StepNeeds:
+    """`needs` tabulated for one rank's step, so a runtime counts instead of re-deriving them.
+
+    `counts`: per task, how many needs it waits for (its local predecessor, its input or
+    gradient). `unblocks`: per local predecessor, the task whose need its end satisfies.
+    `messages`: the tasks whose need arrives as a message (an input past stage 0, a gradient).
+    """
+
+    counts: dict[Task, int]
+    unblocks: dict[Task, Task]
+    messages: dict[Task, Need]
+
+
+def step_needs(
+    stages: Sequence[int], num_stages: int, num_microbatches: int, split_backward: bool
+) -> StepNeeds:
+    """Tabulate `needs` for every task of a rank whose chunk c holds stage `stages[c]`."""
+    last = num_stages - 1
+    out = StepNeeds({}, {}, {})
+    for task in all_tasks(len(stages), num_microbatches, split_backward):
+        stage = stages[task.chunk]
+        pred, need = needs(task, is_last_stage=stage == last)
+        out.counts[task] = (pred is not None) + (need is not Need.NOTHING)
+        if pred is not None:
+            out.unblocks[pred] = task
+        if need is Need.GRAD or (need is Need.INPUT and stage > 0):
+            out.messages[task] = need
+    return out

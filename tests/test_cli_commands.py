@@ -85,3 +85,27 @@ def test_train_replays_a_trace_each_task_taking_at_least_its_duration(tmp_path: 
             # uvloop's loop clock counts whole milliseconds: allow one tick
             assert s.end - s.start >= model.ms(rep.step, s.stage, s.microbatch, s.kind) * 1e-3 \
                 - 1.001e-3
+
+
+@pytest.mark.timeout(120)
+def test_train_takes_a_cap_factor_like_simulate(tmp_path: Path) -> None:
+    assert main(["train", "--stages", "2", "--microbatches", "4", "--steps", "1", "--task-ms",
+                 "0", "--dim", "8", "--seq", "4", "--mode", "strict", "--cap", "2x",
+                 "--no-progress", "--json", str(tmp_path / "s.json")]) == 0
+    summary = json.loads((tmp_path / "s.json").read_text())
+    assert summary["cap"] == "2x" and summary["peak_in_flight"] == [[2, 1]]
+    assert main(["train", "--stages", "2", "--microbatches", "4", "--steps", "1", "--task-ms",
+                 "0", "--dim", "8", "--seq", "4", "--cap", "3", "--no-progress", "--json",
+                 str(tmp_path / "n.json")]) == 0
+    assert json.loads((tmp_path / "n.json").read_text())["cap"] == 3
+
+
+@pytest.mark.parametrize("command", ["train", "simulate"])
+@pytest.mark.parametrize("bad", ["2y", "four", "0"])
+def test_both_commands_refuse_a_bad_cap_naming_it(command: str, bad: str,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    shape = ["--stages", "2", "--microbatches", "2"]
+    rest = ["--steps", "1", "--no-progress"] if command == "train" else []
+    assert main([command, *shape, "--cap", bad, *rest]) == 1
+    err = capsys.readouterr().err
+    assert f"aioready {command}: error" in err and f"'{bad}'" in err and "cap" in err

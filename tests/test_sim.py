@@ -14,12 +14,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import aioready
+from aioready.caps import resolve_caps
 from aioready.cli import main
 from aioready.devices.sim import SimDevice
 from aioready.errors import ConfigError, TraceError
 from aioready.placement import Placement
 from aioready.sim.durations import device_duration, step_duration
-from aioready.sim.simulator import resolve_caps, simulate
+from aioready.sim.simulator import simulate
 from aioready.sim.traces import Trace, read_trace, trace_from_reports, write_trace
 from aioready.sim.variability import BaseDurations, JitterModel
 from aioready.tasks import Kind
@@ -77,7 +78,7 @@ def test_comm_delay_lengthens_the_step_not_the_bound() -> None:
 
 def test_caps() -> None:
     hint = aioready.make_hint("1f1b", num_stages=4, num_microbatches=8)
-    assert resolve_caps(None, hint) == [None] * 4
+    assert resolve_caps(None, hint) == [4, 3, 2, 1]
     assert resolve_caps("2x", hint) == [8, 6, 4, 2]
     assert resolve_caps("1.5x", hint) == [6, 5, 3, 2]
     assert resolve_caps("3", hint) == [3] * 4 and resolve_caps([1, 2, 3, 4], hint) == [1, 2, 3, 4]

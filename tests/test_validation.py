@@ -17,7 +17,11 @@ STAGES = make_mlp_stages(4)
 
 
 @pytest.mark.parametrize("kw, error, text", [
-    (dict(cap="4"), ConfigError, "cap (expected None, an int >= 1, or one int per rank, got '4')"),
+    (dict(cap="four"), ConfigError, "cap (expected None, an int >= 1, 'Nx'"),
+    (dict(cap="four"), ConfigError, "got 'four')"),
+    (dict(cap="-2x"), ConfigError, "cap factor (expected a positive multiple"),
+    (dict(cap=True), ConfigError, "got True)"),
+    (dict(cap=[4, 3]), ConfigError, "cap: one per rank (expected 4 caps, got 2 ([4, 3]))"),
     (dict(cap=[1, 0, 1, 1]), ConfigError, "rank 1: cap must admit at least one microbatch"),
     (dict(cap=[2.5, 1, 1, 1]), ConfigError, "cap (expected None"),
     (dict(device=5), ConfigError, "device (expected 'cpu', 'cuda', a Device or a factory"),

@@ -48,7 +48,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--mode", default="ready", choices=("ready", "strict"))
     p.add_argument("--jitter", default="none", help="jitter spec (see below)")
     p.add_argument("--seed", type=int, default=0, help="seed of the jitter model")
-    p.add_argument("--cap", default=None, help="in-flight cap: N, N0,N1,... or Nx")
+    p.add_argument("--cap", default=None, help="in-flight cap: N, N0,N1,... or Nx (see below)")
     p.add_argument("--split-backward", action="store_true", help="separate B and W tasks")
     p.add_argument("--steps", type=int, default=1, help="steps to simulate")
     p.add_argument("--trace", type=Path, default=None, help="replay durations from this CSV")
@@ -60,23 +60,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.set_defaults(func=run)
 
 
-def _cap(text: str | None) -> int | str | list[int] | None:
-    if text is None or "," not in text:
-        return text
-    from ..errors import ConfigError
-    try:
-        return [int(c) for c in text.split(",")]
-    except ValueError:
-        raise ConfigError("--cap", expected="integers separated by commas",
-                          got=repr(text)) from None
-
-
 def run(args: argparse.Namespace) -> int:
     from ..sim.simulator import simulate
     from ..sim.traces import read_trace, write_trace
     from ..sim.variability import JitterModel
     common = dict(stages=args.stages, microbatches=args.microbatches, hint=args.hint,
-                  jitter=args.jitter, seed=args.seed, cap=_cap(args.cap),
+                  jitter=args.jitter, seed=args.seed, cap=args.cap,
                   split_backward=args.split_backward, steps=args.steps,
                   trace=read_trace(args.trace) if args.trace else None)
     modes = ("strict", "ready") if args.compare else (args.mode,)

@@ -15,6 +15,7 @@ EXAMPLES = """examples:
   aioready train --stages 4 --microbatches 8 --steps 5 --mode ready
   aioready train --jitter multimodal:0.3:3 --seed 1 --mode strict --json out/strict.json
   aioready train --hint 1f1b --cap 8 --png out/ready.png --chrome-trace out/ready.json
+  aioready train --cap 2x --jitter lognormal:0.5
   aioready train --split-backward --csv out/spans.csv --metrics-port 9100 --steps 50
   aioready train --trace trace.csv --sleep-only --json out/replay.json
   mpiexec -n 4 python -m aioready train --stages 4 --microbatches 8 --steps 5
@@ -35,8 +36,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--microbatches", type=int, default=8, help="microbatches per step M")
     p.add_argument("--hint", default="1f1b", help=f"{' | '.join(hint_names())} or a hint file")
     p.add_argument("--mode", choices=("ready", "strict"), default="ready")
-    p.add_argument("--cap", type=int, default=None,
-                   help="in-flight microbatches per rank (default: the hint's peak)")
+    p.add_argument("--cap", default=None,
+                   help="in-flight microbatches per rank: N, N0,N1,... or Nx (N times the "
+                   "hint's peak); default: the hint's peak")
     p.add_argument("--jitter", default=None,
                    help="duration jitter spec, e.g. lognormal:0.5 or multimodal:0.3:3")
     p.add_argument("--seed", type=int, default=0, help="seed of model, data and jitter")

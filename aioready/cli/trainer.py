@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from ..caps import CapSpec, parse_cap
 from ..devices.cpu import CPUDevice
 from ..devices.paced import PacedDevice
 from ..errors import ConfigError
@@ -40,8 +41,8 @@ class TrainConfig:
     microbatches: int = 8
     hint: str = "1f1b"
     mode: str = "ready"
-    cap: int | None = None
-    """in-flight microbatches per rank; None: the hint's own peak"""
+    cap: CapSpec = None
+    """in-flight microbatches per rank, any form of aioready.caps; None: the hint's own peak"""
     jitter: str | None = None
     seed: int = 0
     trace: str | None = None
@@ -66,6 +67,7 @@ class TrainConfig:
     """continue from the latest checkpoint in checkpoint_dir (from step 0 if there is none)"""
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "cap", parse_cap(self.cap))  # "8" -> 8: the summary shows 8
         if self.resume and not self.checkpoint_dir:
             raise ConfigError("resume needs a checkpoint directory",
                               expected="checkpoint_dir (--checkpoint-dir D)", got=None)

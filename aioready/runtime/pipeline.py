@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Callable, Sequence
 
+from ..caps import CapSpec, parse_cap, resolve_caps
 from ..devices.base import Device
 from ..errors import ConfigError
 from ..hints import HintOrder
@@ -18,6 +19,7 @@ from ..schedulers import make_hint
 from ..telemetry.spans import StepReport
 from ..transports.base import Transport
 from ..transports.inproc import InprocWorld
+from .driver import run_ranks
 from .rank import MODES, RankRuntime
 from .watchdog import DEFAULT, STALL_TIMEOUT_S, StallWatchdog, StepGuard, resolve_timeout
 
@@ -51,11 +53,7 @@ def _check_types(loss_fn: Any, split_backward: Any, cap: Any, device: Any) -> No
                           got=type(loss_fn).__name__)
     if not isinstance(split_backward, bool):
         raise ConfigError("split_backward", expected="True or False", got=repr(split_backward))
-    caps = [cap] if cap is None or isinstance(cap, (int, str)) else cap
-    if isinstance(cap, str) or not all(c is None or (isinstance(c, int) and not isinstance(
-            c, bool)) for c in caps):
-        raise ConfigError("cap", expected="None, an int >= 1, or one int per rank",
-                          got=repr(cap))
+    parse_cap(cap)
     if not (isinstance(device, str) or hasattr(device, "run") or callable(device)):
         raise ConfigError("device", expected="'cpu', 'cuda', a Device or a factory(rank)",
                           got=type(device).__name__)
@@ -86,7 +84,7 @@ class Pipeline:
         self, stages: Sequence[Any], loss_fn: Callable[[Any, Any], Any] | None = None, *,
         microbatches: int = 8, hint: str | HintOrder = "1f1b", mode: str = "ready",
         transport: Transport | None = None, split_backward: bool = False,
-        cap: int | Sequence[int] | None = None, device: Any = "cpu",
+        cap: CapSpec = None, device: Any = "cpu",
         num_stages: int | None = None, coordinator: Any = None,
         stall_timeout: float | None = DEFAULT, peer_timeout: float | None = DEFAULT,
     ) -> None:
@@ -146,7 +144,7 @@ class Pipeline:
                                   f"(stages {list(mine)})", got=f"{num_local} modules")
             ranks, endpoints = [transport.rank], [transport]
             modules = dict(zip(mine, stages))
-        caps = self._caps(cap, placement.num_ranks)
+        caps = resolve_caps(cap, self.hint)
         self.runtimes: list[RankRuntime] = []
         for rank, endpoint in zip(ranks, endpoints):
             executors = self._executors(modules, placement.stages_of(rank), loss_fn)
@@ -171,17 +169,6 @@ class Pipeline:
         else:
             self.peer_timeout = resolve_timeout("peer_timeout", peer_timeout,
                                                 "AIOREADY_PEER_TIMEOUT", None)
-
-    def _caps(self, cap: Any, num_ranks: int) -> list[int | None]:
-        if cap is None or isinstance(cap, int):
-            if isinstance(cap, int) and cap < 1:
-                raise ConfigError("cap must admit at least one microbatch", expected=">= 1",
-                                  got=cap)
-            return [cap] * num_ranks
-        caps = list(cap)
-        if len(caps) != num_ranks:
-            raise ConfigError("cap: one per rank", expected=num_ranks, got=len(caps))
-        return caps
 
     def _executors(self, modules: dict[int, Any], stages: Sequence[int],
                    loss_fn: Any) -> list[Any] | None:
@@ -237,7 +224,7 @@ class Pipeline:
             virtual = isinstance(asyncio.get_running_loop(), VirtualClockLoop)
             self.stall_watchdog.enabled = not virtual
         try:
-            loss = await self._guard.run(self._run_ranks(step, mbs, tgts), step)
+            loss = await self._guard.run(run_ranks(self.runtimes, step, mbs, tgts), step)
         except Exception:
             if self.peer_monitor is not None:
                 await self.peer_monitor.flush()
@@ -246,20 +233,6 @@ class Pipeline:
         reports = [rt.reports[-1] for rt in self.runtimes]
         self.history.append(reports)
         self.last_step = _merge(reports)
-        return loss
-
-    async def _run_ranks(self, step: int, mbs: Any, tgts: Any) -> Any:
-        if len(self.runtimes) == 1:
-            return await self.runtimes[0].run_step(step, mbs, tgts)
-        try:
-            async with asyncio.TaskGroup() as group:
-                tasks = [group.create_task(rt.run_step(step, mbs, tgts)) for rt in self.runtimes]
-        except BaseExceptionGroup as group_error:
-            raise _first_cause(group_error) from None
-        loss = tasks[-1].result() if tasks else None
-        for t in tasks:
-            if t.result() is not None:
-                loss = t.result()
         return loss
 
     def close(self) -> None:
@@ -282,12 +255,3 @@ def _merge(reports: list[StepReport]) -> StepReport:
         merged.peak_in_flight.update(r.peak_in_flight)
     return merged
 
-
-def _first_cause(group: BaseExceptionGroup) -> BaseException:
-    """The first real error of a failed in-process step (the others are its consequences)."""
-    for exc in group.exceptions:
-        if isinstance(exc, BaseExceptionGroup):
-            return _first_cause(exc)
-        if not isinstance(exc, asyncio.CancelledError):
-            return exc
-    return group.exceptions[0]

@@ -25,7 +25,7 @@ from ..errors import AioreadyError, ConfigError, InternalError, ProtocolError
 from ..hints import HintOrder
 from ..progress import ProgressEngine
 from ..ready_set import ReadySet
-from ..tasks import Kind, Task, all_tasks
+from ..tasks import Kind, Need, Task, step_needs
 from ..telemetry.spans import Span, StepReport
 from ..transports.base import Message, MessageKind, Transport
 
@@ -71,6 +71,12 @@ class RankRuntime:
         self.num_stages = self.placement.num_stages
         self.num_microbatches = hint.num_microbatches
         self.split_backward = hint.split_backward
+        # tasks.needs, tabulated once: a step copies the counts, a task's end looks up its heir
+        self._needs = step_needs(self.stages, self.num_stages, self.num_microbatches,
+                                 self.split_backward)
+        self._senders = {task: self.placement.rank_of(self.stages[task.chunk] +
+                                                      (1 if need is Need.GRAD else -1))
+                         for task, need in self._needs.messages.items()}
         default_cap = hint.default_caps[rank]  # type: ignore[index]
         self.cap = default_cap if cap is None else cap
         if self.cap < 1:
@@ -116,16 +122,12 @@ class RankRuntime:
         if self.coordinator is not None:
             self._ready = self.coordinator.wrap(self._ready, step=step, mode=self.mode,
                                                 wakeup=self._wakeup, fail=self.fail)
-        self._missing: dict[Task, int] = {}
+        self._missing: dict[Task, int] = dict(self._needs.counts)
         self._ready_at: dict[Task, float] = {}
         self._acts: dict[tuple[int, int], tuple[Any, ...]] = {}
         self._grads: dict[tuple[int, int], tuple[Any, ...]] = {}
         self._targets = targets
         self._loss: Any = None
-        last = self.num_stages - 1
-        for task in all_tasks(n_chunks, M, self.split_backward):
-            stage = self.stages[task.chunk]
-            self._missing[task] = 2 if task.kind is Kind.B and stage != last else 1
         self._report = StepReport(step, num_ranks=self.placement.num_ranks)
         self._now = clock_of(asyncio.get_running_loop())
         self._report.start = self._now()
@@ -191,11 +193,10 @@ class RankRuntime:
         chunk = self.stages.index(msg.stage)
         key = (chunk, msg.microbatch)
         if msg.kind is MessageKind.ACTIVATION:
-            store, task, ok = self._acts, Task(Kind.F, msg.microbatch, chunk), msg.stage > 0
+            store, task = self._acts, Task(Kind.F, msg.microbatch, chunk)
         else:
             store, task = self._grads, Task(Kind.B, msg.microbatch, chunk)
-            ok = msg.stage < self.num_stages - 1
-        if not ok:
+        if task not in self._senders:
             raise ProtocolError("message kind that this stage never receives", rank=self.rank,
                                 step=msg.step, expected="activations for stages > 0, gradients "
                                 "for stages < last", got=msg.describe())
@@ -254,10 +255,9 @@ class RankRuntime:
         self._report.spans.append(Span(self.rank, stage, task.chunk, task.microbatch, task.kind,
                                        self._ready_at.pop(task, start), start, end))
         self._ready.done(task)
-        if task.kind is Kind.F:
-            self._satisfy(Task(Kind.B, task.microbatch, task.chunk))
-        elif task.kind is Kind.B and self.split_backward:
-            self._satisfy(Task(Kind.W, task.microbatch, task.chunk))
+        heir = self._needs.unblocks.get(task)
+        if heir is not None:
+            self._satisfy(heir)
 
     def _fn(self, chunk: int, name: str) -> Callable[..., Any]:
         if self.executors is None:
@@ -297,17 +297,11 @@ class RankRuntime:
         """Tasks still waiting on a message, with the rank that must send it (best first)."""
         if not self._active:
             return []
-        last = self.num_stages - 1
         out = []
-        for task, left in self._missing.items():
-            if left <= 0 or task.kind is Kind.W:
-                continue
-            stage = self.stages[task.chunk]
-            key = (task.chunk, task.microbatch)
-            if task.kind is Kind.F and stage > 0 and key not in self._acts:
-                out.append((task, self.placement.rank_of(stage - 1)))
-            elif task.kind is Kind.B and stage < last and key not in self._grads:
-                out.append((task, self.placement.rank_of(stage + 1)))
+        for task, sender in self._senders.items():
+            store = self._acts if task.kind is Kind.F else self._grads
+            if self._missing[task] > 0 and (task.chunk, task.microbatch) not in store:
+                out.append((task, sender))
         priority = self.hint.priority(self.rank)
         return sorted(out, key=lambda tr: priority[tr[0]])
 

@@ -16,24 +16,22 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Coroutine, Sequence
+from typing import Any, Coroutine
 
 import numpy as np
 
+from ..caps import CapSpec, resolve_caps
 from ..clock import run_virtual
 from ..devices.sim import SimDevice
 from ..errors import ConfigError
 from ..hints import HintOrder
-from ..placement import Placement
-from ..runtime.pipeline import _first_cause
+from ..runtime.driver import run_ranks
 from ..runtime.rank import MODES, RankRuntime
 from ..schedulers import make_hint
-from ..tasks import Kind
 from ..telemetry.bounds import lower_bound_table
 from ..telemetry.spans import StepReport
 from ..transports.inproc import InprocWorld
@@ -42,37 +40,6 @@ from .traces import Trace, read_trace
 from .variability import BaseDurations, JitterModel, parse_jitter
 
 __all__ = ["simulate", "SimResult", "StepStats", "resolve_caps"]
-
-
-def resolve_caps(cap: int | str | Sequence[int] | None, hint: HintOrder) -> list[int | None]:
-    """Per-rank caps from None (the hint's peak), an int, 'Nx' (N times the hint's peak,
-    rounded up) or one int per rank."""
-    R = hint.num_ranks
-    if cap is None:
-        return [None] * R
-    if isinstance(cap, str):
-        text = cap.strip().lower()
-        if text.endswith("x"):
-            try:
-                factor = float(text[:-1])
-            except ValueError:
-                factor = -1.0
-            if not factor > 0:
-                raise ConfigError("cap factor", expected="like '2x' (a multiple of the hint's "
-                                  "peak in-flight)", got=repr(cap))
-            return [max(1, math.ceil(factor * c - 1e-9)) for c in hint.default_caps or ()]
-        if not text.isdigit():
-            raise ConfigError("cap", expected="an integer >= 1 or a factor like '2x'",
-                              got=repr(cap))
-        cap = int(text)
-    if isinstance(cap, int):
-        if cap < 1:
-            raise ConfigError("cap must admit at least one microbatch", expected=">= 1", got=cap)
-        return [cap] * R
-    caps = [int(c) for c in cap]
-    if len(caps) != R:
-        raise ConfigError("cap: one per rank", expected=R, got=len(caps))
-    return list(caps)
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,12 +159,7 @@ def _durations(trace: str | Path | Trace | None, jitter: str, seed: int, hint: H
 
 async def _run_steps(runtimes: list[RankRuntime], steps: int) -> None:
     for step in range(steps):
-        try:
-            async with asyncio.TaskGroup() as group:
-                for rt in runtimes:
-                    group.create_task(rt.run_step(step))
-        except BaseExceptionGroup as errors:
-            raise _first_cause(errors) from None
+        await run_ranks(runtimes, step)
 
 
 def _run_blocking(main: Coroutine[Any, Any, None]) -> None:
@@ -233,14 +195,14 @@ def _step_stats(reports: list[StepReport], table: np.ndarray, hint: HintOrder) -
 def simulate(*, stages: int, microbatches: int, hint: str | HintOrder = "1f1b",
              mode: str = "ready", jitter: str = "none", seed: int = 0,
              trace: str | Path | Trace | None = None,
-             cap: int | str | Sequence[int] | None = None, split_backward: bool = False,
+             cap: CapSpec = None, split_backward: bool = False,
              steps: int = 1, ranks: int | None = None,
              base: BaseDurations | None = None) -> SimResult:
     """Simulate `steps` steps of a pipeline with the real runtime on a virtual clock.
 
     Durations come from `trace` (a CSV path or a Trace; `jitter` may then add only comm terms)
-    or from the seeded `jitter` model over `base` durations. `cap`: None (the hint's peak per
-    rank), an int, 'Nx' (N times the hint's peak) or one int per rank. It runs its own
+    or from the seeded `jitter` model over `base` durations. `cap`: any form of aioready.caps
+    (None: the hint's peak per rank, an int, 'Nx' N times that, one per rank). It runs its own
     virtual-clock loop and blocks until done (from async code: in a helper thread).
     """
     _check_int("stages", stages)

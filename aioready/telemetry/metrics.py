@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from ..tasks import Kind
+from ..in_flight import peak_of_timeline
+from ..tasks import Kind, Task
 from .bounds import lower_bound
 from .spans import Span, StepReport
 
@@ -32,7 +33,7 @@ class StepMetrics:
     efficiency: float
     """lower_bound / step_time (1.0: no schedule could have been faster)."""
     peak_in_flight: tuple[int, ...]
-    """Per rank: most microbatches holding activations at once, measured from the spans."""
+    """Per rank: most microbatches in flight at once, replayed from the spans (in_flight.py)."""
     num_tasks: int
 
     def as_dict(self) -> dict[str, Any]:
@@ -59,17 +60,16 @@ class SpanPlacement:
 
 
 def peak_in_flight(spans: Sequence[Span], rank: int) -> int:
-    """Most microbatches in flight on `rank` at once: from its entry F's start to the end of its
-    last local backward piece (W when split, else B) on the entry chunk."""
-    mine = [s for s in spans if s.rank == rank and s.chunk == 0]
-    last = Kind.W if any(s.kind is Kind.W for s in mine) else Kind.B
-    events = [(s.start, 1) for s in mine if s.kind is Kind.F]
-    events += [(s.end, -1) for s in mine if s.kind is last]
-    peak = cur = 0
-    for _, delta in sorted(events, key=lambda e: (e[0], e[1])):
-        cur += delta
-        peak = max(peak, cur)
-    return peak
+    """Most microbatches in flight on `rank` at once, by the arbiter's own rule (in_flight.py):
+    from its entry F's start to the end of its last local backward piece on every chunk it holds.
+
+    The rank's spans are replayed in execution order (start time; equal starts keep the report's
+    order, which is the order they ran in), so ties resolve as they did live.
+    """
+    mine = sorted((s for s in spans if s.rank == rank), key=lambda s: (s.start, s.end))
+    runs = [(Task(s.kind, s.microbatch, s.chunk), s.start, s.end) for s in mine]
+    return peak_of_timeline(runs, num_chunks=1 + max((s.chunk for s in mine), default=0),
+                            split_backward=any(s.kind is Kind.W for s in mine))
 
 
 def step_metrics(report: StepReport) -> StepMetrics:
