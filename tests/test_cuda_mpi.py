@@ -1,5 +1,6 @@
 """CUDA over MPI: detection (runs on CPU: the MPICH wheel is not CUDA-aware), the override, the
-pinned pool's bookkeeping with fake buffers, the transport's path, and the GPU paths on a GPU."""
+pinned pool's bookkeeping with fake buffers, the transport's path and its staged control flow
+with fake CUDA, and the real GPU paths on a GPU."""
 
 from __future__ import annotations
 
@@ -272,6 +273,18 @@ def test_cpu_tensors_never_take_a_cuda_path(child_env, value: str) -> None:
     out = _roundtrip(child_env, "cpu", value)
     assert out.returncode == 0, out.stderr[-3000:]
     assert f"CPU OK cuda_aware={value == '1'}" in out.stdout, out.stdout
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(120)
+def test_staged_path_awaits_copies_and_gives_pinned_buffers_back(child_env) -> None:
+    """The staged path's control flow without a GPU (fake CUDA tensors, events and copies):
+    nothing is sent or delivered before its copy completed, every pinned buffer goes back to
+    the pool after its Isend or copy, and the second round reuses the first round's."""
+    out = _roundtrip(child_env, "fake", "0")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "FAKE OK cuda_aware=False" in out.stdout, out.stdout
+    assert "sender pools lent=0" in out.stdout and "receiver pools lent=0" in out.stdout
 
 
 @pytest.mark.gpu
