@@ -420,6 +420,8 @@ async def check_staging() -> None:
                               "h2d_GBps": 0.064 * 1.048576 / (t2 - t1)})
         stager.release(host)
     res["exact"] = all(r["exact"] for r in res["rounds"])
+    res["pool"] = {"allocated": stager.pool.num_allocated, "reused": stager.pool.num_reused,
+                   "lent": stager.pool.num_lent}
     RESULTS["staging"] = res
     stager.close()
     log("staging", RESULTS["staging"])

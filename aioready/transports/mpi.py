@@ -22,9 +22,12 @@ transport is a CompletionSource.
 Large CPU tensors travel without copies through numpy views of their storage (0.2 us against
 7 us for DLPack, docs/async.md "Tensors through mpi4py"); inline payloads are copied once into the
 header message; non-contiguous tensors are made contiguous and grad-requiring ones detached.
-CUDA tensors go through CUDA-aware MPI when the library says it is (mpi_cuda.py), else through
-pinned host buffers; which path is logged at start. A send to this rank itself (V placements) is
-delivered locally on the loop, by reference.
+CUDA tensors go through CUDA-aware MPI when the library says it is, else through pooled pinned
+host buffers copied on a stream of their own (cuda/mpi.py); which path is logged at start. Either
+way a CUDA payload is handed to MPI only once an event after its producer completed, and a staged
+receive is handed over once its copy to the device completed: both events are awaited through the
+completion engine, and a pinned buffer goes back to the pool when MPI and the copy are done.
+A send to this rank itself (V placements) is delivered locally on the loop, by reference.
 
 A header that does not parse, or sizes that do not match it, raise ProtocolError on the receiving
 rank: the runtime's step fails with it (see `open`), and `python -m aioready` or
@@ -44,7 +47,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..cuda.mpi import StagedSend, query_cuda_aware, receive_buffer
+from ..cuda.mpi import HostStager, cuda_mpi_support, mpi_device_buffer, transfer_path
 from ..errors import AioreadyError, InternalError, ProtocolError
 from ..progress import ProgressConfig, ProgressEngine
 from .base import Deliver, Message
@@ -67,13 +70,12 @@ _PROBES_PER_POLL = 64
 class _Inbound:
     """A message whose header arrived and whose payload receives are outstanding."""
 
-    __slots__ = ("header", "tensors", "left", "device_copy")
+    __slots__ = ("header", "tensors", "left")
 
-    def __init__(self, header: Header, tensors: list[Any], left: int, device_copy: bool) -> None:
+    def __init__(self, header: Header, tensors: list[Any], left: int) -> None:
         self.header = header
         self.tensors = tensors
         self.left = left
-        self.device_copy = device_copy
 
 
 class MPITransport:
@@ -86,25 +88,29 @@ class MPITransport:
         comm = MPI.COMM_WORLD if comm is None else comm
         self._rank = comm.Get_rank()
         self._size = comm.Get_size()
+        support = cuda_mpi_support(comm)  # before Dup: a bad override fails before collectives
+        self.cuda_aware = bool(support.aware)
         self._hdr = comm.Dup()
         self._data = comm.Dup()
         self.oversubscribed = _oversubscribed(MPI, self._hdr)  # collective, like Dup
         self._device = device
         self.inline_bytes = inline_bytes
         self.hot_bytes = hot_bytes
-        self.cuda_aware, how = query_cuda_aware()
-        path = "CUDA-aware MPI" if self.cuda_aware else "staged through pinned host memory"
-        log.info("rank %d/%d: CUDA tensors %s (%s)", self._rank, self._size, path, how)
+        how = ("device buffers straight to MPI" if self.cuda_aware else
+               "through pooled pinned host buffers")
+        log.info("rank %d/%d: CUDA tensors take the %s path, %s (%s: %s)", self._rank,
+                 self._size, transfer_path(support), how, support.method, support.detail)
         self._seq = [0] * self._size
         self._codec = WireCodec()
         self._pool = ReceivePool()
         self._host_device = device is None or str(device) == "cpu"
+        self._cuda_device = not self._host_device and torch_module().device(device).type == "cuda"
+        self._stagers: dict[Any, HostStager] = {}
         self._status = MPI.Status()
         self._reqs: list[Any] = []
         self._done: list[Callable[[], None]] = []
         self._big: list[bool] = []
         self._num_big = 0
-        self._staged: list[tuple[StagedSend, Callable[[], None]]] = []
         self._num_sending = 0
         self._num_local = 0
         self._sent_waiters: list[asyncio.Future[None]] = []
@@ -164,7 +170,7 @@ class MPITransport:
         self._engine.kick()  # type: ignore[union-attr]  # open() set it
 
     async def wait_sent(self) -> None:
-        while self._num_sending or self._num_local or self._staged:
+        while self._num_sending or self._num_local:
             fut = asyncio.get_running_loop().create_future()
             self._sent_waiters.append(fut)
             await fut
@@ -177,6 +183,8 @@ class MPITransport:
         finally:
             if self._engine is not None:
                 self._engine.remove_source(self)
+            for stager in set(self._stagers.values()):
+                stager.close()
             self._deliver = None
             for comm in (self._hdr, self._data):
                 if comm != self._MPI.COMM_NULL:
@@ -184,27 +192,64 @@ class MPITransport:
 
     # -- sending --------------------------------------------------------------------------
     def _send_payload(self, dest: int, tag: int, t: Any, n: int) -> None:
+        big = n >= self.hot_bytes
         if not t.is_cuda:
-            self._isend(self._data, host_bytes(t), dest, tag, n >= self.hot_bytes)
+            self._isend(self._data, host_bytes(t), dest, tag, big)
             return
-        staged = StagedSend(t.detach().contiguous(), cuda_aware=self.cuda_aware)
-        self._num_sending += 1  # counted until its Isend completes
+        cuda = torch_module().cuda
+        t = t.detach().contiguous()
+        stager = self._stager(t.device)
+        ready = cuda.Event()  # after whatever the loop thread enqueued: the producer, contiguous()
+        ready.record(cuda.current_stream(t.device))
+        if self.cuda_aware:
+            buf, done, host = mpi_device_buffer(t), stager.fence(ready), None
+        else:
+            host, done = stager.to_host(t, ready)
+            buf = host_bytes(host)
+        self._num_sending += 1  # counted from here until its Isend completes
+        start = partial(self._start_send, buf, dest, tag, big, stager, host)
+        stager.completion(done).add_done_callback(partial(self._on_copied, start, True))
 
-        def start() -> None:
-            self._num_sending -= 1
-            buf = staged.buffer if self.cuda_aware else host_bytes(staged.buffer)
-            self._isend(self._data, buf, dest, tag, n >= self.hot_bytes)
+    def _start_send(self, buf: Any, dest: int, tag: int, big: bool, stager: HostStager,
+                    host: Any) -> None:
+        release = None if host is None else partial(stager.release, host)
+        self._isend(self._data, buf, dest, tag, big, release)
+        self._engine.kick()  # type: ignore[union-attr]  # open() set it
 
-        self._staged.append((staged, start))
-
-    def _isend(self, comm: Any, buf: Any, dest: int, tag: int, big: bool) -> None:
+    def _isend(self, comm: Any, buf: Any, dest: int, tag: int, big: bool,
+               release: Callable[[], None] | None = None) -> None:
         req = comm.Isend(buf, dest, tag)
         self._num_sending += 1
-        self._track(req, partial(self._sent, buf), big)
+        self._track(req, partial(self._sent, buf, release), big)
 
-    def _sent(self, buf: Any) -> None:
+    def _sent(self, buf: Any, release: Callable[[], None] | None) -> None:
         self._num_sending -= 1  # `buf` was kept alive until here by this partial
+        if release is not None:  # MPI is done with the pinned buffer: back to the pool
+            release()
         self._maybe_idle()
+
+    def _on_copied(self, then: Callable[[], None], sending: bool,
+                   copied: asyncio.Future[None]) -> None:
+        """Go on once a CUDA event completed; a CUDA fault fails the step like an MPI error."""
+        if sending:
+            self._num_sending -= 1  # `then` counts it again, until its Isend completes
+        try:
+            copied.result()
+            then()
+        except AioreadyError as exc:
+            self._raise(exc)
+        except Exception as exc:  # as in poll(): a bug must fail the step, not stop a send
+            self._raise(InternalError(f"{type(exc).__name__} after a CUDA copy: {exc}; please "
+                                      "file a bug", rank=self._rank))
+
+    def _stager(self, device: Any) -> HostStager:
+        """The copy stream and pinned pool of `device` (one each, made on first use)."""
+        stager = self._stagers.get(device)
+        if stager is None:
+            stager = HostStager(device)
+            stager = self._stagers.setdefault(stager.device, stager)
+            self._stagers[device] = stager
+        return stager
 
     def _arrive_local(self, msg: Message) -> None:
         self._num_local -= 1
@@ -212,7 +257,7 @@ class MPITransport:
         self._maybe_idle()
 
     def _maybe_idle(self) -> None:
-        if not (self._num_sending or self._num_local or self._staged):
+        if not (self._num_sending or self._num_local):
             waiters, self._sent_waiters = self._sent_waiters, []
             for fut in waiters:
                 if not fut.done():
@@ -237,8 +282,6 @@ class MPITransport:
 
     def _poll(self) -> int:
         n = self._probe() if self._deliver is not None else 0
-        if self._staged:
-            n += self._start_staged()
         if not self._reqs:
             return n
         testsome = self._MPI.Request.Testsome
@@ -260,18 +303,11 @@ class MPITransport:
             fn()
         return n + len(done)
 
-    def num_pending(self) -> int:
-        return len(self._reqs) + len(self._staged) + (self._deliver is not None)
+    def num_pending(self) -> int:  # CUDA copies are pending in their stager's event source
+        return len(self._reqs) + (self._deliver is not None)
 
     def wants_hot(self) -> bool:
-        return self._num_big > 0 or bool(self._staged)
-
-    def _start_staged(self) -> int:
-        started = 0
-        while self._staged and self._staged[0][0].ready():  # one stream: complete in order
-            self._staged.pop(0)[1]()
-            started += 1
-        return started
+        return self._num_big > 0
 
     # -- receiving ------------------------------------------------------------------------
     def _probe(self) -> int:
@@ -329,12 +365,10 @@ class MPITransport:
                                 rank=self._rank, expected=f"{hlen} bytes (header) or "
                                 f"{layout.inline_len} (header and payload)",
                                 got=f"{len(buf)} bytes")
-        device = self._device
-        staged = device is not None and not self.cuda_aware
         sizes = layout.sizes
         tensors = [None if d is None else self._receive_buffer(s, d, n)
                    for s, d, n in zip(layout.specs, layout.dtypes, sizes)]
-        inbound = _Inbound(header, tensors, sum(1 for n in sizes if n), staged)
+        inbound = _Inbound(header, tensors, sum(1 for n in sizes if n))
         for i, (t, n) in enumerate(zip(tensors, sizes)):
             if n:
                 dst = t if t.is_cuda else host_bytes(t)
@@ -344,19 +378,51 @@ class MPITransport:
             self._payload_done(inbound, count=False)
 
     def _receive_buffer(self, spec: TensorSpec, dtype: Any, nbytes: int) -> Any:
-        """Where a payload lands: a reused host buffer when large and for the CPU."""
+        """Where a payload lands: for the CPU a reused host buffer when large; for a CUDA device
+        the device itself when MPI is CUDA-aware (and for empty tensors, which MPI never
+        writes), else a pooled pinned buffer; for other devices a host tensor, copied over."""
+        torch = torch_module()
         if self._host_device and nbytes >= self._pool.min_bytes:
             return self._pool.tensor(spec.shape, spec.dtype, nbytes)  # type: ignore[arg-type]
-        return receive_buffer(spec.shape, dtype, self._device, self.cuda_aware)
+        if self._cuda_device:
+            if self.cuda_aware or not nbytes:
+                return torch.empty(spec.shape, dtype=dtype, device=self._device)
+            return self._stager(self._device).host_buffer(spec.shape, dtype)
+        return torch.empty(spec.shape, dtype=dtype)
 
     def _payload_done(self, inbound: _Inbound, count: bool = True) -> None:
         inbound.left -= count
         if inbound.left:
             return
         tensors = inbound.tensors
-        if inbound.device_copy:
+        if self._cuda_device and not self.cuda_aware:
+            self._copy_to_device(inbound.header, tensors)
+            return
+        if not self._host_device:
             tensors = [self._to_device(t) for t in tensors]
         self._hand_over(self._codec.message(inbound.header, tuple(tensors)))
+
+    def _copy_to_device(self, header: Header, tensors: list[Any]) -> None:
+        """Staged receive: pinned buffers to the device on the copy stream; the message is
+        handed over, and the buffers go back to the pool, once the last copy completed."""
+        stager = self._stager(self._device)
+        hosts = [t for t in tensors if t is not None and not t.is_cuda]
+        if not hosts:  # only None and empty slots: nothing was staged
+            self._hand_over(self._codec.message(header, tuple(tensors)))
+            return
+        outs, done = [], None
+        for t in tensors:
+            if t is not None and not t.is_cuda:
+                t, done = stager.to_device(t)
+            outs.append(t)
+        arrived = partial(self._copied_in, header, tuple(outs), stager, hosts)
+        stager.completion(done).add_done_callback(partial(self._on_copied, arrived, False))
+
+    def _copied_in(self, header: Header, tensors: tuple[Any, ...], stager: HostStager,
+                   hosts: list[Any]) -> None:
+        for host in hosts:
+            stager.release(host)
+        self._hand_over(self._codec.message(header, tensors))
 
     def _to_device(self, t: Any) -> Any:
         if t is None or self._device is None or t.device == torch_module().device(self._device):
