@@ -23,7 +23,7 @@ from typing import Callable, Mapping, Sequence
 from ..errors import HintError
 from ..placement import Placement
 from ..ready_set import ReadySet
-from ..tasks import Kind, Task, all_tasks
+from ..tasks import Kind, Task, step_needs
 
 __all__ = ["ListSchedule", "list_schedule", "unit_duration"]
 
@@ -61,11 +61,8 @@ def list_schedule(
     v = placement.num_chunks
     sets = [ReadySet(prios[r], cap=caps[r], num_chunks=v, split_backward=split_backward)
             for r in range(R)]
-    missing: dict[tuple[int, Task], int] = {}
-    for r in range(R):
-        for t in all_tasks(v, M, split_backward):
-            stage = placement.stage_of(r, t.chunk)
-            missing[(r, t)] = 2 if t.kind is Kind.B and stage < S - 1 else 1
+    needs = [step_needs(placement.stages_of(r), S, M, split_backward) for r in range(R)]
+    missing = {(r, t): n for r in range(R) for t, n in needs[r].counts.items()}
     ran: list[list[Task]] = [[] for _ in range(R)]
     busy = [False] * R
     events: list[tuple[float, int, int, Task]] = []
@@ -99,16 +96,14 @@ def list_schedule(
         busy[r] = False
         left -= 1
         sets[r].done(task)
+        local = needs[r].unblocks.get(task)
+        if local is not None:
+            satisfy(r, local)
         stage = placement.stage_of(r, task.chunk)
-        if task.kind is Kind.F:
-            satisfy(r, Task(Kind.B, task.microbatch, task.chunk))
-            if stage < S - 1:
-                satisfy(*at(stage + 1, Kind.F, task.microbatch))
-        elif task.kind is Kind.B:
-            if split_backward:
-                satisfy(r, Task(Kind.W, task.microbatch, task.chunk))
-            if stage > 0:
-                satisfy(*at(stage - 1, Kind.B, task.microbatch))
+        if task.kind is Kind.F and stage < S - 1:
+            satisfy(*at(stage + 1, Kind.F, task.microbatch))
+        elif task.kind is Kind.B and stage > 0:
+            satisfy(*at(stage - 1, Kind.B, task.microbatch))
     if left:
         raise HintError("the ranking stalls under list scheduling", expected="every task run",
                         got=f"{left} tasks left at t={now}",
