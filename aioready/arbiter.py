@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from typing import Awaitable, Callable, Protocol
 
+from .clock import virtual_clock
 from .tasks import Task
 
 __all__ = ["Wakeup", "Chooser", "run_arbiter"]
@@ -64,7 +65,8 @@ async def run_arbiter(
     polls eagerly only while it waits). On a virtual-clock loop (aioready.clock) each decision first
     waits for the end of the current instant, so same-instant completions are all seen first.
     """
-    settle = getattr(asyncio.get_running_loop(), "wait_idle", None)
+    clock = virtual_clock(asyncio.get_running_loop())
+    settle = None if clock is None else clock.wait_idle
     left = num_tasks
     while left:
         if settle is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Callable, Sequence
 
+from ..clock import virtual_clock
 from ..devices.base import Device
 from ..errors import ConfigError
 from ..hints import HintOrder
@@ -233,9 +234,8 @@ class Pipeline:
         tgts = split_microbatches(targets, M, name="targets")
         step = self._step
         if self.stall_watchdog is not None and self._stall_arg is DEFAULT:
-            from ..clock import VirtualClockLoop  # simulated time: the default is off
-            virtual = isinstance(asyncio.get_running_loop(), VirtualClockLoop)
-            self.stall_watchdog.enabled = not virtual
+            # simulated time: the default is off
+            self.stall_watchdog.enabled = virtual_clock(asyncio.get_running_loop()) is None
         try:
             loss = await self._guard.run(self._run_ranks(step, mbs, tgts), step)
         except Exception:
