@@ -213,7 +213,7 @@ class RankRuntime:
             raise RuntimeError(f"rank {self.rank}: step {self.step_index} is still running")
         self._error = None
         if not self._opened:  # inside the loop, so transports may start their pollers here
-            self.transport.open(self._deliver)
+            self.transport.open(self._deliver, on_failure=self.fail)
             self._opened = True
         self._reset(step, inputs, targets)
         try:

@@ -113,7 +113,7 @@ class Coordinator:
         if mode == "strict" and not self.follow_in_strict:
             return ready
         if not self._opened:  # inside the running loop: transports may start pollers here
-            self.transport.open(self._deliver)
+            self.transport.open(self._deliver, on_failure=self.fail)
             self._opened = True
         self._step = step
         self._fail = fail
