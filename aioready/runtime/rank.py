@@ -18,7 +18,7 @@ import time
 from functools import partial
 from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
-from ..arbiter import Wakeup, run_arbiter
+from ..arbiter import ReadyQueue, Wakeup, run_arbiter
 from ..clock import clock_of
 from ..devices.base import Device, TaskInfo
 from ..errors import AioreadyError, ConfigError, InternalError, ProtocolError
@@ -109,12 +109,13 @@ class RankRuntime:
         self.step_index = step
         n_chunks = len(self.stages)
         M = self.num_microbatches
-        self._ready = ReadySet(
+        ready = ReadySet(
             self.hint.priority(self.rank), cap=self.cap, num_chunks=n_chunks,
             split_backward=self.split_backward,
             strict_order=self.hint.strict_order(self.rank) if self.mode == "strict" else None)
+        self._ready: ReadyQueue = ready
         if self.coordinator is not None:
-            self._ready = self.coordinator.wrap(self._ready, step=step, mode=self.mode,
+            self._ready = self.coordinator.wrap(ready, step=step, mode=self.mode,
                                                 wakeup=self._wakeup, fail=self.fail)
         self._missing: dict[Task, int] = {}
         self._ready_at: dict[Task, float] = {}
