@@ -100,7 +100,7 @@ class RankRuntime:
         self._opened = False
         self._now: Callable[[], float] = time.monotonic
         self.num_events = 0  # messages in, tasks started and ended: the watchdogs' progress count
-        self.on_control: Callable[[Message], None] | None = None  # CONTROL messages (faults.py)
+        self._control_handlers: list[Callable[[Message], None]] = []
         self.running_task: Task | None = None
 
     # -- per-step state -------------------------------------------------------------------
@@ -153,9 +153,15 @@ class RankRuntime:
             self._wakeup.notify()
 
     # -- messages -------------------------------------------------------------------------
+    def add_control_handler(self, handler: Callable[[Message], None]) -> None:
+        """Have `handler` see every CONTROL message (heartbeats and peers' errors, faults.py);
+        without one, a CONTROL message is a ProtocolError like any unexpected kind."""
+        self._control_handlers.append(handler)
+
     def _deliver(self, msg: Message) -> None:
-        if msg.kind is MessageKind.CONTROL and self.on_control is not None:
-            self.on_control(msg)  # heartbeats and errors: not progress of the step
+        if msg.kind is MessageKind.CONTROL and self._control_handlers:
+            for handler in self._control_handlers:  # not progress of the step
+                handler(msg)
             return
         self.num_events += 1
         try:
