@@ -2,18 +2,21 @@
 
 It is woken by the event that made a task ready (a `Wakeup` set by the message or completion
 handler), never by a timer. Running a task and its bookkeeping is the caller's `execute`; the
-choice comes from a `Chooser`, normally the ReadySet, and for a tensor-parallel follower the
-leader's decisions.
+choice comes from a `ReadyQueue`: normally the ReadySet, and in a tensor-parallel group the
+leader's ReadySet that announces its choices or a member's queue that follows them
+(tp/coordination.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Awaitable, Callable, Protocol
+from typing import Awaitable, Callable, Protocol, runtime_checkable
 
+from .clock import virtual_clock
+from .ready_set import ReadySetStatistics
 from .tasks import Task
 
-__all__ = ["Wakeup", "Chooser", "run_arbiter"]
+__all__ = ["Wakeup", "ReadyQueue", "run_arbiter"]
 
 
 class Wakeup:
@@ -42,21 +45,52 @@ class Wakeup:
             self._fut = None
 
 
-class Chooser(Protocol):
-    """Picks the next task; None means nothing can run yet."""
+@runtime_checkable
+class ReadyQueue(Protocol):
+    """A rank's ready tasks: the whole surface the arbiter and the runtime use, and why.
+
+    - `push(task)`: the task's dependencies are met (the runtime, on a message or a completion).
+    - `pop_nowait()`: the task to run now, or None if nothing may run yet (the arbiter).
+    - `done(task)`: the task ended (in-flight bookkeeping).
+    - `in_flight`, `in_flight_microbatches`, `peak_in_flight`: the microbatches admitted and
+      not yet released, their indices and the step's peak (step reports and stall dumps).
+    - `next_in_order`: the task this queue must offer next, if an order fixes it (a strict hint,
+      or a TP leader's decision); None otherwise (stall dumps: what the rank waits for).
+    - `ready_tasks()`: the ready tasks, best first; `statistics()`: counts (dumps and tests).
+    """
+
+    def push(self, task: Task) -> None: ...
 
     def pop_nowait(self) -> Task | None: ...
 
+    def done(self, task: Task) -> None: ...
+
+    @property
+    def in_flight(self) -> int: ...
+
+    @property
+    def in_flight_microbatches(self) -> list[int]: ...
+
+    @property
+    def peak_in_flight(self) -> int: ...
+
+    @property
+    def next_in_order(self) -> Task | None: ...
+
+    def ready_tasks(self) -> list[Task]: ...
+
+    def statistics(self) -> ReadySetStatistics: ...
+
 
 async def run_arbiter(
-    chooser: Chooser,
+    queue: ReadyQueue,
     execute: Callable[[Task], Awaitable[None]],
     wakeup: Wakeup,
     num_tasks: int,
     check: Callable[[], None] | None = None,
     on_wait: Callable[[bool], None] | None = None,
 ) -> None:
-    """Run `num_tasks` tasks, each as soon as the chooser offers it.
+    """Run `num_tasks` tasks, each as soon as `queue` offers it.
 
     `check` runs before each decision and raises to abort the step (an error delivered by a
     message handler, for example); `on_wait(True)` is called when the arbiter starts waiting
@@ -64,14 +98,15 @@ async def run_arbiter(
     polls eagerly only while it waits). On a virtual-clock loop (aioready.clock) each decision first
     waits for the end of the current instant, so same-instant completions are all seen first.
     """
-    settle = getattr(asyncio.get_running_loop(), "wait_idle", None)
+    clock = virtual_clock(asyncio.get_running_loop())
+    settle = None if clock is None else clock.wait_idle
     left = num_tasks
     while left:
         if settle is not None:
             await settle()
         if check is not None:
             check()
-        task = chooser.pop_nowait()
+        task = queue.pop_nowait()
         if task is None:
             if on_wait is not None:
                 on_wait(True)

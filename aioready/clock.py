@@ -26,7 +26,8 @@ import selectors
 import time
 from typing import Any, Awaitable, Callable, TypeVar
 
-__all__ = ["VirtualClockLoop", "VirtualClockDeadlock", "run_virtual", "clock_of"]
+__all__ = ["VirtualClockLoop", "VirtualClockDeadlock", "run_virtual", "virtual_clock", "clock_of",
+           "sleep_until"]
 
 T = TypeVar("T")
 
@@ -88,10 +89,34 @@ def run_virtual(main: Awaitable[T], *, start: float = 0.0) -> T:
         return runner.run(main)  # type: ignore[arg-type]
 
 
+def virtual_clock(loop: asyncio.AbstractEventLoop) -> VirtualClockLoop | None:
+    """`loop` if it runs on simulated time, else None: the one test for "is this simulated?"
+    (the arbiter settles each instant, devices trust their sleeps, watchdogs default to off)."""
+    return loop if isinstance(loop, VirtualClockLoop) else None
+
+
 def clock_of(loop: asyncio.AbstractEventLoop) -> Callable[[], float]:
     """The clock that task spans and device pacing read: the loop's own on a virtual clock, else
     `time.monotonic` -- the clock asyncio's default loop uses, at full resolution, where uvloop's
     `loop.time()` only moves in whole milliseconds (too coarse for tasks of a few ms)."""
-    if isinstance(loop, VirtualClockLoop):
-        return loop.time
-    return time.monotonic
+    virtual = virtual_clock(loop)
+    return time.monotonic if virtual is None else virtual.time
+
+
+async def sleep_until(loop: asyncio.AbstractEventLoop, deadline: float) -> bool:
+    """Sleep until `clock_of(loop)` reads `deadline`; False if it already had (nothing to wait).
+
+    On a real loop a sleep can end early against time.monotonic (uvloop's timers run on a clock
+    cached per loop pass): sleep the rest. The virtual clock lands on the timer exactly.
+    """
+    now = clock_of(loop)
+    left = deadline - now()
+    if left <= 0:
+        return False
+    virtual = virtual_clock(loop) is not None
+    while left > 0:
+        await asyncio.sleep(left)
+        if virtual:
+            break
+        left = deadline - now()
+    return True

@@ -90,12 +90,30 @@ class ProtocolError(AioreadyError):
     """Raised when a message does not match any task this rank expects (header, dtype, shape)."""
 
 
-class StageError(AioreadyError):
-    """Raised when a stage's forward or backward raised; carries the original message."""
+class _PeerFailure(AioreadyError):
+    """An error that may name a peer: `lost_rank` is the peer this rank lost (None: this rank's
+    own failure), `remote` says the error was raised on that peer and reached this rank as text
+    (such an error is not broadcast again)."""
+
+    def __init__(self, what: str, *, lost_rank: int | None = None, remote: bool = False,
+                 **where: Any) -> None:
+        self.lost_rank = lost_rank
+        self.remote = remote
+        super().__init__(what, **where)
 
 
-class PeerLostError(AioreadyError):
-    """Raised when a peer rank died or stopped answering within the configured bound."""
+class StageError(_PeerFailure):
+    """Raised when a stage's forward or backward raised; carries the original message. On the
+    other ranks it is raised with `remote=True` and `lost_rank` the rank whose stage raised."""
+
+
+class PeerLostError(_PeerFailure):
+    """Raised when a peer rank died or stopped answering within the configured bound, or failed
+    (`remote=True`: its error text reached this rank); `lost_rank` names that peer."""
+
+    def __init__(self, what: str, *, lost_rank: int, remote: bool = False,
+                 **where: Any) -> None:
+        super().__init__(what, lost_rank=lost_rank, remote=remote, **where)
 
 
 class StallError(AioreadyError):

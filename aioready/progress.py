@@ -52,6 +52,7 @@ import weakref
 from dataclasses import dataclass, fields
 from typing import Protocol, runtime_checkable
 
+from .clock import virtual_clock
 from .errors import ConfigError
 
 __all__ = ["CompletionSource", "ProgressConfig", "ProgressEngine", "ProgressStatistics"]
@@ -206,7 +207,7 @@ class ProgressEngine:
         self._timer: _TimerFd | None = None
         self._timer_registered = False  # the timerfd is watched by the loop (from the first park)
         # a virtual clock only moves while the loop sleeps: never spin there, park exactly
-        self.virtual = type(loop).__name__ == "VirtualClockLoop"
+        self.virtual = virtual_clock(loop) is not None
         self._timer_kind = self._choose_timer()
         self._waiting: bool | None = None  # None: no runtime hint, the plain policy
         self.num_completed = self.num_hot_passes = self.num_parks = self.num_idle_waits = 0

@@ -2,7 +2,8 @@
 
 Pure and loop-free, so the arbiter, the simulator and the property tests share it. Two heaps keyed
 by hint rank: one for the F tasks of the rank's entry chunk (the only ones the gate may hold
-back), one for everything else. A decision compares the two heap tops: O(log n), no scan.
+back), one for everything else. A decision compares the two heap tops: O(log n), no scan. It is
+the arbiter's `ReadyQueue` (arbiter.py; tests/test_ready_queue.py checks the conformance).
 
 Note [entry-only gate]: the only task ever held back is the F of the entry chunk (chunk 0), and
 only while `in_flight >= cap`. Gating F of deeper chunks, B or W deadlocks interleaved and V

@@ -10,8 +10,10 @@ import pytest
 import torch
 
 from aioready import PeerLostError, StageError
+from aioready.runtime.faults import HEARTBEAT
 from aioready.runtime.pipeline import Pipeline
 from aioready.testing.helpers import make_mlp_stages, mse_loss
+from aioready.transports.base import Message
 from aioready.transports.inproc import InprocWorld
 
 pytestmark = pytest.mark.timeout(60)
@@ -55,13 +57,14 @@ async def test_stage_exception_reaches_every_rank() -> None:
     results = await _step_all(pipes)
     assert loop.time() - start < 2.0  # the broadcast, not the 5 s timeout
     assert isinstance(results[2], StageError) and "boom in stage 2" in str(results[2])
+    assert results[2].lost_rank is None and not results[2].remote  # its own failure
     for r in (0, 1, 3):
         err = results[r]
         assert isinstance(err, StageError), err
         text = str(err)
         assert text.startswith(f"rank {r}, step 0"), text
         assert "peer failed: rank 2 of 4 on " in text and "ValueError: boom in stage 2" in text
-        assert err.lost_rank == 2  # type: ignore[attr-defined]
+        assert err.lost_rank == 2 and err.remote
     for p in pipes:
         p.close()
 
@@ -79,12 +82,26 @@ async def test_silent_peer_is_declared_lost() -> None:
     r0, r2, r3 = results
     for err in (r0, r2):
         assert isinstance(err, PeerLostError), err
-        assert err.lost_rank == 1  # type: ignore[attr-defined]
+        assert err.lost_rank == 1 and not err.remote  # found by its own timeout
         assert "peer rank 1 of 4 sent nothing" in str(err)
     assert "task B0" in str(r0) and "task F0" in str(r2)  # the task each one waited on
     # rank 3 hears it from whichever of ranks 0 and 2 broadcast first, at once
-    assert isinstance(r3, PeerLostError)
-    assert "peer failed: rank 0 of 4" in str(r3) or "peer failed: rank 2 of 4" in str(r3)
+    assert isinstance(r3, PeerLostError) and r3.remote and r3.lost_rank in (0, 2)
+    assert f"peer failed: rank {r3.lost_rank} of 4" in str(r3)
     assert "peer rank 1 of 4 sent nothing" in str(r3)
+    for p in pipes:
+        p.close()
+
+
+async def test_heartbeats_name_their_sender_through_the_transport() -> None:
+    world = InprocWorld(4)
+    pipes = _ranks(world, make_mlp_stages(4), peer_timeout=0.2)
+    seen: list[Message] = []
+    pipes[0].runtimes[0].add_control_handler(seen.append)  # next to the peer monitor's
+    results = await _step_all(pipes)
+    assert not any(isinstance(r, BaseException) for r in results), results
+    await asyncio.sleep(0.2)  # heartbeats only
+    assert {m.source for m in seen} == {1, 2, 3}
+    assert all((m.tag, m.stage, m.microbatch, m.tensors) == (HEARTBEAT, 0, 0, ()) for m in seen)
     for p in pipes:
         p.close()

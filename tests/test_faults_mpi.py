@@ -74,6 +74,11 @@ def test_exception_in_stage2_forward_ends_the_job_with_its_message() -> None:
     for rank, (t, kind, msg) in seen.items():
         assert kind == "StageError" and want in msg, msg
         assert t - fault_t < PEER_TIMEOUT  # by the broadcast, not by a timeout
+    # the peers name rank 2 from the source MPI reported for its broadcast
+    peer = {int(m.group(1)): (m.group(2), m.group(3))
+            for m in re.finditer(r"PEER rank=(\d+) lost=(\w+) remote=(\w+)", out)}
+    assert peer[2] == ("None", "False")
+    assert all(peer[r] == ("2", "True") for r in seen if r != 2), peer
     assert took < 30.0
 
 

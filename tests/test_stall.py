@@ -7,12 +7,14 @@ import asyncio
 
 import pytest
 import torch
+from tp_grid import Grid
 
 from aioready import ConfigError, Kind, StageError, StallError
 from aioready.clock import run_virtual
 from aioready.devices.sim import SimDevice
 from aioready.runtime.pipeline import Pipeline
-from aioready.runtime.watchdog import resolve_timeout
+from aioready.runtime.watchdog import StallWatchdog, StepGuard, resolve_timeout
+from aioready.schedulers import make_hint
 from aioready.testing.helpers import make_mlp_stages, mse_loss
 from aioready.transports.base import MessageKind
 
@@ -128,3 +130,37 @@ def test_timeout_config(monkeypatch: pytest.MonkeyPatch) -> None:
         with pytest.raises(ConfigError, match="stall_timeout= must be a positive number"):
             _sim_pipe(stall_timeout=bad)
     assert _sim_pipe(stall_timeout=None).stall_watchdog is None
+
+
+@pytest.mark.parametrize("line", [0, 1])
+def test_stall_in_a_tp_group_dumps_leaders_and_members(line: int) -> None:
+    """A lost activation on TP rank `line`'s pipeline line stalls a 2x2 TP x PP grid. Line 0:
+    the leaders wait for it and every member waits for their decision; line 1: the leaders
+    finish and the members wait. Either way every rank's dump is its queue's state."""
+    hint = make_hint("1f1b", num_stages=2, num_microbatches=4)
+    grid = Grid(hint, 2, mode="ready", cap=None, device=lambda p, t: SimDevice(
+        lambda i: 1.0 if i.kind == Kind.F else 2.0, run_compute=False))
+    grid.pp_worlds[line].drop = lambda src, dest, msg: (
+        msg.kind is MessageKind.ACTIVATION and msg.microbatch == 1)
+    guard = StepGuard()
+    watchdog = StallWatchdog([rt for row in grid.runtimes for rt in row], guard, 10.0)
+
+    async def main() -> None:
+        await guard.run(grid.step(0), 0)
+    with pytest.raises(StallError):
+        run_virtual(main())
+    assert watchdog.last_dump is not None and "dump failed" not in watchdog.last_dump
+    lead0, member0, lead1, member1 = watchdog.last_dump.split("\n")
+    if line == 0:  # stage 1's leader waits for F1's input; its member has it, but no decision
+        assert "ready [], in flight 0/1 microbatches []" in lead1
+        assert "pending receives 1 ['F1<-rank 0']" in lead1
+        assert "ready ['F1'], in flight 0/1 microbatches []" in member1
+        assert "strict next None" in member1  # the leader has decided nothing it lacks
+        for dump in (lead0, member0):  # stage 0 waits for B1's gradient, F1 still in flight
+            assert "in flight 1/2 microbatches [1]" in dump and "'B1<-rank 1'" in dump
+    else:  # the members wait for what their leader decided and already ran
+        assert lead0 == "rank 0: idle after step 0" and lead1 == "rank 1: idle after step 0"
+        assert "ready ['F3'], in flight 2/2 microbatches [1, 2]" in member0
+        assert "strict next B1" in member0 and "'B1<-rank 1'" in member0
+        assert "in flight 0/1 microbatches []" in member1
+        assert "strict next F1" in member1 and "'F1<-rank 0'" in member1

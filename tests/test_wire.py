@@ -22,7 +22,9 @@ def roundtrip(codec: WireCodec, msg: Message) -> Message:
     wire = np.frombuffer(codec.encode_inline(msg, descriptors, sizes), np.uint8).copy()
     header, layout = codec.decode(wire, source=3)
     assert len(wire) == layout.inline_len
-    return codec.message(header, codec.inline_tensors(wire, layout))
+    got = codec.message(header, codec.inline_tensors(wire, layout))
+    assert msg.source is None and got.source == 3
+    return got
 
 
 def same(a: Message, b: Message) -> None:
@@ -78,7 +80,8 @@ def test_header_only_message_decodes_without_payload() -> None:
     wire = np.frombuffer(codec.encode_inline(msg, b"", []), np.uint8).copy()
     assert len(wire) == align(len(encode_header(msg, [])))
     header, layout = codec.decode(wire, source=0)
-    assert codec.message(header, codec.inline_tensors(wire, layout)) == msg
+    # the sender leaves `source` unset; the receiver names the rank it came from
+    assert codec.message(header, codec.inline_tensors(wire, layout)) == msg.received_from(0)
     assert decode_header(memoryview(wire[:layout.header_len]))[0] == msg
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from typing import Callable, TypeVar
 
-from ..clock import clock_of
+from ..clock import clock_of, sleep_until
 from .base import TaskInfo
 
 __all__ = ["SimDevice", "DurationFn"]
@@ -26,16 +26,9 @@ class SimDevice:
 
     async def run(self, info: TaskInfo, fn: Callable[[], T]) -> T:
         loop = asyncio.get_running_loop()
-        now = clock_of(loop)
-        start = now()
+        start = clock_of(loop)()
         result = fn() if self.run_compute else None
-        end = start + self.duration(info)
-        # On a real loop a sleep can end early against time.monotonic (uvloop's timers run on
-        # a clock cached per loop pass): sleep the rest. The virtual clock lands on the timer.
-        while (left := end - now()) > 0:
-            await asyncio.sleep(left)
-            if now == loop.time:
-                break
+        await sleep_until(loop, start + self.duration(info))
         return result  # type: ignore[return-value]
 
     def close(self) -> None:

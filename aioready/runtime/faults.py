@@ -13,9 +13,11 @@ Two ways a rank learns that a peer is gone, both without waking the arbiter:
   without a word (SIGKILL) or stopped answering (SIGSTOP, a hung driver) is thus detected in
   1x to 1.25x the timeout; under MPICH's mpiexec a killed rank usually takes the job down first.
 
-CONTROL messages carry their meaning in the header (tag: heartbeat or error kind; microbatch: the
-sender's rank) and an error's text as a uint8 tensor, never a pickle. Configuration, in order: the
-`peer_timeout=` argument, AIOREADY_PEER_TIMEOUT, then 30 s; None, 0 or "off" disables.
+CONTROL messages carry their meaning in the header (tag: heartbeat or error kind) and an error's
+text as a uint8 tensor, never a pickle; who sent one is the message's `source`, which the
+receiving transport sets. The monitor sees them through `runtime.add_control_handler`.
+Configuration, in order: the `peer_timeout=` argument, AIOREADY_PEER_TIMEOUT, then 30 s; None, 0
+or "off" disables.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import logging
 import socket
 from typing import Any
 
-from ..errors import AioreadyError, PeerLostError, StageError
+from ..errors import PeerLostError, ProtocolError, StageError
 from ..transports.base import Message, MessageKind
 from .watchdog import StepGuard
 
@@ -56,7 +58,7 @@ class PeerMonitor:
         self._due = 0.0
         self._remote_error: BaseException | None = None
         self._broadcast_done = False
-        runtime.on_control = self._on_control
+        runtime.add_control_handler(self._on_control)
         guard.on_start.append(self._arm)
         guard.on_error.append(self.broadcast_error)
 
@@ -83,7 +85,7 @@ class PeerMonitor:
     def _beat(self) -> None:
         step = max(self.runtime.step_index, 0)
         for peer in self.peers:
-            self._send(peer, Message(step, MessageKind.CONTROL, 0, self.rank, (), HEARTBEAT))
+            self._send(peer, Message(step, MessageKind.CONTROL, 0, 0, (), HEARTBEAT))
 
     def _tick(self) -> None:
         loop = asyncio.get_running_loop()
@@ -107,10 +109,9 @@ class PeerMonitor:
                     f"peer rank {peer} of {self.world_size} sent nothing for {silent:.3g} s "
                     f"(peer_timeout={self.timeout:g} s): it died or stopped answering; this rank "
                     f"waits on it for {', '.join(tasks[:6])}", rank=self.rank,
-                    step=self.runtime.step_index, task=tasks[0],
+                    step=self.runtime.step_index, task=tasks[0], lost_rank=peer,
                     fix="see that rank's log; raise peer_timeout (AIOREADY_PEER_TIMEOUT) if "
                         "it is just slow")
-                error.lost_rank = peer  # type: ignore[attr-defined]
                 self.guard.abort(error)
                 return
 
@@ -129,7 +130,7 @@ class PeerMonitor:
     def broadcast_error(self, exc: BaseException) -> None:
         """Tell every peer this rank's step failed (once; errors that came from a peer are not
         sent back)."""
-        if self._broadcast_done or getattr(exc, "remote", False):
+        if self._broadcast_done or isinstance(exc, (StageError, PeerLostError)) and exc.remote:
             return
         self._broadcast_done = True
         import torch
@@ -141,7 +142,7 @@ class PeerMonitor:
         payload = torch.tensor(list(data), dtype=torch.uint8)
         step = max(self.runtime.step_index, 0)
         for peer in self.peers:
-            self._send(peer, Message(step, MessageKind.CONTROL, 0, self.rank, (payload,), code))
+            self._send(peer, Message(step, MessageKind.CONTROL, 0, 0, (payload,), code))
 
     async def flush(self) -> None:
         """After this rank's own failure: give the error broadcast up to FLUSH_S to leave."""
@@ -154,18 +155,19 @@ class PeerMonitor:
                 raise
 
     def _on_control(self, msg: Message) -> None:
-        src = msg.microbatch
+        src = msg.source
+        if src is None:
+            raise ProtocolError("control message without its sender", rank=self.rank,
+                                expected="a source set by the transport", got=msg.describe())
         loop = asyncio.get_running_loop()
         self._last_seen[src] = loop.time()
         if msg.tag == HEARTBEAT or self._remote_error is not None:
             return
         text = _text(msg)
         waits = [str(t) for t, r in self.runtime.pending_receives()]
-        cls: type[AioreadyError] = StageError if msg.tag == STAGE_FAILED else PeerLostError
+        cls = StageError if msg.tag == STAGE_FAILED else PeerLostError
         error = cls(f"peer failed: {text}", rank=self.rank, step=msg.step,
-                    task=waits[0] if waits else None)
-        error.lost_rank = src  # type: ignore[attr-defined]
-        error.remote = True  # type: ignore[attr-defined]
+                    task=waits[0] if waits else None, lost_rank=src, remote=True)
         self._remote_error = error
         self.guard.abort(error)
 

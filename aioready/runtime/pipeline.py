@@ -12,6 +12,7 @@ import asyncio
 from typing import Any, Callable, Sequence
 
 from ..caps import CapSpec, parse_cap, resolve_caps
+from ..clock import virtual_clock
 from ..devices.base import Device
 from ..errors import ConfigError
 from ..hints import HintOrder
@@ -220,9 +221,8 @@ class Pipeline:
         tgts = split_microbatches(targets, M, name="targets")
         step = self._step
         if self.stall_watchdog is not None and self._stall_arg is DEFAULT:
-            from ..clock import VirtualClockLoop  # simulated time: the default is off
-            virtual = isinstance(asyncio.get_running_loop(), VirtualClockLoop)
-            self.stall_watchdog.enabled = not virtual
+            # simulated time: the default is off
+            self.stall_watchdog.enabled = virtual_clock(asyncio.get_running_loop()) is None
         try:
             loss = await self._guard.run(run_ranks(self.runtimes, step, mbs, tgts), step)
         except Exception:

@@ -18,7 +18,7 @@ import time
 from functools import partial
 from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
-from ..arbiter import Wakeup, run_arbiter
+from ..arbiter import ReadyQueue, Wakeup, run_arbiter
 from ..clock import clock_of
 from ..devices.base import Device, TaskInfo
 from ..errors import AioreadyError, ConfigError, InternalError, ProtocolError
@@ -106,7 +106,7 @@ class RankRuntime:
         self._opened = False
         self._now: Callable[[], float] = time.monotonic
         self.num_events = 0  # messages in, tasks started and ended: the watchdogs' progress count
-        self.on_control: Callable[[Message], None] | None = None  # CONTROL messages (faults.py)
+        self._control_handlers: list[Callable[[Message], None]] = []
         self.running_task: Task | None = None
 
     # -- per-step state -------------------------------------------------------------------
@@ -115,12 +115,13 @@ class RankRuntime:
         self.step_index = step
         n_chunks = len(self.stages)
         M = self.num_microbatches
-        self._ready = ReadySet(
+        ready = ReadySet(
             self.hint.priority(self.rank), cap=self.cap, num_chunks=n_chunks,
             split_backward=self.split_backward,
             strict_order=self.hint.strict_order(self.rank) if self.mode == "strict" else None)
+        self._ready: ReadyQueue = ready
         if self.coordinator is not None:
-            self._ready = self.coordinator.wrap(self._ready, step=step, mode=self.mode,
+            self._ready = self.coordinator.wrap(ready, step=step, mode=self.mode,
                                                 wakeup=self._wakeup, fail=self.fail)
         self._missing: dict[Task, int] = dict(self._needs.counts)
         self._ready_at: dict[Task, float] = {}
@@ -154,9 +155,15 @@ class RankRuntime:
             self._wakeup.notify()
 
     # -- messages -------------------------------------------------------------------------
+    def add_control_handler(self, handler: Callable[[Message], None]) -> None:
+        """Have `handler` see every CONTROL message (heartbeats and peers' errors, faults.py);
+        without one, a CONTROL message is a ProtocolError like any unexpected kind."""
+        self._control_handlers.append(handler)
+
     def _deliver(self, msg: Message) -> None:
-        if msg.kind is MessageKind.CONTROL and self.on_control is not None:
-            self.on_control(msg)  # heartbeats and errors: not progress of the step
+        if msg.kind is MessageKind.CONTROL and self._control_handlers:
+            for handler in self._control_handlers:  # not progress of the step
+                handler(msg)
             return
         self.num_events += 1
         try:
@@ -214,7 +221,7 @@ class RankRuntime:
             raise RuntimeError(f"rank {self.rank}: step {self.step_index} is still running")
         self._error = None
         if not self._opened:  # inside the loop, so transports may start their pollers here
-            self.transport.open(self._deliver)
+            self.transport.open(self._deliver, on_failure=self.fail)
             self._opened = True
         self._reset(step, inputs, targets)
         try:

@@ -20,7 +20,7 @@ import logging
 from typing import Any, Callable, Iterable, TypeVar
 
 from ..devices.base import Device, TaskInfo
-from ..transports.base import Deliver, Message, Transport
+from ..transports.base import Deliver, Message, OnFailure, Transport
 
 __all__ = ["HOOKS", "Instruments", "InstrumentedDevice", "InstrumentedTransport",
            "instrument_pipeline", "payload_bytes"]
@@ -113,8 +113,8 @@ class InstrumentedTransport:
     def world_size(self) -> int:
         return self.inner.world_size
 
-    def open(self, deliver: Deliver) -> None:
-        self.inner.open(deliver)
+    def open(self, deliver: Deliver, *, on_failure: OnFailure | None = None) -> None:
+        self.inner.open(deliver, on_failure=on_failure)
 
     def send_nowait(self, dest: int, msg: Message) -> None:
         self.inner.send_nowait(dest, msg)

@@ -26,7 +26,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
-from ..arbiter import Wakeup
+from ..arbiter import ReadyQueue, Wakeup
 from ..errors import AioreadyError, CoordinationError, ProtocolError
 from ..ready_set import ReadySet, ReadySetStatistics
 from ..tasks import Kind, Task
@@ -39,10 +39,10 @@ Fail = Callable[[BaseException], None]
 
 
 class StepCoordinator(Protocol):
-    """What RankRuntime needs from a coordinator: a chooser per step, and a flush at its end."""
+    """What RankRuntime needs from a coordinator: a ReadyQueue per step, a flush at its end."""
 
     def wrap(self, ready: ReadySet, *, step: int, mode: str, wakeup: Wakeup,
-             fail: Fail) -> ReadySet: ...
+             fail: Fail) -> ReadyQueue: ...
 
     async def wait_sent(self) -> None: ...
 
@@ -105,15 +105,15 @@ class Coordinator:
         self.num_decisions_received = 0
 
     def wrap(self, ready: ReadySet, *, step: int, mode: str, wakeup: Wakeup,
-             fail: Fail) -> ReadySet:
-        """The chooser for `step`: the leader's ReadySet that announces, or a follower's.
+             fail: Fail) -> ReadyQueue:
+        """The ready queue for `step`: the leader's ReadySet that announces, or a follower's.
 
         In strict mode, `ready` itself: every member follows the hint, nothing is sent.
         """
         if mode == "strict" and not self.follow_in_strict:
             return ready
         if not self._opened:  # inside the running loop: transports may start pollers here
-            self.transport.open(self._deliver)
+            self.transport.open(self._deliver, on_failure=self.fail)
             self._opened = True
         self._step = step
         self._fail = fail
@@ -121,14 +121,14 @@ class Coordinator:
             del self._queues[old]
             self._next_seq.pop(old, None)
         if self.is_leader:
-            return _LeaderReadySet(ready, self, step)  # type: ignore[return-value]
+            return _LeaderReadySet(ready, self, step)
         self._follower = _FollowerReadySet(ready, self._queue(step), wakeup, step,
                                            self.transport.rank,
                                            self._arrivals if self.record else None, self.waits,
                                            self._expect if self.hot_wait_s > 0 else None)
         if self._early_error is not None:
             fail(self._early_error)
-        return self._follower  # type: ignore[return-value]
+        return self._follower
 
     def _queue(self, step: int) -> deque[Task]:
         return self._queues.setdefault(step, deque())
@@ -198,7 +198,7 @@ class Coordinator:
 
 
 class _LeaderReadySet:
-    """The leader's ReadySet; every pop is announced before the task runs."""
+    """The leader's ReadySet as a ReadyQueue; every pop is announced before the task runs."""
 
     __slots__ = ("_inner", "_coord", "_step", "_seq")
 
@@ -232,6 +232,10 @@ class _LeaderReadySet:
         return self._inner.in_flight
 
     @property
+    def in_flight_microbatches(self) -> list[int]:
+        return self._inner.in_flight_microbatches
+
+    @property
     def peak_in_flight(self) -> int:
         return self._inner.peak_in_flight
 
@@ -241,14 +245,14 @@ class _LeaderReadySet:
 
     @property
     def next_in_order(self) -> Task | None:
-        return None
+        return self._inner.next_in_order
 
     def __len__(self) -> int:
         return len(self._inner)
 
 
 class _FollowerReadySet:
-    """A member's ready tasks; it offers only the leader's next decision, once that is ready.
+    """A member's ReadyQueue; it offers only the leader's next decision, once that is ready.
 
     In-flight counting uses the leader's rule (ready_set.InFlight) for reports; the cap is the
     leader's to enforce, so none is applied here.
@@ -318,6 +322,10 @@ class _FollowerReadySet:
     @property
     def in_flight(self) -> int:
         return self.flight.count
+
+    @property
+    def in_flight_microbatches(self) -> list[int]:
+        return self.flight.microbatches
 
     @property
     def peak_in_flight(self) -> int:

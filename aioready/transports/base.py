@@ -10,7 +10,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol, runtime_checkable
 
-__all__ = ["MessageKind", "Message", "Transport", "Deliver"]
+__all__ = ["MessageKind", "Message", "Transport", "Deliver", "OnFailure"]
 
 
 class MessageKind(enum.IntEnum):
@@ -24,7 +24,12 @@ class MessageKind(enum.IntEnum):
 
 @dataclass(frozen=True, slots=True)
 class Message:
-    """One message: `stage` is the stage it is for (the receiver's), `tensors` its payload."""
+    """One message: `stage` is the stage it is for (the receiver's), `tensors` its payload.
+
+    `source` is the rank that sent it. The sender leaves it None; the receiving transport fills
+    it in from what it knows (MPI's status, the in-process sender), so it never travels in the
+    header and cannot disagree with the true sender.
+    """
 
     step: int
     kind: MessageKind
@@ -32,6 +37,12 @@ class Message:
     microbatch: int
     tensors: tuple[Any, ...] = ()
     tag: int = 0  # kind-specific extra field (e.g. the decision's task kind)
+    source: int | None = None
+
+    def received_from(self, source: int) -> "Message":
+        """This message as delivered: the same fields, with the rank that sent it."""
+        return Message(self.step, self.kind, self.stage, self.microbatch, self.tensors,
+                       self.tag, source)
 
     def describe(self) -> str:
         return (f"{self.kind.name.lower()} for stage {self.stage} microbatch {self.microbatch} "
@@ -39,15 +50,17 @@ class Message:
 
 
 Deliver = Callable[[Message], None]
-
+OnFailure = Callable[[BaseException], None]
 
 
 @runtime_checkable
 class Transport(Protocol):
     """The whole surface a runtime needs from a transport, and no more.
 
-    - `open(deliver)`: start receiving; `deliver` is called on the loop thread for every message,
-      in arrival order, and must not block.
+    - `open(deliver, on_failure=None)`: start receiving; `deliver` is called on the loop thread
+      for every message, in arrival order, with `source` set, and must not block. An error found
+      while receiving (a malformed message, `deliver` raising) is passed to `on_failure`, the
+      receiver's way to stop its step; without one the transport raises it as it can.
     - `send_nowait(dest, msg)`: start a send and return at once; the payload stays untouched until
       the send completes.
     - `wait_sent()`: wait until every send started so far has completed.
@@ -60,7 +73,7 @@ class Transport(Protocol):
     @property
     def world_size(self) -> int: ...
 
-    def open(self, deliver: Deliver) -> None: ...
+    def open(self, deliver: Deliver, *, on_failure: OnFailure | None = None) -> None: ...
 
     def send_nowait(self, dest: int, msg: Message) -> None: ...
 

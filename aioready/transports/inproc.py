@@ -2,7 +2,9 @@
 
 A send is a `call_soon` (or, with a delay model, a `call_later`) of the receiver's deliver
 function, so messages take the same route-by-header path as over MPI. Tensors are passed by
-reference; the receiving stage detaches them. Used by tests, the `sim` device and the simulator.
+reference; the receiving stage detaches them. An exception from the receiver's deliver goes to
+the receiver's `on_failure`, as a receive error would over MPI. Used by tests, the `sim` device
+and the simulator.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import asyncio
 from typing import Callable
 
 from ..errors import ConfigError, ProtocolError
-from .base import Deliver, Message
+from .base import Deliver, Message, OnFailure
 
 __all__ = ["InprocWorld", "InprocTransport"]
 
@@ -35,6 +37,7 @@ class InprocWorld:
         self.drop = drop
         self.num_dropped = 0
         self._deliver: list[Deliver | None] = [None] * world_size
+        self._on_failure: list[OnFailure | None] = [None] * world_size
         self.endpoints = [InprocTransport(self, r) for r in range(world_size)]
         self.num_messages = 0
 
@@ -64,8 +67,9 @@ class InprocTransport:
     def world(self) -> InprocWorld:
         return self._world
 
-    def open(self, deliver: Deliver) -> None:
+    def open(self, deliver: Deliver, *, on_failure: OnFailure | None = None) -> None:
         self._world._deliver[self._rank] = deliver
+        self._world._on_failure[self._rank] = on_failure
 
     def send_nowait(self, dest: int, msg: Message) -> None:
         if not 0 <= dest < self._world.world_size:
@@ -93,7 +97,13 @@ class InprocTransport:
         if deliver is None:
             raise ProtocolError("message for a rank that has not opened its endpoint",
                                 rank=dest, expected="an open endpoint", got=msg.describe())
-        deliver(msg)
+        try:
+            deliver(msg.received_from(self._rank))
+        except Exception as exc:
+            on_failure = self._world._on_failure[dest]
+            if on_failure is None:
+                raise
+            on_failure(exc)
 
     async def wait_sent(self) -> None:
         if self._pending:
@@ -102,6 +112,7 @@ class InprocTransport:
 
     async def close(self) -> None:
         self._world._deliver[self._rank] = None
+        self._world._on_failure[self._rank] = None
 
     def __repr__(self) -> str:
         return f"<InprocTransport rank={self._rank}/{self.world_size} pending={self._pending}>"

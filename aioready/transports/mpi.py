@@ -50,7 +50,7 @@ import numpy as np
 from ..cuda.mpi import HostStager, cuda_mpi_support, mpi_device_buffer, transfer_path
 from ..errors import AioreadyError, InternalError, ProtocolError
 from ..progress import ProgressConfig, ProgressEngine
-from .base import Deliver, Message
+from .base import Deliver, Message, OnFailure
 from .header import MAX_TENSORS, TensorSpec
 from .receive_pool import ReceivePool
 from .tensor_bytes import host_bytes, torch_module
@@ -115,7 +115,7 @@ class MPITransport:
         self._num_local = 0
         self._sent_waiters: list[asyncio.Future[None]] = []
         self._deliver: Deliver | None = None
-        self._fail: Callable[[BaseException], None] | None = None
+        self._fail: OnFailure | None = None
         self._engine: ProgressEngine | None = None
         self._error: BaseException | None = None
         self.num_sent = self.num_received = 0
@@ -129,15 +129,14 @@ class MPITransport:
         return self._size
 
     # -- Transport ------------------------------------------------------------------------
-    def open(self, deliver: Deliver) -> None:
+    def open(self, deliver: Deliver, *, on_failure: OnFailure | None = None) -> None:
         """Start matching headers on the running loop.
 
-        Errors found while receiving fail the step of the runtime `deliver` is bound to (its
-        `fail` method, when it has one), and are raised again by `send_nowait`/`wait_sent`.
+        Errors found while receiving go to `on_failure` (the runtime's: it stops the step), and
+        are raised again by `send_nowait`/`wait_sent`.
         """
         self._deliver = deliver
-        owner = getattr(deliver, "__self__", None)
-        self._fail = getattr(owner, "fail", None)
+        self._fail = on_failure
         self._engine = ProgressEngine.for_loop()
         if self.oversubscribed:
             self._engine.reconfigure(ProgressConfig.from_env(oversubscribed=True))
@@ -253,7 +252,7 @@ class MPITransport:
 
     def _arrive_local(self, msg: Message) -> None:
         self._num_local -= 1
-        self._hand_over(msg)
+        self._hand_over(msg.received_from(self._rank))
         self._maybe_idle()
 
     def _maybe_idle(self) -> None:

@@ -41,7 +41,7 @@ _KINDS = tuple(MessageKind)
 _CACHE_MAX = 4096  # layouts per cache: beyond this (shapes that never repeat) stop caching
 
 
-Header = tuple[int, MessageKind, int, int, int]  # step, kind, stage, microbatch, tag
+Header = tuple[int, MessageKind, int, int, int, int]  # step, kind, stage, microbatch, tag, source
 
 
 def align(n: int) -> int:
@@ -128,7 +128,7 @@ class WireCodec:
 
     # -- receiving -------------------------------------------------------------------------
     def decode(self, buf: np.ndarray, source: int) -> tuple[Header, Layout]:
-        """The header fields and layout of a received header buffer (uint8)."""
+        """The header fields, with the sending rank, and layout of a received header buffer."""
         if len(buf) < _FIXED.size:
             return self._decode_new(buf, source, None)
         magic, version, kind, step, stage, mb, tag, n = _FIXED.unpack_from(buf, 0)
@@ -147,7 +147,7 @@ class WireCodec:
         layout = self._layouts.get(key)
         if layout is None:
             return self._decode_new(buf, source, key)
-        return (step, _KINDS[kind], stage, mb, tag), layout
+        return (step, _KINDS[kind], stage, mb, tag, source), layout
 
     def _decode_new(self, buf: np.ndarray, source: int, key: bytes | None
                     ) -> tuple[Header, Layout]:
@@ -155,12 +155,12 @@ class WireCodec:
         layout = Layout(specs)
         if key is not None and len(self._layouts) < _CACHE_MAX:
             self._layouts[key] = layout
-        return (msg.step, msg.kind, msg.stage, msg.microbatch, msg.tag), layout
+        return (msg.step, msg.kind, msg.stage, msg.microbatch, msg.tag, source), layout
 
     @staticmethod
     def message(header: Header, tensors: tuple[Any, ...]) -> Message:
-        step, kind, stage, mb, tag = header
-        return Message(step, kind, stage, mb, tensors, tag)
+        step, kind, stage, mb, tag, source = header
+        return Message(step, kind, stage, mb, tensors, tag, source)
 
     @staticmethod
     def inline_tensors(buf: np.ndarray, layout: Layout) -> tuple[Any, ...]:

@@ -4,7 +4,8 @@ Usage: mpiexec -n 4 python tests/mpi_scripts/peer_fault.py FAULT VICTIM STEP
 FAULT = kill (SIGKILL) | stop (SIGSTOP) | raise (ValueError in the victim's forward) | none.
 The victim injects it in its forward of microbatch 1 of step STEP, after printing
 `FAULT rank=R t=<unix time>`; a rank whose step fails prints `DETECTED rank=R t=... type=... msg=...`
-then aioready.launch aborts the job.
+(and `PEER rank=R lost=... remote=...` for the errors that name a peer), then
+aioready.launch aborts the job.
 """
 
 import asyncio
@@ -16,7 +17,7 @@ import time
 import torch
 from mpi4py import MPI
 
-from aioready import AioreadyError
+from aioready import AioreadyError, PeerLostError, StageError
 from aioready.launch import run, say
 from aioready.runtime.pipeline import Pipeline
 from aioready.testing.helpers import make_mlp_stages, mse_loss
@@ -64,6 +65,8 @@ async def main() -> None:
                 say(f"STEP {step} done")
     except AioreadyError as exc:
         say(f"DETECTED rank={rank} t={time.time():.6f} type={type(exc).__name__} msg={exc}")
+        if isinstance(exc, (StageError, PeerLostError)):
+            say(f"PEER rank={rank} lost={exc.lost_rank} remote={exc.remote}")
         raise
     await pipe.transport.close()
     pipe.close()
