@@ -8,6 +8,7 @@ import sys
 
 import pytest
 import torch
+from conftest import ROOT, run_mpi
 
 from aioready.cuda import mpi as cuda_mpi
 from aioready.errors import ConfigError
@@ -60,20 +61,11 @@ def test_device_buffer_needs_contiguous_data() -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device visible to torch")
-def test_mpi_ranks_on_the_gpu_match_the_unsplit_model(child_env) -> None:
+def test_mpi_ranks_on_the_gpu_match_the_unsplit_model() -> None:
     """bench/gpu_mpi_check.py: 2 ranks, CUDADevice stages, MPITransport, every case exact."""
-    import os
-    import shutil
-    pytest.importorskip("mpi4py")
-    mpiexec = shutil.which("mpiexec")
-    if mpiexec is None:
-        pytest.skip("no mpiexec on PATH")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(child_env, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               OMPI_MCA_rmaps_base_oversubscribe="1")
-    out = subprocess.run([mpiexec, "-n", "2", sys.executable,
-                          os.path.join(root, "bench", "gpu_mpi_check.py")], env=env,
-                         capture_output=True, text=True, timeout=150)
+    env = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+           "OMPI_MCA_rmaps_base_oversubscribe": "1"}
+    out = run_mpi(2, [str(ROOT / "bench" / "gpu_mpi_check.py")], timeout=150, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     cases = [json.loads(line[7:]) for line in out.stdout.splitlines()
              if line.startswith("RESULT ")]
