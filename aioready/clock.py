@@ -20,7 +20,9 @@ program can never progress: the loop raises VirtualClockDeadlock instead of bloc
 Test mode (`shuffle_seed`): timers due at the same instant fire in a seeded random order, spread
 over a random number of loop passes (as timers microseconds apart would on a real loop), and idle
 waiters are released in a random order, to expose code that silently relies on one order of tied
-events (trio randomises its run queue the same way). Same-seed runs stay identical.
+events (trio randomises its run queue the same way). Same-seed runs stay identical. asyncio's
+documentation leaves the order of callbacks scheduled for the same time undefined, so a correct
+program gives the same result in this mode.
 """
 
 from __future__ import annotations
@@ -83,17 +85,6 @@ class _JumpingSelector(selectors.DefaultSelector):
             f"virtual clock at {loop._now:.6f}: nothing is ready and nothing is scheduled")
 
 
-class _TiedTimer(asyncio.TimerHandle):
-    """A timer that breaks a tie with another due at the same instant by a seeded random key."""
-
-    __slots__ = ("_tie",)
-
-    def __lt__(self, other: asyncio.TimerHandle) -> bool:
-        if isinstance(other, _TiedTimer) and self._when == other._when:  # type: ignore[attr-defined]
-            return self._tie < other._tie
-        return super().__lt__(other)
-
-
 class VirtualClockLoop(asyncio.SelectorEventLoop):
     """A selector event loop whose clock only moves when the loop would otherwise sleep."""
 
@@ -107,9 +98,9 @@ class VirtualClockLoop(asyncio.SelectorEventLoop):
         self._held: list[asyncio.TimerHandle] = []
 
     def _hold_some_ties(self) -> None:
-        """Of the timers due now (in random order, see _TiedTimer) fire a random nonempty part
-        in this pass and hold the rest for the next ones, as timers a few microseconds apart
-        would fire on a real loop: same-instant events reach the program in separate passes."""
+        """Of the timers due now, let a random nonempty part fire in this pass and hold the rest
+        for the next ones, as timers a few microseconds apart would fire on a real loop: tied
+        events reach the program in a random order and in separate passes."""
         scheduled = self._scheduled  # type: ignore[attr-defined]
         end = self._now + self._clock_resolution  # what asyncio's _run_once counts as due
         due = []
@@ -117,21 +108,11 @@ class VirtualClockLoop(asyncio.SelectorEventLoop):
             due.append(heapq.heappop(scheduled))
         if due:
             assert self._ties is not None
+            self._ties.shuffle(due)
             keep = self._ties.randint(1, len(due))
             for timer in due[:keep]:
                 heapq.heappush(scheduled, timer)
             self._held = due[keep:]
-
-    def call_at(self, when: float, callback: Callable[..., object], *args: Any,
-                context: Any = None) -> asyncio.TimerHandle:
-        if self._ties is None:
-            return super().call_at(when, callback, *args, context=context)
-        self._check_closed()  # type: ignore[attr-defined]
-        timer = _TiedTimer(when, callback, args, self, context)
-        timer._tie = self._ties.random()
-        heapq.heappush(self._scheduled, timer)  # type: ignore[attr-defined]
-        timer._scheduled = True  # type: ignore[attr-defined]
-        return timer
 
     def time(self) -> float:
         return self._now
