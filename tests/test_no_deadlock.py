@@ -1,7 +1,5 @@
 """Property: under random task durations `ready` mode completes every step, runs each task once,
-never exceeds the cap and never breaks a dependency (DESIGN.md "The arbiter", SCHEDULES.md 4.3):
-on linear placements, and on interleaved and V placements (several chunks per rank) with random
-message delays too, split and unsplit, every cap from 1 up."""
+never exceeds the cap and never breaks a dependency (DESIGN.md "The arbiter", SCHEDULES.md 4.3)."""
 
 from __future__ import annotations
 
@@ -26,7 +24,8 @@ from aioready.telemetry.spans import Span
 from aioready.transports.inproc import InprocWorld
 
 LINEAR_HINTS = ["gpipe", "1f1b"]
-# (hint, split backward) on two chunks per rank; bf-v: the BF rule on a V placement, unsplit too
+# Interleaved and V placements (two chunks per rank), where gating more than the entry F would
+# deadlock: (hint, split backward); bf-v is the BF rule on a V placement, unsplit too.
 MULTI_CHUNK = [("interleaved-1f1b", False), ("interleaved-1f1b", True),
                ("interleaved-zb", True), ("zbv", True), ("bf-v", False), ("bf-v", True)]
 
