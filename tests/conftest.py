@@ -1,3 +1,6 @@
+"""Shared test helpers: the one mpiexec launcher, child environments, async tests on the virtual
+clock, and the CI rule that a skip fails unless the machine lacks a GPU or a browser."""
+
 from __future__ import annotations
 
 import functools
