@@ -17,11 +17,20 @@ inputs.
 
 If nothing is ready, no timer is scheduled and nothing is being waited for on a descriptor, the
 program can never progress: the loop raises VirtualClockDeadlock instead of blocking forever.
+
+Test mode (`shuffle_seed`): timers due at the same instant fire in a seeded random order, spread
+over a random number of loop passes (as timers microseconds apart would on a real loop), and idle
+waiters are released in a random order, to expose code that silently relies on one order of tied
+events (trio randomises its run queue the same way). Same-seed runs stay identical. asyncio's
+documentation leaves the order of callbacks scheduled for the same time undefined, so a correct
+program gives the same result in this mode.
 """
 
 from __future__ import annotations
 
 import asyncio
+import heapq
+import random
 import selectors
 import time
 from typing import Any, Awaitable, Callable, TypeVar
@@ -42,13 +51,28 @@ class _JumpingSelector(selectors.DefaultSelector):
         self.loop: VirtualClockLoop | None = None
 
     def select(self, timeout: float | None = None) -> list[Any]:
+        loop = self.loop
+        assert loop is not None
+        if loop._ties is None:
+            return self._select(loop, timeout)
+        if loop._held:  # tied timers held back last pass: still due, the instant goes on
+            for timer in loop._held:
+                heapq.heappush(loop._scheduled, timer)  # type: ignore[attr-defined]
+            loop._held = []
+            events = super().select(0)
+        else:
+            events = self._select(loop, timeout)
+        loop._hold_some_ties()
+        return events
+
+    def _select(self, loop: VirtualClockLoop, timeout: float | None) -> list[Any]:
         events = super().select(0)
         if events or timeout == 0:
             return events
-        loop = self.loop
-        assert loop is not None
         if loop._idle:  # the instant is over: release the decisions waiting for it
             waiters, loop._idle = loop._idle, []
+            if loop._ties is not None:
+                loop._ties.shuffle(waiters)
             for fut in waiters:
                 if not fut.done():
                     fut.set_result(None)
@@ -66,12 +90,31 @@ class _JumpingSelector(selectors.DefaultSelector):
 class VirtualClockLoop(asyncio.SelectorEventLoop):
     """A selector event loop whose clock only moves when the loop would otherwise sleep."""
 
-    def __init__(self, start: float = 0.0) -> None:
+    def __init__(self, start: float = 0.0, *, shuffle_seed: int | None = None) -> None:
         selector = _JumpingSelector()
         super().__init__(selector)
         selector.loop = self
         self._now = start
         self._idle: list[asyncio.Future[None]] = []
+        self._ties = None if shuffle_seed is None else random.Random(shuffle_seed)
+        self._held: list[asyncio.TimerHandle] = []
+
+    def _hold_some_ties(self) -> None:
+        """Of the timers due now, let a random nonempty part fire in this pass and hold the rest
+        for the next ones, as timers a few microseconds apart would fire on a real loop: tied
+        events reach the program in a random order and in separate passes."""
+        scheduled = self._scheduled  # type: ignore[attr-defined]
+        end = self._now + self._clock_resolution  # what asyncio's _run_once counts as due
+        due = []
+        while scheduled and scheduled[0].when() < end:
+            due.append(heapq.heappop(scheduled))
+        if due:
+            assert self._ties is not None
+            self._ties.shuffle(due)
+            keep = self._ties.randint(1, len(due))
+            for timer in due[:keep]:
+                heapq.heappush(scheduled, timer)
+            self._held = due[keep:]
 
     def time(self) -> float:
         return self._now
@@ -83,9 +126,10 @@ class VirtualClockLoop(asyncio.SelectorEventLoop):
         return fut
 
 
-def run_virtual(main: Awaitable[T], *, start: float = 0.0) -> T:
-    """Run `main` to completion on a fresh VirtualClockLoop."""
-    with asyncio.Runner(loop_factory=lambda: VirtualClockLoop(start)) as runner:
+def run_virtual(main: Awaitable[T], *, start: float = 0.0, shuffle_seed: int | None = None) -> T:
+    """Run `main` to completion on a fresh VirtualClockLoop (`shuffle_seed`: the test mode)."""
+    with asyncio.Runner(loop_factory=lambda: VirtualClockLoop(
+            start, shuffle_seed=shuffle_seed)) as runner:
         return runner.run(main)  # type: ignore[arg-type]
 
 

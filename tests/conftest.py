@@ -1,11 +1,21 @@
+"""Shared test helpers: the one mpiexec launcher, child environments, async tests on the virtual
+clock, and the CI rule that a skip fails unless the machine lacks a GPU or a browser."""
+
 from __future__ import annotations
 
+import functools
+import importlib.util
 import os
+import re
 import shutil
+import subprocess
 import sys
 from pathlib import Path
+from typing import Any, Callable, Coroutine, Generator, Mapping, Sequence
 
 import pytest
+
+from aioready.clock import run_virtual
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -18,9 +28,95 @@ def mpiexec() -> str | None:
     return shutil.which("mpiexec")
 
 
+def _mpi_missing() -> str | None:
+    if importlib.util.find_spec("mpi4py") is None or mpiexec() is None:
+        return "needs mpi4py and mpiexec (pip install 'aioready[mpi]')"
+    return None
+
+
+MPI_MISSING = _mpi_missing()
+requires_mpi = pytest.mark.skipif(MPI_MISSING is not None, reason=MPI_MISSING or "")
+
+
+def run_mpi(n: int, args: Sequence[str], *, timeout: float,
+            env: Mapping[str, str] | None = None,
+            bind: str | None = None) -> subprocess.CompletedProcess[str]:
+    """`mpiexec [-bind-to BIND] -n N python ARGS` from the repository root, this checkout first
+    on the path, unbuffered output, `env` on top of the current environment; output captured.
+
+    The only place tests build an mpiexec command line. A run past `timeout` raises
+    subprocess.TimeoutExpired (the test fails). Without MPI the test skips, which CI turns into
+    a failure (see pytest_runtest_makereport below).
+    """
+    if MPI_MISSING is not None:
+        pytest.skip(MPI_MISSING)
+    full_env = dict(os.environ)
+    full_env["PYTHONPATH"] = str(ROOT) + os.pathsep + full_env.get("PYTHONPATH", "")
+    full_env["PYTHONUNBUFFERED"] = "1"
+    full_env.update(env or {})
+    cmd = [str(mpiexec())]
+    if bind is not None:
+        cmd += ["-bind-to", bind]
+    cmd += ["-n", str(n), sys.executable, *args]
+    return subprocess.run(cmd, cwd=ROOT, env=full_env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
 @pytest.fixture
 def child_env() -> dict[str, str]:
     """Environment for child processes: this checkout first on the path, no warnings as errors."""
     env = dict(os.environ)
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     return env
+
+
+# -- in CI, a skip is a failure unless the machine lacks a GPU or a browser ------------------
+
+_ALLOWED_SKIP = re.compile(r"GPU|CUDA|browser", re.IGNORECASE)
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
+
+
+def _skip_reason(report: Any) -> str:
+    longrepr = report.longrepr
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:
+        return str(longrepr[2]).removeprefix("Skipped: ")
+    return str(longrepr)
+
+
+def _fail_forbidden_skip(report: Any, where: str) -> None:
+    """A skip that hides a broken or missing path becomes a failure that names it."""
+    if not (_in_ci() and report.skipped and not hasattr(report, "wasxfail")):
+        return
+    reason = _skip_reason(report)
+    if _ALLOWED_SKIP.search(reason):
+        return
+    report.outcome = "failed"
+    report.longrepr = (f"{where} skipped in CI: {reason!r}. In CI only an absent GPU/CUDA "
+                       "device or browser may skip a test; install what it needs or fix it.")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item,
+                              call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
+    report = yield
+    _fail_forbidden_skip(report, item.nodeid)
+    return report
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector) -> Generator[None, Any, Any]:
+    report = yield
+    _fail_forbidden_skip(report, collector.nodeid)
+    return report
+
+
+def on_virtual_clock(test: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]:
+    """Run an async test on a fresh VirtualClockLoop instead of pytest-asyncio's real loop:
+    timers and timeouts then fire at exact virtual times that no machine load can stretch."""
+    @functools.wraps(test)
+    def run(*args: Any, **kwargs: Any) -> None:
+        run_virtual(test(*args, **kwargs))
+    return run

@@ -11,28 +11,17 @@ No timing is asserted.
 from __future__ import annotations
 
 import math
-import shutil
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import requires_mpi
 
-pytest.importorskip("torch.distributed.pipelining")
+from aioready.placement import Placement
+from aioready.sim.traces import read_trace
+from bench.e2e import run_scenario, summarize
+from bench.e2e_worker import RunShape, parse_config, stage_seconds
 
-from aioready.placement import Placement  # noqa: E402
-from aioready.sim.traces import read_trace  # noqa: E402
-from bench.e2e import run_scenario, summarize  # noqa: E402
-from bench.e2e_worker import RunShape, parse_config, stage_seconds  # noqa: E402
-
-try:
-    import mpi4py  # noqa: F401
-    HAVE_MPI4PY = True
-except ImportError:
-    HAVE_MPI4PY = False
-
-MPIEXEC = (Path(sys.executable).parent / "mpiexec").exists() or shutil.which("mpiexec")
-pytestmark = [pytest.mark.mpi,
-              pytest.mark.skipif(not (MPIEXEC and HAVE_MPI4PY), reason="needs mpi4py and mpiexec")]
+pytestmark = [pytest.mark.mpi, requires_mpi]
 
 M, WARMUP, STEPS, GROUPS, RANKS = 4, 1, 1, 8, 4
 PAIRS = {"1f1b/ready@6": "Schedule1F1B", "zbv/ready": "ScheduleZBVZeroBubble"}

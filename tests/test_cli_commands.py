@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from aioready.cli import COMMANDS, build_parser, main
+from aioready.errors import InternalError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -28,14 +29,22 @@ def test_each_subcommand_has_help_with_examples(name: str,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
     parser = build_parser()
     sub = parser._subparsers._group_actions[0].choices  # type: ignore[union-attr]
-    if name not in sub:
-        pytest.skip(f"the {name!r} command is not in this build yet")
+    assert name in sub, f"command {name!r} is in COMMANDS but has no subparser"
     with pytest.raises(SystemExit) as exit_info:
         main([name, "--help"])
     assert exit_info.value.code == 0
     text = capsys.readouterr().out
     assert f"usage: aioready {name}" in text
     assert "example" in text.lower()
+
+
+def test_a_missing_command_module_is_an_error_not_a_missing_command(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import aioready.cli as cli
+    monkeypatch.setattr(cli, "COMMANDS", (*COMMANDS, "nope"))
+    with pytest.raises(InternalError, match=r"the module of command 'nope' is missing "
+                                            r"\(expected aioready/cli/nope.py"):
+        cli.build_parser()
 
 
 @pytest.mark.timeout(120)

@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
-import os
-import shutil
 import subprocess
 import sys
 
 import pytest
 import torch
-from conftest import ROOT, mpiexec
+from conftest import ROOT, run_mpi
 
 from aioready.cuda import mpi as cuda_mpi
 from aioready.errors import ConfigError, InternalError
@@ -251,37 +249,29 @@ def test_transport_refuses_a_bad_override(child_env) -> None:
 
 
 # -- two ranks ---------------------------------------------------------------------------------
-def _roundtrip(child_env: dict[str, str], mode: str, value: str | None
-               ) -> subprocess.CompletedProcess:
-    pytest.importorskip("mpi4py")
-    launcher = mpiexec()
-    if launcher is None:
-        pytest.fail("no mpiexec: install aioready[mpi]")
-    env = {k: v for k, v in child_env.items() if k != cuda_mpi.ENV_CUDA_AWARE}
-    if value is not None:
-        env[cuda_mpi.ENV_CUDA_AWARE] = value
-    script = os.path.join(ROOT, "tests", "mpi_scripts", "cuda_roundtrip.py")
-    return subprocess.run([launcher, "-n", "2", sys.executable, script, mode], env=env,
-                          capture_output=True, text=True, timeout=100)
+def _roundtrip(mode: str, value: str) -> subprocess.CompletedProcess:
+    """tests/mpi_scripts/cuda_roundtrip.py MODE on 2 ranks, the CUDA-aware override at VALUE."""
+    return run_mpi(2, [str(ROOT / "tests" / "mpi_scripts" / "cuda_roundtrip.py"), mode],
+                   timeout=100, env={cuda_mpi.ENV_CUDA_AWARE: value})
 
 
 @pytest.mark.mpi
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("value", ["0", "1"])
-def test_cpu_tensors_never_take_a_cuda_path(child_env, value: str) -> None:
+def test_cpu_tensors_never_take_a_cuda_path(value: str) -> None:
     """Whatever the override says, CPU tensors go as host bytes and arrive intact."""
-    out = _roundtrip(child_env, "cpu", value)
+    out = _roundtrip("cpu", value)
     assert out.returncode == 0, out.stderr[-3000:]
     assert f"CPU OK cuda_aware={value == '1'}" in out.stdout, out.stdout
 
 
 @pytest.mark.mpi
 @pytest.mark.timeout(120)
-def test_staged_path_awaits_copies_and_gives_pinned_buffers_back(child_env) -> None:
+def test_staged_path_awaits_copies_and_gives_pinned_buffers_back() -> None:
     """The staged path's control flow without a GPU (fake CUDA tensors, events and copies):
     nothing is sent or delivered before its copy completed, every pinned buffer goes back to
     the pool after its Isend or copy, and the second round reuses the first round's."""
-    out = _roundtrip(child_env, "fake", "0")
+    out = _roundtrip("fake", "0")
     assert out.returncode == 0, out.stderr[-3000:]
     assert "FAKE OK cuda_aware=False" in out.stdout, out.stdout
     assert "sender pools lent=0" in out.stdout and "receiver pools lent=0" in out.stdout
@@ -291,9 +281,9 @@ def test_staged_path_awaits_copies_and_gives_pinned_buffers_back(child_env) -> N
 @pytest.mark.mpi
 @pytest.mark.timeout(120)
 @gpu
-def test_staged_cuda_tensors_reuse_and_release_pinned_buffers(child_env) -> None:
+def test_staged_cuda_tensors_reuse_and_release_pinned_buffers() -> None:
     """Staged path: CUDA tensors arrive intact, every pinned buffer goes back to its pool."""
-    out = _roundtrip(child_env, "cuda", "0")
+    out = _roundtrip("cuda", "0")
     assert out.returncode == 0, out.stderr[-3000:]
     assert "CUDA OK cuda_aware=False" in out.stdout, out.stdout
     assert "sender pools lent=0" in out.stdout and "receiver pools lent=0" in out.stdout
@@ -326,17 +316,11 @@ async def test_host_stager_round_trip_reuses_its_pinned_buffer() -> None:
 
 @pytest.mark.gpu
 @gpu
-def test_mpi_ranks_on_the_gpu_match_the_unsplit_model(child_env) -> None:
+def test_mpi_ranks_on_the_gpu_match_the_unsplit_model() -> None:
     """bench/gpu_mpi_check.py: 2 ranks, CUDADevice stages, MPITransport, every case exact."""
-    pytest.importorskip("mpi4py")
-    launcher = shutil.which("mpiexec")
-    if launcher is None:
-        pytest.skip("no mpiexec on PATH")
-    env = dict(child_env, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               OMPI_MCA_rmaps_base_oversubscribe="1")
-    out = subprocess.run([launcher, "-n", "2", sys.executable,
-                          os.path.join(ROOT, "bench", "gpu_mpi_check.py")], env=env,
-                         capture_output=True, text=True, timeout=150)
+    env = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+           "OMPI_MCA_rmaps_base_oversubscribe": "1"}
+    out = run_mpi(2, [str(ROOT / "bench" / "gpu_mpi_check.py")], timeout=150, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     cases = [json.loads(line[7:]) for line in out.stdout.splitlines()
              if line.startswith("RESULT ")]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -61,7 +62,14 @@ def test_chrome_trace_has_one_complete_event_per_task(tmp_path: Path, split: boo
     for e in complete:
         assert {"name", "cat", "ph", "ts", "dur", "pid", "tid"} <= set(e)
         assert e["cat"] in "FBW" and e["cname"] == KIND_CNAME[Kind[e["cat"]]]
-        assert e["name"].startswith(e["cat"]) and e["dur"] >= 0 and e["ts"] >= 0
+        assert e["name"] == f"{e['cat']}{e['args']['microbatch']}"
+        asked = jittered(SimpleNamespace(kind=Kind[e["cat"]], **{
+            k: e["args"][k] for k in ("step", "stage", "microbatch")}))
+        assert e["dur"] == pytest.approx(asked * 1e6, abs=1e-3)  # the virtual clock is exact
+    assert min(e["ts"] for e in complete) == 0.0  # from the first step's start
+    for rank in range(4):  # one device per rank: its tasks follow each other
+        row = sorted((e["ts"], e["dur"]) for e in complete if e["pid"] == rank)
+        assert all(t + d <= t_next + 1e-3 for (t, d), (t_next, _) in zip(row, row[1:]))
     # one named row per rank
     names = {e["pid"]: e["args"]["name"] for e in data["traceEvents"]
              if e["ph"] == "M" and e["name"] == "process_name"}

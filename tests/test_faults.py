@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import on_virtual_clock
 
 from aioready import PeerLostError, StageError
 from aioready.runtime.faults import HEARTBEAT
@@ -43,6 +44,7 @@ async def test_peers_step_normally() -> None:
         p.close()
 
 
+@on_virtual_clock
 async def test_stage_exception_reaches_every_rank() -> None:
     world = InprocWorld(4)
     stages = make_mlp_stages(4)
@@ -51,11 +53,11 @@ async def test_stage_exception_reaches_every_rank() -> None:
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             raise ValueError("boom in stage 2")
     stages[2] = Boom()
-    pipes = _ranks(world, stages, peer_timeout=5.0)
+    pipes = _ranks(world, stages, peer_timeout=5.0, device="inline")
     loop = asyncio.get_running_loop()
     start = loop.time()
     results = await _step_all(pipes)
-    assert loop.time() - start < 2.0  # the broadcast, not the 5 s timeout
+    assert loop.time() == start  # the broadcast, at once: not the 5 s timeout
     assert isinstance(results[2], StageError) and "boom in stage 2" in str(results[2])
     assert results[2].lost_rank is None and not results[2].remote  # its own failure
     for r in (0, 1, 3):
@@ -69,16 +71,17 @@ async def test_stage_exception_reaches_every_rank() -> None:
         p.close()
 
 
+@on_virtual_clock
 async def test_silent_peer_is_declared_lost() -> None:
     world = InprocWorld(4)
     stages = make_mlp_stages(4)
-    pipes = _ranks(world, stages, peer_timeout=0.4)
+    pipes = _ranks(world, stages, peer_timeout=0.4, device="inline")
     world.drop = lambda src, dst, msg: src == 1 or dst == 1  # rank 1 "dies": nothing in or out
     loop = asyncio.get_running_loop()
     start = loop.time()
     results = await _step_all(pipes, skip=1)
     took = loop.time() - start
-    assert 0.4 <= took < 0.4 * 1.25 + 1.0, took
+    assert took == pytest.approx(0.4), took  # the heartbeat check at the timeout, exactly
     r0, r2, r3 = results
     for err in (r0, r2):
         assert isinstance(err, PeerLostError), err

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.distributed.pipelining._schedule_visualizer import get_schedule_ops
 
 from aioready.clock import run_virtual
 from aioready.devices import SimDevice
@@ -21,8 +22,6 @@ from aioready.schedulers.from_torch import from_torch_actions, from_torch_csv, f
 from aioready.tasks import Kind
 from aioready.testing.helpers import make_mlp_stages, max_grad_diff, mse_loss, reference_step
 
-get_schedule_ops = pytest.importorskip(
-    "torch.distributed.pipelining._schedule_visualizer").get_schedule_ops
 torch.set_num_threads(1)
 
 TORCH_KIND = {Kind.F: ("F",), Kind.B: ("I", "B"), Kind.W: ("W",)}

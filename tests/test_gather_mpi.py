@@ -3,28 +3,18 @@
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import requires_mpi, run_mpi
 
-ROOT = Path(__file__).resolve().parents[1]
-MPIEXEC = (Path(sys.executable).parent / "mpiexec")
+pytestmark = [pytest.mark.mpi, requires_mpi]
 
 
-@pytest.mark.mpi
 @pytest.mark.timeout(90)
-def test_gather_reports_under_mpiexec(child_env: dict[str, str]) -> None:
-    pytest.importorskip("mpi4py")
-    exe = str(MPIEXEC) if MPIEXEC.exists() else shutil.which("mpiexec")
-    if exe is None:
-        pytest.skip("no mpiexec")
-    out = subprocess.run([exe, "-n", "2", sys.executable,
-                          str(ROOT / "tests" / "mpi_scripts" / "gather_reports.py")],
-                         capture_output=True, text=True, timeout=80, cwd=ROOT,
-                         env=child_env)
+def test_gather_reports_under_mpiexec() -> None:
+    out = run_mpi(2, [str(Path(__file__).parent / "mpi_scripts" / "gather_reports.py")],
+                  timeout=80)
     assert out.returncode == 0, out.stderr
     steps = json.loads(out.stdout)
     assert [s["step"] for s in steps] == [0, 1]
@@ -44,22 +34,13 @@ def test_gather_reports_under_mpiexec(child_env: dict[str, str]) -> None:
             assert start == step + 0.1 * mb + 0.01 * rank and end == step + 0.1 * mb + 0.05
 
 
-@pytest.mark.mpi
 @pytest.mark.heavy  # two interpreters importing torch: ~20 s idle, ~95 s on a loaded 2-core box
 @pytest.mark.timeout(180)
-def test_train_under_mpiexec_matches_in_process(tmp_path: Path,
-                                                child_env: dict[str, str]) -> None:
-    pytest.importorskip("mpi4py")
-    exe = str(MPIEXEC) if MPIEXEC.exists() else shutil.which("mpiexec")
-    if exe is None:
-        pytest.skip("no mpiexec")
+def test_train_under_mpiexec_matches_in_process(tmp_path: Path) -> None:
     args = ["train", "--stages", "2", "--microbatches", "3", "--steps", "2", "--task-ms", "2",
             "--dim", "16", "--seq", "8", "--mode", "strict", "--no-progress"]
-    out = subprocess.run([exe, "-n", "2", sys.executable, "-m", "aioready", *args, "--json",
-                          str(tmp_path / "mpi.json"), "--chrome-trace",
-                          str(tmp_path / "mpi.trace.json")],
-                         capture_output=True, text=True, timeout=170, cwd=ROOT,
-                         env=child_env)
+    out = run_mpi(2, ["-m", "aioready", *args, "--json", str(tmp_path / "mpi.json"),
+                      "--chrome-trace", str(tmp_path / "mpi.trace.json")], timeout=170)
     assert out.returncode == 0, out.stdout + out.stderr
     mpi = json.loads((tmp_path / "mpi.json").read_text())
     assert mpi["transport"] == "mpi" and mpi["ranks"] == 2

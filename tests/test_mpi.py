@@ -5,39 +5,22 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
+from conftest import requires_mpi, run_mpi
 
 from aioready.schedulers import HINTS
 
-ROOT = Path(__file__).resolve().parent.parent
-SCRIPTS = ROOT / "tests" / "mpi_scripts"
-MPIEXEC = shutil.which("mpiexec", path=str(Path(sys.executable).parent)) or shutil.which("mpiexec")
+SCRIPTS = Path(__file__).resolve().parent / "mpi_scripts"
 TOL = 1e-10
 
-try:
-    import mpi4py  # noqa: F401
-    HAVE_MPI4PY = True
-except ImportError:
-    HAVE_MPI4PY = False
-
-pytestmark = [
-    pytest.mark.mpi,
-    pytest.mark.skipif(MPIEXEC is None or not HAVE_MPI4PY,
-                       reason="needs mpi4py and mpiexec (pip install 'aioready[mpi]')"),
-]
+pytestmark = [pytest.mark.mpi, requires_mpi]
 
 
 def launch(n: int, script: str, *args: str, timeout: float = 100) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
-    cmd = [MPIEXEC, "-n", str(n), sys.executable, str(SCRIPTS / script), *args]
-    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    return run_mpi(n, [str(SCRIPTS / script), *args], timeout=timeout)
 
 
 def cases(num_ranks: int) -> list[str]:
@@ -125,15 +108,13 @@ def test_every_dtype_and_layout_arrives_intact() -> None:
                    r"activation for stage 1 microbatch 99"),
 ])
 def test_bad_message_ends_the_job(fault: str, message: str) -> None:
-    """The receiving rank raises ProtocolError and MPI_Abort stops every rank, in seconds."""
-    start = time.monotonic()
+    """The receiving rank raises ProtocolError and MPI_Abort stops every rank. The sender waits
+    for gradients forever, so only the abort ends the job before the launch times out."""
     proc = launch(2, "faults.py", fault, timeout=60)
-    took = time.monotonic() - start
     assert proc.returncode != 0
     assert "ProtocolError" in proc.stderr and re.search(message, proc.stderr), proc.stderr[-3000:]
     assert "rank 1 of 2" in proc.stderr
     assert "SENDER got" not in proc.stdout  # the sender was stopped, not left to finish
-    assert took < 50, f"the job took {took:.1f} s to stop"
 
 
 @pytest.mark.timeout(120)
@@ -148,7 +129,7 @@ def test_fault_script_control_run_succeeds() -> None:
 @pytest.mark.timeout(120)
 def test_cuda_tensors_arrive_intact() -> None:
     """CUDA payloads (CUDA-aware or staged through pinned memory) arrive on the device intact."""
-    torch = pytest.importorskip("torch")
+    import torch
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
     proc = launch(2, "cuda_roundtrip.py", timeout=100)
@@ -167,12 +148,10 @@ def test_oversubscription_counts_the_cores_of_all_local_ranks(bind: str, n: int)
     """Ranks bound one per core each see one core but are not oversubscribed (a wrong answer
     turned the spin window off and made small-message latency 10x worse)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    if bind == "core" and n > (cores or 1):
-        pytest.skip("fewer cores than ranks to bind")
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.run([MPIEXEC, "-bind-to", bind, "-n", str(n), sys.executable, "-c",
-                           _OVERSUB], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=50)
+    cores = cores or 1
+    if bind == "core":
+        n = min(n, cores)  # one rank per core: a one-core machine binds its single rank
+    proc = run_mpi(n, ["-c", _OVERSUB], timeout=50, bind=bind)
     assert proc.returncode == 0, proc.stderr[-2000:]
     answers = re.findall(r"OVERSUBSCRIBED (\w+)", proc.stdout)
-    assert answers == [str(n > (cores or 1))] * n, proc.stdout
+    assert answers == [str(n > cores)] * n, proc.stdout

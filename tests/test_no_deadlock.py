@@ -4,7 +4,9 @@ docs/hints.md "Why ready mode cannot deadlock")."""
 
 from __future__ import annotations
 
+import asyncio
 import random
+from typing import Sequence
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -13,10 +15,20 @@ import aioready
 from aioready.clock import run_virtual
 from aioready.devices.base import TaskInfo
 from aioready.devices.sim import SimDevice
+from aioready.hints import HintOrder
+from aioready.placement import Placement
+from aioready.runtime.rank import RankRuntime
+from aioready.schedulers import make_hint
+from aioready.schedulers.rules import bf
 from aioready.tasks import Kind
 from aioready.telemetry.spans import Span
+from aioready.transports.inproc import InprocWorld
 
 LINEAR_HINTS = ["gpipe", "1f1b"]
+# Interleaved and V placements (two chunks per rank), where gating more than the entry F would
+# deadlock: (hint, split backward); bf-v is the BF rule on a V placement, unsplit too.
+MULTI_CHUNK = [("interleaved-1f1b", False), ("interleaved-1f1b", True),
+               ("interleaved-zb", True), ("zbv", True), ("bf-v", False), ("bf-v", True)]
 
 
 def random_durations(seed: int):
@@ -31,9 +43,11 @@ def random_durations(seed: int):
     return duration
 
 
-def check_invariants(pipe: aioready.Pipeline, S: int, M: int, split: bool,
-                     caps: list[int]) -> None:
-    spans = pipe.last_step.spans
+def check_invariants(spans: Sequence[Span], peaks: dict[int, int], *, R: int, S: int, M: int,
+                     split: bool, caps: list[int]) -> None:
+    """Each task of S stages x M microbatches ran once, after its inputs, one at a time per
+    rank, and no rank of the R held more microbatches than its cap (admitted at the start of
+    its chunk-0 F, released at the end of its last backward piece over every chunk)."""
     kinds = (Kind.F, Kind.B, Kind.W) if split else (Kind.F, Kind.B)
     by_key: dict[tuple[int, int, Kind], Span] = {}
     for s in spans:
@@ -51,17 +65,21 @@ def check_invariants(pipe: aioready.Pipeline, S: int, M: int, split: bool,
         if kind is Kind.W:
             assert s.start >= by_key[(stage, m, Kind.B)].end
     last = Kind.W if split else Kind.B
-    for rank in range(S):
+    for rank in range(R):
         mine = sorted((s for s in spans if s.rank == rank), key=lambda s: (s.start, s.end))
         for a, b in zip(mine, mine[1:]):
             assert b.start >= a.end, f"rank {rank} ran {a.label} and {b.label} at once"
-        events = [(s.start, 1) for s in mine if s.kind is Kind.F] + \
-                 [(s.end, -1) for s in mine if s.kind is last]
+        leaves: dict[int, float] = {}
+        for s in mine:
+            if s.kind is last:
+                leaves[s.microbatch] = max(leaves.get(s.microbatch, s.end), s.end)
+        events = [(s.start, 1) for s in mine if s.kind is Kind.F and s.chunk == 0] + \
+                 [(end, -1) for end in leaves.values()]
         now = 0
         for _, delta in sorted(events):
             now += delta
             assert now <= caps[rank], f"rank {rank} in flight {now} > cap {caps[rank]}"
-        assert pipe.last_step.peak_in_flight[rank] <= caps[rank]
+        assert peaks[rank] <= caps[rank]
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -88,7 +106,48 @@ def test_ready_mode_never_deadlocks(S: int, M: int, hint: str, split: bool, cap_
         return pipe, [rt.cap for rt in pipe.runtimes]
 
     pipe, caps = run_virtual(main())
-    check_invariants(pipe, S, M, split, caps)
+    step = pipe.last_step
+    check_invariants(step.spans, step.peak_in_flight, R=S, S=S, M=M, split=split, caps=caps)
+
+
+def multi_chunk_hint(name: str, R: int, M: int, split: bool) -> HintOrder:
+    if name == "bf-v":
+        return bf(Placement(2 * R, R, "v"), M, split_backward=split)
+    return make_hint(name, num_stages=2 * R, num_microbatches=M, split_backward=split)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(R=st.integers(2, 4), M=st.integers(1, 12), case=st.sampled_from(MULTI_CHUNK),
+       cap_kind=st.sampled_from(["one", "hint", "above", "random"]), delays=st.booleans(),
+       seed=st.integers(0, 2**32 - 1))
+def test_ready_mode_never_deadlocks_on_interleaved_and_v_placements(
+        R: int, M: int, case: tuple[str, bool], cap_kind: str, delays: bool, seed: int) -> None:
+    name, split = case
+    if name.startswith("interleaved"):
+        M = R * -(-M // R)  # interleaved rounds hold R microbatches each
+    hint = multi_chunk_hint(name, R, M, split)
+    S = hint.placement.num_stages
+    rng = random.Random(seed)
+    caps_arg = {"one": [1] * R, "hint": [None] * R, "above": [M + 3] * R,
+                "random": [rng.randint(1, M + 1) for _ in range(R)]}[cap_kind]
+    world = InprocWorld(R, delay=(lambda src, dst, msg: rng.choice([0.0, 0.0, 0.1, 0.5, 2.0]))
+                        if delays else None)
+    device = SimDevice(random_durations(seed), run_compute=False)
+    runtimes = [RankRuntime(rank=r, hint=hint, mode="ready", cap=caps_arg[r], executors=None,
+                            device=device, transport=world.endpoints[r]) for r in range(R)]
+
+    async def main() -> None:
+        async with asyncio.timeout(1e6):  # virtual seconds: a stall raises, never hangs
+            for step in range(2):  # the second step reuses the runtimes: state must reset
+                await asyncio.gather(*(rt.run_step(step) for rt in runtimes))
+
+    run_virtual(main())
+    caps = [rt.cap for rt in runtimes]
+    for step in range(2):
+        reports = [rt.reports[step] for rt in runtimes]
+        peaks = {r: p for rep in reports for r, p in rep.peak_in_flight.items()}
+        check_invariants([s for rep in reports for s in rep.spans], peaks, R=R, S=S, M=M,
+                         split=split, caps=caps)
 
 
 def _real_loop_run(loop_name: str, cap: int | None, seed: int) -> aioready.Pipeline:
@@ -118,4 +177,6 @@ def test_ready_mode_completes_on_real_loops() -> None:
             for seed in range(3):
                 pipe = _real_loop_run(loop_name, cap, seed)
                 caps = [rt.cap for rt in pipe.runtimes]
-                check_invariants(pipe, 4, 8, False, caps)
+                step = pipe.last_step
+                check_invariants(step.spans, step.peak_in_flight, R=4, S=4, M=8, split=False,
+                                 caps=caps)

@@ -6,12 +6,18 @@ import asyncio
 import logging
 import subprocess
 import sys
+from typing import Callable
 
 import pytest
 
 from aioready.clock import run_virtual
 from aioready.errors import ConfigError
-from aioready.progress import CompletionSource, ProgressConfig, ProgressEngine
+from aioready.progress import (
+    CompletionSource,
+    ProgressConfig,
+    ProgressEngine,
+    ProgressStatistics,
+)
 
 
 class FakeSource:
@@ -82,11 +88,18 @@ async def test_for_loop_returns_one_engine_per_loop() -> None:
     assert ProgressEngine.for_loop() is ProgressEngine.for_loop(asyncio.get_running_loop())
 
 
+async def until(condition: Callable[[], bool]) -> None:
+    """Wait, on a real loop, until `condition()` holds: the tests below assert on what happened
+    in order, not on how many passes fit in some wall-clock time (the test timeout ends a hang)."""
+    while not condition():
+        await asyncio.sleep(0.005)
+
+
 async def test_completes_and_then_idles_without_polling() -> None:
     engine, src = engine_with()
     fut = src.add(0.005)
-    done_at = await asyncio.wait_for(fut, 5)
-    assert done_at >= fut.get_loop().time() - 5
+    await asyncio.wait_for(fut, 5)
+    assert engine.statistics().num_completed == 1  # the engine's poll completed it
     before = engine.statistics()
     await asyncio.sleep(0.1)  # nothing pending: the poller waits on a future, no passes at all
     after = engine.statistics()
@@ -100,26 +113,50 @@ async def test_completes_and_then_idles_without_polling() -> None:
 async def test_long_wait_parks_instead_of_spinning() -> None:
     engine, src = engine_with(ProgressConfig(spin_s=1e-3, park_window_s=20e-3))
     fut = src.add(10.0)  # never completes during the test
-    await asyncio.sleep(0.1)  # past the spin window
+    await until(lambda: engine.num_parks >= 3)  # past the spin window: parked on the timerfd
     s0 = engine.statistics()
-    await asyncio.sleep(0.2)
+    await until(lambda: engine.num_parks >= s0.num_parks + 10)  # the timerfd keeps waking it
     s1 = engine.statistics()
+    assert s0.timer == "timerfd"
     assert s1.num_hot_passes == s0.num_hot_passes, "the poller kept spinning while idle"
-    assert 0 < s1.num_parks - s0.num_parks < 200, "expected parks backing off to ms steps"
+    assert s1.num_completed == 0 and not fut.done()
     fut.cancel()
     engine.close()
 
 
+def test_parks_back_off_to_the_longest_park_in_a_long_bubble() -> None:
+    """On the virtual clock the park policy is exact: 0.1 s into a bubble (past the 20 ms park
+    window) every park is backoff_max_s long, so 0.2 s hold 0.2 / 8 ms = 25 parks."""
+    async def main() -> tuple[ProgressStatistics, ProgressStatistics]:
+        engine, src = engine_with(ProgressConfig(park_s=250e-6, park_window_s=20e-3,
+                                                 backoff_max_s=8e-3))
+        fut = src.add(10.0)
+        await asyncio.sleep(0.1)
+        s0 = engine.statistics()
+        await asyncio.sleep(0.2)
+        s1 = engine.statistics()
+        fut.cancel()
+        engine.close()
+        return s0, s1
+
+    s0, s1 = run_virtual(main())
+    assert s1.num_parks - s0.num_parks == 25
+    assert s1.num_hot_passes == 0  # time only moves while the loop sleeps: never spin there
+
+
 async def test_wants_hot_keeps_polling_hot_then_gives_up() -> None:
+    loop = asyncio.get_running_loop()
+    start = loop.time()  # at or before the engine's last progress (its first kick)
     engine, src = engine_with(ProgressConfig(spin_s=1e-3, hot_max_s=0.4))
     src.hot = True
     fut = src.add(10.0)
-    await asyncio.sleep(0.01)
-    assert engine.statistics().num_parks == 0  # still within hot_max_s: spinning
-    await asyncio.sleep(0.5)
+    await until(lambda: engine.num_hot_passes >= 10)
+    await until(lambda: engine.num_parks >= 1)  # capped: parks at park_s
+    # the first park comes only once hot_max_s of loop time has passed without progress
+    assert loop.time() - start >= 0.4
     s0 = engine.statistics()
-    await asyncio.sleep(0.05)
-    assert engine.statistics().num_parks > s0.num_parks  # capped: parks at park_s
+    await until(lambda: engine.num_parks >= s0.num_parks + 10)
+    assert engine.statistics().num_hot_passes == s0.num_hot_passes  # it stays parked
     fut.cancel()
     engine.close()
 

@@ -89,7 +89,7 @@ async def test_stall_on_real_loop_with_torch() -> None:
     start = loop.time()
     with pytest.raises(StallError) as info:
         await pipe.step(x, y)
-    assert 1.0 <= loop.time() - start < 10.0
+    assert loop.time() - start >= 1.0  # never before the stall timeout; how soon after is load
     assert len(dropped) == 1
     assert "step 1" in str(info.value) and "'F1<-rank 1'" in str(info.value)
     pipe.close()

@@ -1,6 +1,5 @@
 """TP x PP in one process: threads as TP members, exactness against the unsplit model."""
 
-import asyncio
 import random
 
 import pytest
@@ -114,14 +113,11 @@ async def test_without_coordination_the_mismatch_is_a_coordination_error(verify)
     grid, *_ = build(2, 2, mode="ready", coordinate=False, cap=8, timeout=5.0, verify=verify,
                      delays=straggler, M=8)
     xs, ys = data(M=8)
-    loop = asyncio.get_running_loop()
-    start = loop.time()
     try:
         with pytest.raises(CoordinationError) as info:
             await grid.step(0, xs, ys)
     finally:
         close(grid)
-    assert loop.time() - start < 5.0 * 2
     text = str(info.value)
     assert "different collectives" in text or "did not complete" in text
     assert "Coordinator" in text

@@ -7,28 +7,19 @@ per-task delays, so uncoordinated members would pick different tasks.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import requires_mpi, run_mpi
 
-pytest.importorskip("mpi4py")
+SCRIPT = Path(__file__).resolve().parent.parent / "examples" / "tp_mlp.py"
 
-ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = ROOT / "examples" / "tp_mlp.py"
-MPIEXEC = shutil.which("mpiexec", path=str(Path(sys.executable).parent)) or shutil.which("mpiexec")
-
-pytestmark = [pytest.mark.mpi,
-              pytest.mark.skipif(MPIEXEC is None, reason="mpiexec not found")]
+pytestmark = [pytest.mark.mpi, requires_mpi]
 
 
 def launch(n: int, *args: str, timeout: float = 150) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    return subprocess.run([MPIEXEC, "-n", str(n), sys.executable, str(SCRIPT), *args],
-                          capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+    return run_mpi(n, [str(SCRIPT), *args], timeout=timeout, env={"OMP_NUM_THREADS": "1"})
 
 
 def result(proc: subprocess.CompletedProcess[str]) -> dict:

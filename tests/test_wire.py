@@ -140,5 +140,11 @@ def test_pool_reuses_a_buffer_only_once_no_tensor_views_it() -> None:
 def test_pool_holds_at_most_its_budget() -> None:
     pool = ReceivePool(min_bytes=1, max_bytes=4096)
     kept = [pool.tensor((1024,), "uint8", 1024) for _ in range(8)]
-    assert pool.held_bytes <= 4096 and pool.num_allocated == 8
-    assert all(int(t.sum()) >= 0 for t in kept)
+    assert pool.held_bytes == 4096 and pool.num_allocated == 8
+    assert len({t.data_ptr() for t in kept}) == 8  # no buffer handed out twice while in use
+    del kept
+    gc.collect()
+    again = [pool.tensor((1024,), "uint8", 1024) for _ in range(5)]
+    # only the four newest were kept: they come back, the fifth is new
+    assert pool.num_reused == 4 and pool.num_allocated == 9 and pool.held_bytes == 4096
+    assert len({t.data_ptr() for t in again}) == 5

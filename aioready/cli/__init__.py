@@ -31,7 +31,10 @@ def build_parser() -> argparse.ArgumentParser:
         except ModuleNotFoundError as exc:
             if exc.name != f"aioready.cli.{name}":
                 raise
-            continue
+            from ..errors import InternalError  # a broken install: say so, never hide a command
+            raise InternalError(f"the module of command {name!r} is missing",
+                                expected=f"aioready/cli/{name}.py", got="no such module",
+                                fix="reinstall aioready") from exc
         module.add_parser(sub)
     return parser
 

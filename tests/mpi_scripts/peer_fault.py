@@ -64,9 +64,10 @@ async def main() -> None:
             if rank == 0:
                 say(f"STEP {step} done")
     except AioreadyError as exc:
-        say(f"DETECTED rank={rank} t={time.time():.6f} type={type(exc).__name__} msg={exc}")
+        lines = f"DETECTED rank={rank} t={time.time():.6f} type={type(exc).__name__} msg={exc}"
         if isinstance(exc, (StageError, PeerLostError)):
-            say(f"PEER rank={rank} lost={exc.lost_rank} remote={exc.remote}")
+            lines += f"\nPEER rank={rank} lost={exc.lost_rank} remote={exc.remote}"
+        say(lines)  # one write: an abort from another rank cannot split the two lines
         raise
     await pipe.transport.close()
     pipe.close()
