@@ -23,7 +23,7 @@ from .errors import ConfigError
 from .in_flight import InFlight, is_entry
 from .tasks import Task
 
-__all__ = ["ReadySet", "ReadySetStatistics"]
+__all__ = ["ReadySet", "ReadySetStatistics", "InFlightReport"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +35,33 @@ class ReadySetStatistics:
     cap: int
 
 
-class ReadySet:
+class InFlightReport:
+    """What a ready queue reports of its in-flight count (gate, stall dumps, metrics), read from
+    its `flight` (an InFlight) and `_cap`: ReadySet and a tensor-parallel follower share it."""
+
+    __slots__ = ()
+    flight: InFlight
+    _cap: int
+
+    @property
+    def in_flight(self) -> int:
+        return self.flight.count
+
+    @property
+    def in_flight_microbatches(self) -> list[int]:
+        """The admitted microbatches whose last backward piece has not ended (for dumps)."""
+        return self.flight.microbatches
+
+    @property
+    def peak_in_flight(self) -> int:
+        return self.flight.peak
+
+    @property
+    def cap(self) -> int:
+        return self._cap
+
+
+class ReadySet(InFlightReport):
     """Ready tasks of one rank; `ready` mode pops the best admissible, `strict` the next in order."""
 
     __slots__ = ("_priority", "_main", "_entry", "_cap", "flight", "_order", "_pos", "_ready",
@@ -100,23 +126,6 @@ class ReadySet:
     def done(self, task: Task) -> None:
         """Bookkeeping after `task` ran (see InFlight.release)."""
         self.flight.release(task)
-
-    @property
-    def in_flight(self) -> int:
-        return self.flight.count
-
-    @property
-    def in_flight_microbatches(self) -> list[int]:
-        """The admitted microbatches whose last backward piece has not ended (for dumps)."""
-        return self.flight.microbatches
-
-    @property
-    def peak_in_flight(self) -> int:
-        return self.flight.peak
-
-    @property
-    def cap(self) -> int:
-        return self._cap
 
     @property
     def next_in_order(self) -> Task | None:

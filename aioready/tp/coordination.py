@@ -28,7 +28,7 @@ from typing import Callable, Protocol
 
 from ..arbiter import ReadyQueue, Wakeup
 from ..errors import AioreadyError, CoordinationError, ProtocolError
-from ..ready_set import ReadySet, ReadySetStatistics
+from ..ready_set import InFlightReport, ReadySet, ReadySetStatistics
 from ..tasks import Kind, Task
 from ..transports.base import Message, MessageKind, Transport
 
@@ -197,13 +197,15 @@ class Coordinator:
                 f"{self.num_decisions_sent} received={self.num_decisions_received}>")
 
 
-class _LeaderReadySet:
+class _LeaderReadySet(InFlightReport):
     """The leader's ReadySet as a ReadyQueue; every pop is announced before the task runs."""
 
-    __slots__ = ("_inner", "_coord", "_step", "_seq")
+    __slots__ = ("_inner", "_coord", "_step", "_seq", "flight", "_cap")
 
     def __init__(self, inner: ReadySet, coord: Coordinator, step: int) -> None:
         self._inner = inner
+        self.flight = inner.flight  # the same count object: reports read the leader's own
+        self._cap = inner.cap
         self._coord = coord
         self._step = step
         self._seq = 0
@@ -228,22 +230,6 @@ class _LeaderReadySet:
         return self._inner.statistics()
 
     @property
-    def in_flight(self) -> int:
-        return self._inner.in_flight
-
-    @property
-    def in_flight_microbatches(self) -> list[int]:
-        return self._inner.in_flight_microbatches
-
-    @property
-    def peak_in_flight(self) -> int:
-        return self._inner.peak_in_flight
-
-    @property
-    def cap(self) -> int:
-        return self._inner.cap
-
-    @property
     def next_in_order(self) -> Task | None:
         return self._inner.next_in_order
 
@@ -251,7 +237,7 @@ class _LeaderReadySet:
         return len(self._inner)
 
 
-class _FollowerReadySet:
+class _FollowerReadySet(InFlightReport):
     """A member's ReadyQueue; it offers only the leader's next decision, once that is ready.
 
     In-flight counting uses the leader's rule (ready_set.InFlight) for reports; the cap is the
@@ -303,8 +289,7 @@ class _FollowerReadySet:
             arrived = self._arrivals.pop((self._step, task), 0.0)
             since = max(self._pushed.pop(task), self._idle_since)
             self._waits.append(max(0.0, arrived - since))
-        if task.kind is Kind.F and task.chunk == 0:
-            self.flight.admit(task.microbatch)
+        self.flight.start(task)
         return task
 
     def done(self, task: Task) -> None:
@@ -318,22 +303,6 @@ class _FollowerReadySet:
     def statistics(self) -> ReadySetStatistics:
         return ReadySetStatistics(len(self._ready), 0, self.flight.count, self.flight.peak,
                                   self._cap)
-
-    @property
-    def in_flight(self) -> int:
-        return self.flight.count
-
-    @property
-    def in_flight_microbatches(self) -> list[int]:
-        return self.flight.microbatches
-
-    @property
-    def peak_in_flight(self) -> int:
-        return self.flight.peak
-
-    @property
-    def cap(self) -> int:
-        return self._cap
 
     @property
     def next_in_order(self) -> Task | None:
