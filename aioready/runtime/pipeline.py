@@ -26,6 +26,7 @@ from .watchdog import DEFAULT, STALL_TIMEOUT_S, StallWatchdog, StepGuard, resolv
 
 __all__ = ["Pipeline", "split_microbatches"]
 
+
 def split_microbatches(value: Any, num: int, *, name: str) -> list[Any] | None:
     """Split a batch into `num` equal microbatches along dim 0; a list is taken as given."""
     if value is None:

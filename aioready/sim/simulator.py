@@ -174,7 +174,6 @@ def _run_blocking(main: Coroutine[Any, Any, None]) -> None:
         pool.submit(run_virtual, main).result()
 
 
-
 def _step_stats(reports: list[StepReport], table: np.ndarray, hint: HintOrder) -> StepStats:
     start = min(r.start for r in reports)
     end = max(r.end for r in reports)
