@@ -85,6 +85,41 @@ def first_dependency_violation(
     return None
 
 
+def _sequences_complete(hint: "HintOrder") -> bool:
+    """Run every rank's strict sequence with unit steps (module note: what a task needs)."""
+    placement, last = hint.placement, hint.placement.num_stages - 1
+    orders = [hint.strict_order(r) for r in range(hint.num_ranks)]
+    pos = [0] * len(orders)
+    done: set[tuple[int, Kind, int]] = set()  # (stage, kind, microbatch)
+    waiting: dict[tuple[int, Kind, int], list[int]] = {}
+    runnable = list(range(len(orders)))
+    while runnable:
+        rank = runnable.pop()
+        stages = placement.stages_of(rank)
+        order = orders[rank]
+        while pos[rank] < len(order):
+            task = order[pos[rank]]
+            stage = stages[task.chunk]
+            deps = []
+            if task.kind is Kind.F and stage > 0:
+                deps.append((stage - 1, Kind.F, task.microbatch))
+            elif task.kind is Kind.B:
+                deps.append((stage, Kind.F, task.microbatch))
+                if stage < last:
+                    deps.append((stage + 1, Kind.B, task.microbatch))
+            elif task.kind is Kind.W:
+                deps.append((stage, Kind.B, task.microbatch))
+            missing = next((d for d in deps if d not in done), None)
+            if missing is not None:
+                waiting.setdefault(missing, []).append(rank)
+                break
+            key = (stage, task.kind, task.microbatch)
+            done.add(key)
+            runnable.extend(waiting.pop(key, ()))
+            pos[rank] += 1
+    return all(p == len(o) for p, o in zip(pos, orders))
+
+
 @dataclass(frozen=True, slots=True)
 class HintOrder:
     """One ranking per rank; `orders[r][i]` has hint rank i on rank r.
@@ -103,8 +138,10 @@ class HintOrder:
     source: str = ""
     sequence: tuple[tuple[Task, ...], ...] | None = None
     _priority: tuple[dict[Task, int], ...] = field(init=False, repr=False, compare=False)
+    _memo: dict[str, bool] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "_memo", {})
         orders = tuple(tuple(o) for o in self.orders)
         object.__setattr__(self, "orders", orders)
         self._validate_tasks(orders, "")
@@ -211,6 +248,17 @@ class HintOrder:
                     rank=rank, task=bad, expected="dependencies in order",
                     got=f"{bad} too early",
                 )
+
+    def runs_to_completion(self) -> bool:
+        """Whether every rank following its strict sequence, all at once, finishes the step:
+        no local dependency out of order and no wait that goes round the ranks. (A rank's own
+        check cannot see a cycle through its peers; ready mode reserves only for sequences that
+        pass, rank.reservation_holds.) O(tasks), computed once per hint."""
+        if "runs" not in self._memo:
+            self._memo["runs"] = self.is_sequence or self.sequence is not None
+            if self._memo["runs"]:
+                self._memo["runs"] = _sequences_complete(self)
+        return self._memo["runs"]
 
     def dumps(self) -> str:
         """The plain text form (see the module's note): a header comment, then one line per rank."""

@@ -76,6 +76,9 @@ class InFlight:
         else:
             self._left[task.microbatch] = left - 1
 
+    def holds(self, microbatch: int) -> bool:
+        return microbatch in self._left
+
     @property
     def microbatches(self) -> list[int]:
         return sorted(self._left)

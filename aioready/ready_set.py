@@ -17,13 +17,16 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from .errors import ConfigError
 from .in_flight import InFlight, is_entry
 from .tasks import Task
 
-__all__ = ["ReadySet", "ReadySetStatistics", "InFlightReport"]
+__all__ = ["ReadySet", "ReadySetStatistics", "InFlightReport", "Fits"]
+
+Fits = Callable[[Task, Task], bool]
+"""`fits(candidate, reserved)`: may `candidate` run now without delaying `reserved` (forecast.py)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,10 +65,15 @@ class InFlightReport:
 
 
 class ReadySet(InFlightReport):
-    """Ready tasks of one rank; `ready` mode pops the best admissible, `strict` the next in order."""
+    """Ready tasks of one rank; `ready` mode pops the best admissible, `strict` the next in order.
+
+    With `fits` (ready mode, forecast.py), the hint's next task not yet started holds a
+    reservation: it runs as soon as it is ready, and before that another ready task runs only if
+    `fits(task, reserved)` says it ends in time (Note [reservation]).
+    """
 
     __slots__ = ("_priority", "_main", "_entry", "_cap", "flight", "_order", "_pos", "_ready",
-                 "_strict")
+                 "_strict", "_fits", "_taken", "_ahead", "_room")
 
     def __init__(
         self,
@@ -75,6 +83,9 @@ class ReadySet(InFlightReport):
         num_chunks: int,
         split_backward: bool,
         strict_order: Sequence[Task] | None = None,
+        reserve_order: Sequence[Task] | None = None,
+        reserve_peak: int = 0,
+        fits: Fits | None = None,
     ) -> None:
         if cap < 1:
             raise ConfigError("cap must admit at least one microbatch", expected=">= 1", got=cap)
@@ -87,11 +98,21 @@ class ReadySet(InFlightReport):
         self._order: Sequence[Task] = strict_order or ()
         self._pos = 0
         self._ready: set[Task] = set()
+        # Note [reservation]: only when the hint's order fits the cap, so that the order alone
+        # can always go on (below its peak the greedy rule and its liveness proof apply).
+        reserving = (not self._strict and fits is not None and reserve_order is not None
+                     and cap >= reserve_peak)
+        self._fits = fits if reserving else None
+        if reserving:
+            self._order = reserve_order  # type: ignore[assignment]
+        self._taken: set[Task] = set()
+        self._ahead: set[int] = set()  # microbatches admitted ahead of the order, still held
+        self._room = cap - reserve_peak  # how many may be held ahead of it
 
     def push(self, task: Task) -> None:
         """Mark `task` ready: its local predecessor is done and its message has arrived."""
+        self._ready.add(task)
         if self._strict:
-            self._ready.add(task)
             return
         heap = self._entry if is_entry(task) else self._main
         heapq.heappush(heap, (self._priority[task], task))
@@ -100,14 +121,65 @@ class ReadySet(InFlightReport):
         """The task to run now, or None if nothing admissible is ready."""
         if self._strict:
             return self._pop_strict()
+        if self._fits is not None:
+            return self._pop_reserving()
         main, entry = self._main, self._entry
         if entry and self.flight.count < self._cap and (not main or entry[0][0] < main[0][0]):
             task = heapq.heappop(entry)[1]
             self.flight.admit(task.microbatch)
-            return task
-        if main:
-            return heapq.heappop(main)[1]
+        elif main:
+            task = heapq.heappop(main)[1]
+        else:
+            return None
+        self._ready.discard(task)
+        return task
+
+    def _pop_reserving(self) -> Task | None:
+        reserved = self._reserved()
+        gated = False
+        if reserved is not None and reserved in self._ready:
+            if not is_entry(reserved) or self.flight.count < self._cap:
+                self._take(reserved, ahead=False)
+                return reserved
+            gated = True  # waits for a release: only a backward piece can bring it
+        candidate = self._best()
+        if candidate is None:
+            return None
+        if (reserved is None or gated or is_entry(candidate)
+                or self._fits(candidate, reserved)):  # type: ignore[misc]
+            self._take(candidate, ahead=True)
+            return candidate
         return None
+
+    def _reserved(self) -> Task | None:
+        """The first task of the order not yet started (advancing past those that were)."""
+        order, pos, taken = self._order, self._pos, self._taken
+        while pos < len(order) and (order[pos] in taken):
+            if is_entry(order[pos]):
+                self._ahead.discard(order[pos].microbatch)
+            pos += 1
+        self._pos = pos
+        return order[pos] if pos < len(order) else None
+
+    def _best(self) -> Task | None:
+        """The best-ranked admissible ready task (heap tops; started ones are dropped lazily)."""
+        main, entry, taken = self._main, self._entry, self._taken
+        while main and main[0][1] in taken:
+            heapq.heappop(main)
+        while entry and entry[0][1] in taken:
+            heapq.heappop(entry)
+        admit = bool(entry) and self.flight.count < self._cap and len(self._ahead) < self._room
+        if admit and (not main or entry[0][0] < main[0][0]):
+            return entry[0][1]
+        return main[0][1] if main else None
+
+    def _take(self, task: Task, *, ahead: bool) -> None:
+        self._ready.discard(task)
+        self._taken.add(task)
+        if is_entry(task):
+            self.flight.admit(task.microbatch)
+            if ahead:
+                self._ahead.add(task.microbatch)
 
     def _pop_strict(self) -> Task | None:
         if self._pos >= len(self._order):
@@ -126,25 +198,30 @@ class ReadySet(InFlightReport):
     def done(self, task: Task) -> None:
         """Bookkeeping after `task` ran (see InFlight.release)."""
         self.flight.release(task)
+        if self._ahead and task.microbatch in self._ahead and not self.flight.holds(
+                task.microbatch):
+            self._ahead.discard(task.microbatch)
 
     @property
     def next_in_order(self) -> Task | None:
         """In strict mode, the task the order names next (for stall dumps)."""
         return self._order[self._pos] if self._strict and self._pos < len(self._order) else None
 
+    @property
+    def reserved(self) -> Task | None:
+        """In ready mode with a reservation, the task that holds it (for stall dumps)."""
+        return self._reserved() if self._fits is not None else None
+
     def ready_tasks(self) -> list[Task]:
         """The ready tasks, best first (for stall dumps and tests; O(n log n))."""
-        if self._strict:
-            return sorted(self._ready, key=self._priority.__getitem__)
-        return [t for _, t in sorted(self._main + self._entry)]
+        return sorted(self._ready, key=self._priority.__getitem__)
 
     def __len__(self) -> int:
-        return len(self._ready) if self._strict else len(self._main) + len(self._entry)
+        return len(self._ready)
 
     def statistics(self) -> ReadySetStatistics:
-        gated = 0 if self.flight.count < self._cap else (
-            sum(1 for t in self._ready if is_entry(t))
-            if self._strict else len(self._entry))
+        gated = 0 if self.flight.count < self._cap else sum(1 for t in self._ready
+                                                             if is_entry(t))
         return ReadySetStatistics(len(self), gated, self.flight.count, self.flight.peak,
                                   self._cap)
 

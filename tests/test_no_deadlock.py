@@ -17,14 +17,15 @@ from aioready.devices.base import TaskInfo
 from aioready.devices.sim import SimDevice
 from aioready.hints import HintOrder
 from aioready.placement import Placement
-from aioready.runtime.rank import RankRuntime
+from aioready.runtime.rank import POLICIES, RankRuntime, reservation_holds
 from aioready.schedulers import make_hint
 from aioready.schedulers.rules import bf
 from aioready.tasks import Kind
 from aioready.telemetry.spans import Span
 from aioready.transports.inproc import InprocWorld
 
-LINEAR_HINTS = ["gpipe", "1f1b"]
+LINEAR_HINTS = ["gpipe", "1f1b", "zb-h1", "bf", "bfw"]
+NEEDS_SPLIT = {"zb-h1", "bfw"}
 # Interleaved and V placements (two chunks per rank), where gating more than the entry F would
 # deadlock: (hint, split backward); bf-v is the BF rule on a V placement, unsplit too.
 MULTI_CHUNK = [("interleaved-1f1b", False), ("interleaved-1f1b", True),
@@ -85,9 +86,10 @@ def check_invariants(spans: Sequence[Span], peaks: dict[int, int], *, R: int, S:
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(S=st.integers(2, 8), M=st.integers(1, 32), hint=st.sampled_from(LINEAR_HINTS),
        split=st.booleans(), cap_kind=st.sampled_from(["one", "hint", "above", "random"]),
-       seed=st.integers(0, 2**32 - 1))
+       policy=st.sampled_from(POLICIES), seed=st.integers(0, 2**32 - 1))
 def test_ready_mode_never_deadlocks(S: int, M: int, hint: str, split: bool, cap_kind: str,
-                                    seed: int) -> None:
+                                    policy: str, seed: int) -> None:
+    split = split or hint in NEEDS_SPLIT
     async def main() -> tuple[aioready.Pipeline, list[int]]:
         caps_arg: int | list[int] | None
         if cap_kind == "one":
@@ -99,13 +101,15 @@ def test_ready_mode_never_deadlocks(S: int, M: int, hint: str, split: bool, cap_
         else:
             caps_arg = [random.Random(seed + r).randint(1, M + 1) for r in range(S)]
         pipe = aioready.Pipeline([None] * S, None, microbatches=M, hint=hint, mode="ready",
-                                 split_backward=split, cap=caps_arg,
+                                 split_backward=split, cap=caps_arg, policy=policy,
                                  device=SimDevice(random_durations(seed), run_compute=False))
-        await pipe.step()
-        await pipe.step()  # a second step reuses the runtimes: state must reset cleanly
+        for _ in range(3):  # later steps reuse the runtimes (state resets; estimates persist)
+            await pipe.step()
         return pipe, [rt.cap for rt in pipe.runtimes]
 
     pipe, caps = run_virtual(main())
+    reserving = policy == "reserve" and reservation_holds(pipe.hint, caps)
+    assert all((rt.forecast is not None) == reserving for rt in pipe.runtimes)
     step = pipe.last_step
     check_invariants(step.spans, step.peak_in_flight, R=S, S=S, M=M, split=split, caps=caps)
 
@@ -119,9 +123,10 @@ def multi_chunk_hint(name: str, R: int, M: int, split: bool) -> HintOrder:
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(R=st.integers(2, 4), M=st.integers(1, 12), case=st.sampled_from(MULTI_CHUNK),
        cap_kind=st.sampled_from(["one", "hint", "above", "random"]), delays=st.booleans(),
-       seed=st.integers(0, 2**32 - 1))
+       policy=st.sampled_from(POLICIES), seed=st.integers(0, 2**32 - 1))
 def test_ready_mode_never_deadlocks_on_interleaved_and_v_placements(
-        R: int, M: int, case: tuple[str, bool], cap_kind: str, delays: bool, seed: int) -> None:
+        R: int, M: int, case: tuple[str, bool], cap_kind: str, delays: bool, policy: str,
+        seed: int) -> None:
     name, split = case
     if name.startswith("interleaved"):
         M = R * -(-M // R)  # interleaved rounds hold R microbatches each
@@ -133,17 +138,21 @@ def test_ready_mode_never_deadlocks_on_interleaved_and_v_placements(
     world = InprocWorld(R, delay=(lambda src, dst, msg: rng.choice([0.0, 0.0, 0.1, 0.5, 2.0]))
                         if delays else None)
     device = SimDevice(random_durations(seed), run_compute=False)
+    resolved = [hint.default_caps[r] if c is None else c for r, c in enumerate(caps_arg)]
     runtimes = [RankRuntime(rank=r, hint=hint, mode="ready", cap=caps_arg[r], executors=None,
-                            device=device, transport=world.endpoints[r]) for r in range(R)]
+                            device=device, transport=world.endpoints[r], policy=policy,
+                            caps=resolved) for r in range(R)]
 
     async def main() -> None:
         async with asyncio.timeout(1e6):  # virtual seconds: a stall raises, never hangs
-            for step in range(2):  # the second step reuses the runtimes: state must reset
+            for step in range(3):  # later steps reuse the runtimes: state must reset
                 await asyncio.gather(*(rt.run_step(step) for rt in runtimes))
 
     run_virtual(main())
     caps = [rt.cap for rt in runtimes]
-    for step in range(2):
+    reserving = policy == "reserve" and reservation_holds(hint, caps)
+    assert all((rt.forecast is not None) == reserving for rt in runtimes)
+    for step in range(3):
         reports = [rt.reports[step] for rt in runtimes]
         peaks = {r: p for rep in reports for r, p in rep.peak_in_flight.items()}
         check_invariants([s for rep in reports for s in rep.spans], peaks, R=R, S=S, M=M,

@@ -65,6 +65,7 @@ def test_result_fields_are_consistent() -> None:
     d = r.as_dict()
     assert d["step_time"] == r.step_time and d["efficiency"] == r.lower_bound / r.step_time
     assert r.num_tasks == 2 * 4 * 16 and r.num_messages == 2 * 3 * 16
+    assert 0 < r.num_notices <= r.num_messages  # at most one per data message, sent at its start
     assert all(0 < b <= 1 for b in r.busy_fraction)
     assert r.bubble_fraction == pytest.approx(1 - sum(r.busy_fraction) / 4)
     assert max(r.peak_in_flight) <= 6 and r.cap == (6, 6, 6, 6)

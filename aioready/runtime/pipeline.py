@@ -89,6 +89,7 @@ class Pipeline:
         cap: CapSpec = None, device: Any = "cpu",
         num_stages: int | None = None, coordinator: Any = None,
         stall_timeout: float | None = DEFAULT, peer_timeout: float | None = DEFAULT,
+        policy: str = "reserve",
     ) -> None:
         if not isinstance(microbatches, int) or isinstance(microbatches, bool) or microbatches < 1:
             raise ConfigError("microbatches must be a positive integer", expected=">= 1",
@@ -152,7 +153,8 @@ class Pipeline:
             executors = self._executors(modules, placement.stages_of(rank), loss_fn)
             self.runtimes.append(RankRuntime(
                 rank=rank, hint=self.hint, mode=mode, cap=caps[rank], executors=executors,
-                device=_make_device(device, rank), transport=endpoint, coordinator=coordinator))
+                device=_make_device(device, rank), transport=endpoint, coordinator=coordinator,
+                policy=policy, caps=caps))
         self._step = 0
         self.last_step: StepReport | None = None
         self.history: list[list[StepReport]] = []

@@ -22,6 +22,7 @@ from ..arbiter import ReadyQueue, Wakeup, run_arbiter
 from ..clock import clock_of
 from ..devices.base import Device, TaskInfo
 from ..errors import AioreadyError, ConfigError, InternalError, ProtocolError
+from ..forecast import COST_UNIT, Forecast, decode_duration, encode_duration
 from ..hints import HintOrder
 from ..progress import ProgressEngine
 from ..ready_set import ReadySet
@@ -32,9 +33,25 @@ from ..transports.base import Message, MessageKind, Transport
 if TYPE_CHECKING:
     from ..tp.coordination import StepCoordinator
 
-__all__ = ["RankRuntime", "Executor", "MODES"]
+__all__ = ["RankRuntime", "Executor", "MODES", "POLICIES", "reservation_holds"]
 
 MODES = ("ready", "strict")
+POLICIES = ("reserve", "greedy")
+"""How `ready` mode chooses (docs/policy.md): `reserve` keeps the hint's next task's place and
+backfills around it (forecast.py); `greedy` always runs the best-ranked ready task (the first
+rule, kept to measure against)."""
+
+_B_NOTICE = 1 << 31  # a notice's tag: the duration, with this bit set when it feeds a B
+
+
+def reservation_holds(hint: HintOrder, caps: Sequence[int]) -> bool:
+    """Whether ready mode may reserve for the hint's sequence: it has one, and every rank's cap
+    admits it. A rank that cannot follow the sequence (a cap below its peak) runs greedily, and
+    a neighbour that waits for the sequence's next task could starve it: then nobody reserves
+    (docs/policy.md "Why the reservation cannot deadlock")."""
+    if len(caps) != hint.num_ranks or not hint.runs_to_completion():
+        return False
+    return all(cap >= hint.peak(rank) for rank, cap in enumerate(caps))
 
 
 class Executor(Protocol):
@@ -59,10 +76,14 @@ class RankRuntime:
     def __init__(
         self, *, rank: int, hint: HintOrder, mode: str, cap: int | None,
         executors: Sequence[Executor] | None, device: Device, transport: Transport,
-        coordinator: StepCoordinator | None = None,
+        coordinator: StepCoordinator | None = None, policy: str = "reserve",
+        caps: Sequence[int] | None = None,
     ) -> None:
         if mode not in MODES:
             raise ConfigError("unknown mode", expected=" | ".join(MODES), got=repr(mode))
+        if policy not in POLICIES:
+            raise ConfigError("unknown ready-mode policy", expected=" | ".join(POLICIES),
+                              got=repr(policy))
         self.rank = rank
         self.hint = hint
         self.mode = mode
@@ -92,6 +113,13 @@ class RankRuntime:
         if executors is not None and len(executors) != len(self.stages):
             raise ConfigError("wrong number of stage modules for this rank", rank=rank,
                               expected=len(self.stages), got=len(executors))
+        reserving = (mode == "ready" and policy == "reserve" and caps is not None
+                     and reservation_holds(hint, caps))
+        self.policy = policy if mode == "ready" else "strict"
+        self.forecast = Forecast() if reserving else None
+        self._hint_peak = hint.peak(rank) if reserving else 0
+        self._notify = self._notice_targets() if reserving else {}
+        self._factor_tag = 0
         self.executors = executors
         self.device = device
         self.transport = transport
@@ -108,6 +136,19 @@ class RankRuntime:
         self.num_events = 0  # messages in, tasks started and ended: the watchdogs' progress count
         self._control_handlers: list[Callable[[Message], None]] = []
         self.running_task: Task | None = None
+        self._task_start = 0.0
+
+    def _notice_targets(self) -> dict[tuple[int, Kind], tuple[int, int, int]]:
+        """(chunk, kind) -> (peer rank, peer's stage, tag bit) for the tasks whose output feeds
+        a task on another rank: F downstream, B (input gradient) upstream."""
+        out = {}
+        rank_of = self.placement.rank_of
+        for chunk, stage in enumerate(self.stages):
+            if stage + 1 < self.num_stages and rank_of(stage + 1) != self.rank:
+                out[(chunk, Kind.F)] = (rank_of(stage + 1), stage + 1, 0)
+            if stage > 0 and rank_of(stage - 1) != self.rank:
+                out[(chunk, Kind.B)] = (rank_of(stage - 1), stage - 1, _B_NOTICE)
+        return out
 
     # -- per-step state -------------------------------------------------------------------
     def _reset(self, step: int, inputs: Sequence[Any] | None, targets: Sequence[Any] | None
@@ -118,7 +159,10 @@ class RankRuntime:
         ready = ReadySet(
             self.hint.priority(self.rank), cap=self.cap, num_chunks=n_chunks,
             split_backward=self.split_backward,
-            strict_order=self.hint.strict_order(self.rank) if self.mode == "strict" else None)
+            strict_order=self.hint.strict_order(self.rank) if self.mode == "strict" else None,
+            reserve_order=self.hint.strict_order(self.rank) if self.forecast else None,
+            reserve_peak=self._hint_peak,
+            fits=self.forecast.fits if self.forecast else None)
         self._ready: ReadyQueue = ready
         if self.coordinator is not None:
             self._ready = self.coordinator.wrap(ready, step=step, mode=self.mode,
@@ -131,6 +175,8 @@ class RankRuntime:
         self._loss: Any = None
         self._report = StepReport(step, num_ranks=self.placement.num_ranks)
         self._now = clock_of(asyncio.get_running_loop())
+        if self.forecast is not None:
+            self.forecast.new_step(self._now)
         self._report.start = self._now()
         self._active = True
         if self.stages[0] == 0:
@@ -161,6 +207,9 @@ class RankRuntime:
         self._control_handlers.append(handler)
 
     def _deliver(self, msg: Message) -> None:
+        if msg.kind is MessageKind.NOTICE:
+            self._notice(msg)
+            return
         if msg.kind is MessageKind.CONTROL and self._control_handlers:
             for handler in self._control_handlers:  # not progress of the step
                 handler(msg)
@@ -181,6 +230,21 @@ class RankRuntime:
                     f"{self.step_index + 1}", got=msg.describe())
         except AioreadyError as exc:
             self.fail(exc)
+
+    def _notice(self, msg: Message) -> None:
+        """A peer started the task that feeds one of ours. Advisory: a notice for a step this
+        rank is not running (a late one after the message itself, an early one) is dropped."""
+        if self.forecast is None or not self._active or msg.step != self.step_index:
+            return
+        if msg.stage not in self.stages or not 0 <= msg.microbatch < self.num_microbatches:
+            self.fail(ProtocolError("notice for a task this rank does not hold", rank=self.rank,
+                                    step=msg.step, expected=f"stages {list(self.stages)}",
+                                    got=msg.describe()))
+            return
+        kind = Kind.B if msg.tag & _B_NOTICE else Kind.F
+        task = Task(kind, msg.microbatch, self.stages.index(msg.stage))
+        if self._missing.get(task, 0) > 0:
+            self.forecast.notice(task, decode_duration(msg.tag & ~_B_NOTICE))
 
     def fail(self, exc: BaseException) -> None:
         """Stop the running step with `exc` (from a message handler or a watchdog)."""
@@ -211,6 +275,10 @@ class RankRuntime:
             raise ProtocolError("duplicate message", rank=self.rank, step=msg.step,
                                 task=task, expected="one message per task", got=msg.describe())
         store[key] = msg.tensors
+        if self.forecast is not None:
+            self.forecast.arrived(task)
+            if msg.kind is MessageKind.ACTIVATION and msg.tag:
+                self.forecast.carry(msg.microbatch, msg.tag / COST_UNIT)
         self._satisfy(task)
 
     # -- the step -------------------------------------------------------------------------
@@ -252,19 +320,49 @@ class RankRuntime:
         stage = self.stages[task.chunk]
         info = TaskInfo(self.step_index, self.rank, stage, task.chunk, task.microbatch,
                         task.kind)
+        forecast = self.forecast
+        if forecast is not None:
+            self._announce(task)
         start = self._now()
         self.num_events += 1
         self.running_task = task
+        self._task_start = start
         await self._handlers[task.kind](task, stage, info)
         self.running_task = None
         self.num_events += 1
         end = self._now()
+        if forecast is not None and task.kind is not Kind.F:
+            forecast.observe(task, end - start)
         self._report.spans.append(Span(self.rank, stage, task.chunk, task.microbatch, task.kind,
                                        self._ready_at.pop(task, start), start, end))
         self._ready.done(task)
         heir = self._needs.unblocks.get(task)
         if heir is not None:
             self._satisfy(heir)
+
+    def _announce(self, task: Task) -> None:
+        """Tell the rank this task feeds that it starts now, with its expected duration."""
+        target = self._notify.get((task.chunk, task.kind))
+        if target is None:
+            return
+        duration = self.forecast.estimate(task)  # type: ignore[union-attr]
+        if duration is None:
+            return
+        peer, stage, bit = target
+        tag = min(encode_duration(duration), _B_NOTICE - 1) | bit
+        self.transport.send_nowait(peer, Message(self.step_index, MessageKind.NOTICE, stage,
+                                                 task.microbatch, (), tag))
+
+    def _measure_forward(self, task: Task) -> int:
+        """Record a forward's duration; return the cost factor its activation carries on."""
+        forecast = self.forecast
+        if forecast is None:
+            return 0
+        duration = self._now() - self._task_start
+        forecast.observe(task, duration)
+        factor = forecast.cost_factor(task, duration)
+        forecast.carry(task.microbatch, factor)
+        return min(2**32 - 1, max(1, round(factor * COST_UNIT)))
 
     def _fn(self, chunk: int, name: str) -> Callable[..., Any]:
         if self.executors is None:
@@ -277,11 +375,12 @@ class RankRuntime:
         target = self._targets[task.microbatch] if last and self._targets is not None else None
         out = await self.device.run(info, partial(self._fn(task.chunk, "forward"),
                                                   task.microbatch, inputs, target))
+        factor = self._measure_forward(task)
         if last:
             if out:
                 self._loss = out[0] if self._loss is None else self._loss + out[0]
         else:
-            self._send(MessageKind.ACTIVATION, stage + 1, task.microbatch, out)
+            self._send(MessageKind.ACTIVATION, stage + 1, task.microbatch, out, factor)
 
     async def _run_b(self, task: Task, stage: int, info: TaskInfo) -> None:
         grads = self._grads.pop((task.chunk, task.microbatch), None)
@@ -295,8 +394,9 @@ class RankRuntime:
         await self.device.run(info, partial(self._fn(task.chunk, "backward_weight"),
                                             task.microbatch))
 
-    def _send(self, kind: MessageKind, stage: int, mb: int, tensors: tuple[Any, ...]) -> None:
-        msg = Message(self.step_index, kind, stage, mb, tuple(tensors or ()))
+    def _send(self, kind: MessageKind, stage: int, mb: int, tensors: tuple[Any, ...],
+              tag: int = 0) -> None:
+        msg = Message(self.step_index, kind, stage, mb, tuple(tensors or ()), tag)
         self.transport.send_nowait(self.placement.rank_of(stage), msg)
 
     # -- introspection --------------------------------------------------------------------

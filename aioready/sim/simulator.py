@@ -71,6 +71,8 @@ class SimResult:
     per_step: tuple[StepStats, ...]
     num_tasks: int
     num_messages: int
+    num_notices: int = 0
+    """header-only forecast notices of the reserving policy (forecast.py), beside num_messages"""
     wall_s: float = field(default=0.0, compare=False)
     """real seconds the simulation took (not part of to_json: it is not deterministic)"""
 
@@ -120,7 +122,7 @@ class SimResult:
             "lower_bound": value("lower_bound"), "efficiency": value("efficiency"),
             "busy_fraction": list(self.busy_fraction), "bubble_fraction": self.bubble_fraction,
             "peak_in_flight": list(self.peak_in_flight), "num_tasks": self.num_tasks,
-            "num_messages": self.num_messages,
+            "num_messages": self.num_messages, "num_notices": self.num_notices,
             "per_step": [asdict(s) for s in self.per_step] if several else None,
         }
 
@@ -196,7 +198,7 @@ def simulate(*, stages: int, microbatches: int, hint: str | HintOrder = "1f1b",
              trace: str | Path | Trace | None = None,
              cap: CapSpec = None, split_backward: bool = False,
              steps: int = 1, ranks: int | None = None,
-             base: BaseDurations | None = None) -> SimResult:
+             base: BaseDurations | None = None, policy: str = "reserve") -> SimResult:
     """Simulate `steps` steps of a pipeline with the real runtime on a virtual clock.
 
     Durations come from `trace` (a CSV path or a Trace; `jitter` may then add only comm terms)
@@ -224,7 +226,8 @@ def simulate(*, stages: int, microbatches: int, hint: str | HintOrder = "1f1b",
     device = SimDevice(device_duration(durations, scale=1.0), run_compute=False)
     caps = resolve_caps(cap, order)
     runtimes = [RankRuntime(rank=r, hint=order, mode=mode, cap=caps[r], executors=None,
-                            device=device, transport=world.endpoints[r])
+                            device=device, transport=world.endpoints[r], policy=policy,
+                            caps=caps)
                 for r in range(order.num_ranks)]
     began = time.perf_counter()
     _run_blocking(_run_steps(runtimes, steps))
@@ -238,4 +241,4 @@ def simulate(*, stages: int, microbatches: int, hint: str | HintOrder = "1f1b",
         trace=source, split_backward=split_backward,
         cap=tuple(rt.cap for rt in runtimes), per_step=per_step,
         num_tasks=sum(len(rt.reports[0].spans) for rt in runtimes) * steps,
-        num_messages=world.num_messages, wall_s=wall)
+        num_messages=world.num_messages, num_notices=world.num_notices, wall_s=wall)

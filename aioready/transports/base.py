@@ -20,6 +20,7 @@ class MessageKind(enum.IntEnum):
     GRADIENT = 1  # input gradient of B(s+1, m), for B(s, m)
     DECISION = 2  # a tensor-parallel leader's choice
     CONTROL = 3  # errors, heartbeats, telemetry gathering
+    NOTICE = 4  # "I started the task that feeds yours" (forecast.py): advisory, header only
 
 
 @dataclass(frozen=True, slots=True)

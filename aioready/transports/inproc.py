@@ -13,7 +13,7 @@ import asyncio
 from typing import Callable
 
 from ..errors import ConfigError, ProtocolError
-from .base import Deliver, Message, OnFailure
+from .base import Deliver, Message, MessageKind, OnFailure
 
 __all__ = ["InprocWorld", "InprocTransport"]
 
@@ -40,6 +40,7 @@ class InprocWorld:
         self._on_failure: list[OnFailure | None] = [None] * world_size
         self.endpoints = [InprocTransport(self, r) for r in range(world_size)]
         self.num_messages = 0
+        self.num_notices = 0  # forecast notices, counted apart from the step's data messages
 
     def endpoint(self, rank: int) -> "InprocTransport":
         return self.endpoints[rank]
@@ -78,7 +79,10 @@ class InprocTransport:
                                 rank=self._rank)
         loop = asyncio.get_running_loop()
         self.num_sent += 1
-        self._world.num_messages += 1
+        if msg.kind is MessageKind.NOTICE:
+            self._world.num_notices += 1
+        else:
+            self._world.num_messages += 1
         if self._world.drop is not None and self._world.drop(self._rank, dest, msg):
             self._world.num_dropped += 1
             return

@@ -1,0 +1,109 @@
+"""Forecast: when may a rank run another task first without delaying the task its hint names?
+
+Greedy readiness is non-preemptive: a task that starts a moment before the hint's next task
+becomes ready delays it by its whole duration, and that task is usually on the critical path
+(docs/policy.md "Why greedy loses at the hint's own cap"). ReadySet therefore reserves the device
+for the hint's next task and lets another ready task *backfill* only when this forecast says it
+ends before the reserved task can start, the rule of EASY backfilling in batch schedulers.
+
+What a rank knows, and all it uses:
+- its own durations, as a running mean per (chunk, kind) kept across steps, scaled by the
+  microbatch's cost factor when its activation carried one (a microbatch that was slow upstream
+  is slow here too: multimodal batches);
+- notices: a peer that starts the task feeding one of ours (the F upstream, the B downstream)
+  says so with its expected duration, so the reserved task's arrival is predicted, not guessed;
+- before any notice: the reserved task's feeder has not started, so its message cannot arrive
+  before `now + the feeder's duration`.
+Without an estimate (the very first tasks) nothing backfills: the rank behaves as strict.
+The forecast is advisory: a wrong one costs time, never correctness or liveness.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from .tasks import Kind, Task
+
+__all__ = ["Forecast", "encode_duration", "decode_duration", "COST_UNIT"]
+
+COST_UNIT = 1024
+"""A microbatch's cost factor travels as an integer: factor * COST_UNIT (1024 = average)."""
+
+MAX_FACTOR = 16.0
+"""A microbatch is taken as at most this many times slower or faster than the mean."""
+_TICKS = 1e6  # a duration in a notice's tag: millionths of the clock's unit, saturating at 2^32
+_MAX_TAG = 2**32 - 1
+
+
+def encode_duration(seconds: float) -> int:
+    """A duration in clock units as a notice's tag (millionths of a unit, saturated)."""
+    return min(_MAX_TAG, max(0, int(seconds * _TICKS)))
+
+
+def decode_duration(tag: int) -> float:
+    return tag / _TICKS
+
+
+class Forecast:
+    """Duration estimates and notices of one rank; `fits(c, h)` is the backfill test."""
+
+    __slots__ = ("_now", "_sum", "_count", "_expected", "_factor")
+
+    def __init__(self) -> None:
+        self._now: Callable[[], float] = lambda: 0.0
+        self._sum: dict[tuple[int, Kind], float] = {}
+        self._count: dict[tuple[int, Kind], int] = {}
+        self._expected: dict[Task, float] = {}  # task -> when its message is expected
+        self._factor: dict[int, float] = {}  # microbatch -> cost factor carried by messages
+
+    def new_step(self, now: Callable[[], float]) -> None:
+        """Forget the last step's notices and cost factors; keep the duration means."""
+        self._now = now
+        self._expected.clear()
+        self._factor.clear()
+
+    def mean(self, chunk: int, kind: Kind) -> float | None:
+        n = self._count.get((chunk, kind))
+        return None if not n else self._sum[(chunk, kind)] / n
+
+    def estimate(self, task: Task) -> float | None:
+        """This rank's expected duration of `task`, or None before one of its kind ran."""
+        mean = self.mean(task.chunk, task.kind)
+        if mean is None:
+            return None
+        return mean * self._factor.get(task.microbatch, 1.0)
+
+    def cost_factor(self, task: Task, duration: float) -> float:
+        """How much slower than this rank's mean `task` ran (what its messages carry on)."""
+        mean = self.mean(task.chunk, task.kind)
+        if not mean or duration <= 0:
+            return 1.0
+        return min(MAX_FACTOR, max(1 / MAX_FACTOR, duration / mean))
+
+    def observe(self, task: Task, duration: float) -> None:
+        """A task of this rank ended after `duration` (clock units)."""
+        key = (task.chunk, task.kind)
+        x = duration / self._factor.get(task.microbatch, 1.0)
+        self._sum[key] = self._sum.get(key, 0.0) + x
+        self._count[key] = self._count.get(key, 0) + 1
+
+    def carry(self, microbatch: int, factor: float) -> None:
+        """A message said how costly `microbatch` was upstream (clamped: it is a peer's word)."""
+        self._factor[microbatch] = min(MAX_FACTOR, max(1 / MAX_FACTOR, factor))
+
+    def notice(self, task: Task, duration: float) -> None:
+        """The feeder of our `task` started now and takes about `duration`."""
+        self._expected[task] = self._now() + duration
+
+    def arrived(self, task: Task) -> None:
+        self._expected.pop(task, None)
+
+    def fits(self, candidate: Task, reserved: Task) -> bool:
+        """Whether `candidate`, started now, is predicted to end before `reserved` (not ready:
+        its message has not arrived) can start. Without a notice the feeder has not started,
+        and the hint's next task of its rank is another: the reserved task is not near."""
+        duration = self.estimate(candidate)
+        if duration is None:
+            return False
+        expected = self._expected.get(reserved)
+        return expected is None or self._now() + duration <= expected

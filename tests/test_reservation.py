@@ -1,0 +1,149 @@
+"""The reserving ready-mode policy: the hint's next task keeps its place, another ready task
+backfills only when the forecast says it ends in time, entry forwards run ahead only within the
+memory above the hint's peak, and the reservation is used only where it cannot deadlock."""
+
+from __future__ import annotations
+
+import pytest
+
+from aioready.forecast import COST_UNIT, MAX_FACTOR, Forecast, decode_duration, encode_duration
+from aioready.hints import HintOrder
+from aioready.ready_set import ReadySet
+from aioready.runtime.rank import reservation_holds
+from aioready.schedulers import HINTS, make_hint
+from aioready.sim.simulator import simulate
+from aioready.tasks import Kind, Task
+
+
+def tasks(text: str) -> list[Task]:
+    return [Task.parse(word) for word in text.split()]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def reserving(order: str, *, cap: int, peak: int, fits: bool | None = None,
+              forecast: Forecast | None = None) -> ReadySet:
+    ranked = tasks(order)
+    judge = forecast.fits if forecast is not None else (lambda c, r: bool(fits))
+    return ReadySet({t: i for i, t in enumerate(ranked)}, cap=cap, num_chunks=1,
+                    split_backward=False, reserve_order=ranked, reserve_peak=peak, fits=judge)
+
+
+def test_the_reserved_task_waits_for_a_candidate_that_does_not_fit() -> None:
+    rs = reserving("F0 F1 B0 F2 B1 B2", cap=3, peak=3, fits=False)
+    rs.push(Task.parse("F0"))
+    assert rs.pop_nowait() == Task.parse("F0")
+    rs.push(Task.parse("B0"))  # F1 (reserved) has not arrived: B0 would delay it
+    assert rs.pop_nowait() is None and rs.reserved == Task.parse("F1")
+    rs.push(Task.parse("F1"))
+    assert rs.pop_nowait() == Task.parse("F1")
+    assert rs.pop_nowait() == Task.parse("B0")  # now the reserved one itself
+
+
+def test_a_candidate_that_fits_runs_before_the_reserved_task() -> None:
+    rs = reserving("F0 F1 B0 F2 B1 B2", cap=3, peak=3, fits=True)
+    rs.push(Task.parse("F0"))
+    rs.pop_nowait()
+    rs.push(Task.parse("B0"))
+    assert rs.pop_nowait() == Task.parse("B0")  # backfilled
+    rs.push(Task.parse("F1"))
+    assert rs.pop_nowait() == Task.parse("F1") and rs.reserved == Task.parse("F2")
+
+
+def test_entry_forwards_run_ahead_only_within_the_room_above_the_peak() -> None:
+    order = "F0 B0 F1 B1 F2 B2 F3 B3"
+    at_peak = reserving(order, cap=1, peak=1, fits=False)
+    above = reserving(order, cap=2, peak=1, fits=False)
+    for rs in (at_peak, above):
+        for t in tasks("F0 F1 F2"):
+            rs.push(t)
+        assert rs.pop_nowait() == Task.parse("F0")
+    assert at_peak.pop_nowait() is None  # F1 waits for B0 (cap 1)
+    assert above.pop_nowait() == Task.parse("F1")  # one microbatch ahead: the extra memory
+    assert above.pop_nowait() is None  # F2 would be a second one ahead: no room
+    assert above.in_flight == 2 <= above.cap
+
+
+def test_a_gated_reserved_task_lets_the_backward_that_frees_memory_run() -> None:
+    rs = reserving("F0 F1 B0 B1", cap=1, peak=1, fits=False)
+    rs.push(Task.parse("F0"))
+    rs.pop_nowait()
+    rs.push(Task.parse("F1"))  # reserved, ready, but the cap is reached
+    rs.push(Task.parse("B0"))
+    assert rs.pop_nowait() == Task.parse("B0")
+
+
+def test_the_forecast_backfills_only_what_ends_before_the_announced_arrival() -> None:
+    clock = Clock()
+    fc = Forecast()
+    fc.new_step(clock)
+    b0, f1 = Task.parse("B0"), Task.parse("F1")
+    assert not fc.fits(b0, f1)  # no estimate yet: behave as strict
+    fc.observe(b0, 2.0)
+    assert fc.fits(b0, f1)  # the feeder of F1 has not started: F1 is not near
+    fc.notice(f1, 1.5)  # it started now and takes 1.5
+    assert not fc.fits(b0, f1)
+    fc.notice(f1, 3.0)
+    assert fc.fits(b0, f1)
+    clock.t = 1.5
+    assert not fc.fits(b0, f1)  # 1.5 + 2 > 3
+    fc.arrived(f1)
+    assert fc.fits(b0, f1)
+
+
+def test_a_costly_microbatch_is_expected_to_stay_costly() -> None:
+    fc = Forecast()
+    fc.new_step(Clock())
+    f0, f1 = Task.parse("F0"), Task.parse("F1")
+    fc.observe(f0, 1.0)
+    fc.carry(1, 3.0)  # upstream: microbatch 1 took three times the mean
+    assert fc.estimate(f1) == pytest.approx(3.0) and fc.estimate(f0) == pytest.approx(1.0)
+    fc.observe(f1, 3.0)  # normalised by its factor: the mean stays 1
+    assert fc.mean(0, Kind.F) == pytest.approx(1.0)
+    assert fc.cost_factor(f1, 1e9) == MAX_FACTOR
+    fc.carry(2, 1e12)  # a peer's word is clamped
+    assert fc.estimate(Task.parse("F2")) == pytest.approx(MAX_FACTOR)
+    assert decode_duration(encode_duration(0.25)) == pytest.approx(0.25)
+    assert encode_duration(1e30) == 2**32 - 1 and encode_duration(-1) == 0
+    assert COST_UNIT == 1024
+
+
+@pytest.mark.parametrize("name", sorted(HINTS))
+def test_every_hint_of_the_library_runs_to_completion(name: str) -> None:
+    spec = HINTS[name]
+    split = bool(spec.needs_split)
+    hint = make_hint(name, num_stages=4 * spec.chunks, num_microbatches=8, split_backward=split)
+    assert hint.runs_to_completion()
+    assert reservation_holds(hint, list(hint.default_caps))
+    below = [max(1, c - 1) for c in hint.default_caps]
+    assert not reservation_holds(hint, below) or below == list(hint.default_caps)
+
+
+def test_orders_that_cannot_complete_are_not_reserved_for() -> None:
+    good = make_hint("1f1b", num_stages=2, num_microbatches=2)
+    local = HintOrder("local", good.placement, 2, False, (good.orders[0], tuple(tasks(
+        "B0 F0 F1 B1"))))
+    # rank 0 waits for B0 before it sends F1, rank 1 waits for F1 before it runs B0
+    cycle = HintOrder("cycle", good.placement, 2, False, (tuple(tasks("F0 B0 F1 B1")),
+                                                         tuple(tasks("F0 F1 B0 B1"))))
+    for hint in (local, cycle):
+        assert not hint.runs_to_completion()
+        assert not reservation_holds(hint, [2, 2])
+        result = simulate(stages=2, microbatches=2, hint=hint, mode="ready", steps=2)
+        assert result.num_notices == 0 and result.step_time > 0  # greedy, and it completes
+
+
+def test_the_simulator_uses_the_reservation_by_default() -> None:
+    kw = dict(stages=4, microbatches=8, jitter="lognormal:0.5", seed=3, steps=2)
+    reserve = simulate(**kw)  # type: ignore[arg-type]
+    greedy = simulate(policy="greedy", **kw)  # type: ignore[arg-type]
+    assert reserve.num_notices > 0 and greedy.num_notices == 0
+    assert reserve.num_tasks == greedy.num_tasks and reserve.num_messages == greedy.num_messages
+    with pytest.raises(Exception, match="policy"):
+        simulate(policy="eager", **kw)  # type: ignore[arg-type]
