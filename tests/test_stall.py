@@ -33,7 +33,7 @@ def _drop_grad_b3_stage1(src: int, dest: int, msg: object) -> bool:
 
 
 def test_lost_message_stops_with_dump() -> None:
-    pipe = _sim_pipe(stall_timeout=5.0)
+    pipe = _sim_pipe(stall_timeout=5.0, policy="greedy")
     pipe.runtimes[0].transport.world.drop = _drop_grad_b3_stage1  # type: ignore[attr-defined]
 
     async def main() -> None:
@@ -48,6 +48,22 @@ def test_lost_message_stops_with_dump() -> None:
     assert "rank 2: idle after step 0" in text and "rank 3: idle after step 0" in text
     assert "hint position" in text and "in flight" in text
     assert pipe.stall_watchdog is not None and pipe.stall_watchdog.last_dump
+
+
+def test_lost_message_under_the_reservation_names_the_task_held_for() -> None:
+    """The default policy keeps rank 1's device for B3 (the hint's next task): B4 and B5 wait,
+    so rank 2 does not finish either; the dump says what each rank holds out for."""
+    pipe = _sim_pipe(stall_timeout=5.0)
+    pipe.runtimes[0].transport.world.drop = _drop_grad_b3_stage1  # type: ignore[attr-defined]
+
+    async def main() -> None:
+        await pipe.step()
+    with pytest.raises(StallError) as info:
+        run_virtual(main())
+    text = str(info.value)
+    assert "rank 1 step 0" in text and "'B3<-rank 2'" in text
+    rank1 = next(line for line in text.splitlines() if line.startswith("rank 1 step 0"))
+    assert "reserved for B3" in rank1 and "'B4'" in rank1 and "'B5'" in rank1
     assert not any(rt._active for rt in pipe.runtimes)
 
 

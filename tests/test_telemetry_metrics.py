@@ -19,6 +19,7 @@ from aioready.telemetry.bounds import lower_bound
 from aioready.telemetry.instruments import InstrumentedDevice, Instruments, instrument_pipeline
 from aioready.telemetry.metrics import peak_in_flight, step_metrics
 from aioready.telemetry.spans import StepReport, spans_from_array, spans_to_array
+from aioready.transports.base import MessageKind
 
 
 def run_steps(hint: str, mode: str, duration, *, split: bool = False, steps: int = 1,
@@ -109,6 +110,7 @@ class Recorder:
         self.before = 0
         self.after: list[tuple[TaskInfo, float, float]] = []
         self.sent = 0
+        self.notices = 0
 
     def before_task(self, info: TaskInfo) -> None:
         self.before += 1
@@ -117,7 +119,10 @@ class Recorder:
         self.after.append((info, start, end))
 
     def message_sent(self, rank: int, dest: int, msg, nbytes: int) -> None:
-        self.sent += 1
+        if msg.kind is MessageKind.NOTICE:
+            self.notices += 1
+        else:
+            self.sent += 1
 
 
 class Broken:
@@ -132,6 +137,7 @@ def test_instruments_see_every_task_and_message(caplog: pytest.LogCaptureFixture
         (rep,) = run_steps("1f1b", "ready", fixed(1.0, 2.0), instruments=inst)
     assert rec.before == len(rec.after) == len(rep.spans) == 64
     assert rec.sent == 2 * 8 * 3  # activations and gradients across 3 boundaries
+    assert 0 < rec.notices <= rec.sent  # the reservation's notices: at most one per message
     # the broken instrument was removed after its first failure, and logged once
     assert [r for r in caplog.records if "instrument bug" in (r.exc_text or "")]
     assert len([r for r in caplog.records if r.levelno == logging.ERROR]) == 1

@@ -427,8 +427,15 @@ class RankRuntime:
                 f"{self._ready.in_flight}/{self.cap} microbatches "
                 f"{self._ready.in_flight_microbatches}, done {len(done)}/{len(self._missing)}, "
                 f"hint position {pos}/{len(order)} (next {order[pos] if pos < len(order) else '-'}"
-                f", strict next {self._ready.next_in_order}), pending receives {len(recv)} "
+                f", {self._holds()}), pending receives {len(recv)} "
                 f"{recv[:8]}, waiting on {len(waiting)} tasks (first {waiting[:6]})")
+
+    def _holds(self) -> str:
+        """What the queue holds the device for: the strict next task, or the reserved one."""
+        reserved = getattr(self._ready, "reserved", None)
+        if reserved is not None:
+            return f"reserved for {reserved}"
+        return f"strict next {self._ready.next_in_order}"
 
     def __repr__(self) -> str:
         return f"<RankRuntime rank={self.rank} mode={self.mode} cap={self.cap} stages={self.stages}>"

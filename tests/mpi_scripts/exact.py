@@ -80,7 +80,8 @@ async def out_of_order(comm, seed: int) -> None:
     order = ""
     if rank == 0:
         grads: dict[int, tuple] = {}
-        transport.open(lambda msg: grads.__setitem__(msg.microbatch, msg.tensors))
+        transport.open(lambda msg: msg.kind is MessageKind.GRADIENT
+                       and grads.__setitem__(msg.microbatch, msg.tensors))
         outs = {m: full[0](xs[m]) for m in range(M)}
         for m in (3, 2, 1, 0):
             transport.send_nowait(1, Message(0, MessageKind.ACTIVATION, 1, m,
@@ -93,8 +94,10 @@ async def out_of_order(comm, seed: int) -> None:
         for m in range(M):
             outs[m].backward(grads[m][0])
     else:
+        # greedy: first arrival first; the reserving default would hold the device for F0
+        # (the 1F1B order's next task) at the last stage's cap of one microbatch
         pipe = Pipeline([full[1]], mse_loss, microbatches=M, hint="1f1b", mode="ready",
-                        transport=transport)
+                        transport=transport, policy="greedy")
         await pipe.step(None, ys)
         pipe.close()
         spans = sorted((s for s in pipe.last_step.spans if s.kind.name == "F"),
