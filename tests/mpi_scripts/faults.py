@@ -9,6 +9,8 @@ exist (unexpected), or the right messages (none: the control run, which must suc
 import asyncio
 import sys
 
+from mpi4py import MPI
+
 from aioready.launch import run, say
 from aioready.runtime.pipeline import Pipeline
 from aioready.transports.base import Message, MessageKind

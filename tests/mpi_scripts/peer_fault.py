@@ -8,6 +8,7 @@ The victim injects it in its forward of microbatch 1 of step STEP, after printin
 aioready.launch aborts the job.
 """
 
+import asyncio
 import os
 import signal
 import sys
