@@ -11,9 +11,11 @@ What a rank knows, and all it uses:
   microbatch's cost factor when its activation carried one (a microbatch that was slow upstream
   is slow here too: multimodal batches);
 - notices: a peer that starts the task feeding one of ours (the F upstream, the B downstream)
-  says so with its expected duration, so the reserved task's arrival is predicted, not guessed;
+  says so with its expected duration less half a standard deviation (the early side), so the
+  reserved task's arrival is predicted, not guessed;
 - before any notice: the reserved task's feeder has not started, so its message cannot arrive
   before `now + the feeder's duration`.
+A candidate must end by then with one standard deviation of its duration to spare (`margin`).
 Without an estimate (the very first tasks) nothing backfills: the rank behaves as strict.
 The forecast is advisory: a wrong one costs time, never correctness or liveness.
 """
@@ -47,12 +49,14 @@ def decode_duration(tag: int) -> float:
 class Forecast:
     """Duration estimates and notices of one rank; `fits(c, h)` is the backfill test."""
 
-    __slots__ = ("_now", "_sum", "_count", "_expected", "_factor")
+    __slots__ = ("_now", "_sum", "_sq", "_count", "_feeder", "_expected", "_factor")
 
     def __init__(self) -> None:
         self._now: Callable[[], float] = lambda: 0.0
         self._sum: dict[tuple[int, Kind], float] = {}
+        self._sq: dict[tuple[int, Kind], float] = {}
         self._count: dict[tuple[int, Kind], int] = {}
+        self._feeder: dict[tuple[int, Kind], float] = {}  # the last duration a feeder announced
         self._expected: dict[Task, float] = {}  # task -> when its message is expected
         self._factor: dict[int, float] = {}  # microbatch -> cost factor carried by messages
 
@@ -85,6 +89,7 @@ class Forecast:
         key = (task.chunk, task.kind)
         x = duration / self._factor.get(task.microbatch, 1.0)
         self._sum[key] = self._sum.get(key, 0.0) + x
+        self._sq[key] = self._sq.get(key, 0.0) + x * x
         self._count[key] = self._count.get(key, 0) + 1
 
     def carry(self, microbatch: int, factor: float) -> None:
@@ -93,17 +98,42 @@ class Forecast:
 
     def notice(self, task: Task, duration: float) -> None:
         """The feeder of our `task` started now and takes about `duration`."""
+        self._feeder[(task.chunk, task.kind)] = duration
         self._expected[task] = self._now() + duration
 
     def arrived(self, task: Task) -> None:
         self._expected.pop(task, None)
 
+    def margin(self, task: Task) -> float:
+        """One standard deviation of `task`'s duration: a backfill must end in time with room
+        for an ordinary overrun (jitter of 50 % is common), not just on average."""
+        key = (task.chunk, task.kind)
+        n = self._count.get(key)
+        if not n:
+            return 0.0
+        mean = self._sum[key] / n
+        return max(0.0, self._sq[key] / n - mean * mean) ** 0.5 * self._factor.get(
+            task.microbatch, 1.0)
+
+    def earliest_arrival(self, task: Task) -> float | None:
+        """When `task`'s message may arrive at the earliest: as announced, or, before any
+        notice, one feeder duration from now (its feeder cannot have started yet)."""
+        expected = self._expected.get(task)
+        if expected is not None:
+            return expected
+        feeder = self._feeder.get((task.chunk, task.kind))
+        if feeder is None:
+            feeder = self.mean(task.chunk, task.kind)
+            if feeder is None:
+                return None
+            feeder *= self._factor.get(task.microbatch, 1.0)
+        return self._now() + feeder
+
     def fits(self, candidate: Task, reserved: Task) -> bool:
-        """Whether `candidate`, started now, is predicted to end before `reserved` (not ready:
-        its message has not arrived) can start. Without a notice the feeder has not started,
-        and the hint's next task of its rank is another: the reserved task is not near."""
+        """Whether `candidate`, started now, is predicted to end (with its margin) before
+        `reserved` (not ready: its message has not arrived) can start."""
         duration = self.estimate(candidate)
-        if duration is None:
+        arrival = self.earliest_arrival(reserved)
+        if duration is None or arrival is None:
             return False
-        expected = self._expected.get(reserved)
-        return expected is None or self._now() + duration <= expected
+        return self._now() + duration + self.margin(candidate) <= arrival

@@ -86,7 +86,9 @@ def test_the_forecast_backfills_only_what_ends_before_the_announced_arrival() ->
     b0, f1 = Task.parse("B0"), Task.parse("F1")
     assert not fc.fits(b0, f1)  # no estimate yet: behave as strict
     fc.observe(b0, 2.0)
-    assert fc.fits(b0, f1)  # the feeder of F1 has not started: F1 is not near
+    assert not fc.fits(b0, f1)  # no idea yet how long F1's feeder takes
+    fc.observe(Task.parse("F0"), 3.0)
+    assert fc.fits(b0, f1)  # no notice: its feeder has not started, F1 is >= 3 away
     fc.notice(f1, 1.5)  # it started now and takes 1.5
     assert not fc.fits(b0, f1)
     fc.notice(f1, 3.0)
@@ -94,6 +96,19 @@ def test_the_forecast_backfills_only_what_ends_before_the_announced_arrival() ->
     clock.t = 1.5
     assert not fc.fits(b0, f1)  # 1.5 + 2 > 3
     fc.arrived(f1)
+    assert fc.fits(b0, f1)  # back to "not started": now + 3
+
+
+def test_a_backfill_keeps_a_margin_of_one_standard_deviation() -> None:
+    fc = Forecast()
+    fc.new_step(Clock())
+    b0, f1 = Task.parse("B0"), Task.parse("F1")
+    for d in (1.0, 3.0):  # mean 2, standard deviation 1
+        fc.observe(b0, d)
+    assert fc.margin(b0) == pytest.approx(1.0)
+    fc.notice(f1, 2.5)
+    assert not fc.fits(b0, f1)  # 2 + 1 > 2.5, though 2 alone would fit
+    fc.notice(f1, 3.0)
     assert fc.fits(b0, f1)
 
 

@@ -345,9 +345,12 @@ class RankRuntime:
         target = self._notify.get((task.chunk, task.kind))
         if target is None:
             return
-        duration = self.forecast.estimate(task)  # type: ignore[union-attr]
+        forecast = self.forecast
+        duration = forecast.estimate(task)  # type: ignore[union-attr]
         if duration is None:
             return
+        # the early side of its estimate: a feeder that runs short must not find us busy
+        duration = max(0.0, duration - forecast.margin(task) / 2)  # type: ignore[union-attr]
         peer, stage, bit = target
         tag = min(encode_duration(duration), _B_NOTICE - 1) | bit
         self.transport.send_nowait(peer, Message(self.step_index, MessageKind.NOTICE, stage,
