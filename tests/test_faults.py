@@ -108,3 +108,41 @@ async def test_heartbeats_name_their_sender_through_the_transport() -> None:
     assert all((m.tag, m.stage, m.microbatch, m.tensors) == (HEARTBEAT, 0, 0, ()) for m in seen)
     for p in pipes:
         p.close()
+
+
+@on_virtual_clock
+async def test_wait_outside_a_step_names_a_silent_peer() -> None:
+    """`Pipeline.watch`: a job-wide wait (here a barrier that never completes) ends with
+    PeerLostError naming the peer that stopped answering, a timeout after its last word,
+    and the other peers hear of it at once; before, only `step` had a timeout."""
+    world = InprocWorld(4)
+    pipes = _ranks(world, make_mlp_stages(4), peer_timeout=0.4, device="inline")
+    world.drop = lambda src, dst, msg: src == 1 or dst == 1
+    never = asyncio.get_running_loop().create_future()
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    results = await asyncio.wait_for(asyncio.gather(
+        *(p.watch(asyncio.shield(never), what="the start barrier")
+          for r, p in enumerate(pipes) if r != 1), return_exceptions=True), 30)
+    assert loop.time() - start == pytest.approx(0.4)
+    direct = [e for e in results if isinstance(e, PeerLostError) and not e.remote]
+    assert direct, results
+    for err in direct:
+        assert err.lost_rank == 1 and "during the start barrier" in str(err), err
+        assert "peer rank 1 of 4 sent nothing" in str(err)
+    assert all(isinstance(e, PeerLostError) for e in results), results
+    for p in pipes:
+        p.close()
+
+
+@on_virtual_clock
+async def test_long_wait_with_live_peers_blames_nobody() -> None:
+    world = InprocWorld(4)
+    pipes = _ranks(world, make_mlp_stages(4), peer_timeout=0.4, device="inline")
+    results = await asyncio.gather(*(p.watch(asyncio.sleep(2.0, r), what="a long gather")
+                                     for r, p in enumerate(pipes)), return_exceptions=True)
+    assert results == [0, 1, 2, 3]
+    results = await _step_all(pipes)  # and the pipelines still step afterwards
+    assert not any(isinstance(r, BaseException) for r in results), results
+    for p in pipes:
+        p.close()

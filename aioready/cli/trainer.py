@@ -10,6 +10,7 @@ exports happen.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import sys
 from dataclasses import dataclass, field
@@ -158,7 +159,8 @@ async def train(cfg: TrainConfig, *, comm: Any = None,
         start = resume(cfg.checkpoint_dir, pipe, opt)  # type: ignore[arg-type]
     if world > 1:
         from ..telemetry.gather import barrier
-        await barrier(comm)  # ranks built their models at different speeds: start together
+        # ranks built their models at different speeds: start together
+        await pipe.watch(barrier(comm), what="the start barrier")
     with _live_metrics(cfg, pipe, rank) as instruments:
         try:
             for step in range(start, cfg.steps):
@@ -168,8 +170,12 @@ async def train(cfg: TrainConfig, *, comm: Any = None,
                     opt.zero_grad(set_to_none=True)
                 if cfg.checkpoint_dir:
                     from ..runtime.checkpoint import save_checkpoint
-                    save_checkpoint(cfg.checkpoint_dir, pipe, opt)
-                report, loss_value = await _collect(pipe, comm if world > 1 else None, loss)
+                    # in a thread: the loop keeps beating, so a long write is not a lost rank
+                    await pipe.watch(asyncio.to_thread(save_checkpoint, cfg.checkpoint_dir,
+                                                       pipe, opt), what="a checkpoint write")
+                report, loss_value = await pipe.watch(
+                    _collect(pipe, comm if world > 1 else None, loss),
+                    what=f"the report gather of step {step}")
                 if instruments:
                     local = pipe.last_step
                     assert local is not None
@@ -183,14 +189,14 @@ async def train(cfg: TrainConfig, *, comm: Any = None,
                 result.losses.append(loss_value)
                 if on_step is not None:
                     on_step(step, metrics, loss_value)
+            overruns = sum(d.num_overruns for d in devices)
+            if world > 1:
+                from ..telemetry.gather import reduce_sum
+                overruns = await pipe.watch(reduce_sum(comm, overruns),
+                                            what="the final reduce") or 0
+                await pipe.watch(transport.close(), what="the transport's close")
         finally:
             pipe.close()
-            if transport is not None:
-                await transport.close()
-    overruns = sum(d.num_overruns for d in devices)
-    if world > 1:
-        from ..telemetry.gather import reduce_sum
-        overruns = await reduce_sum(comm, overruns) or 0
     result.overruns = overruns
     return result
 

@@ -12,6 +12,12 @@ Two ways a rank learns that a peer is gone, both without waking the arbiter:
   so a peer that finished its part of the step early and left is never blamed. A rank that died
   without a word (SIGKILL) or stopped answering (SIGSTOP, a hung driver) is thus detected in
   1x to 1.25x the timeout; under MPICH's mpiexec a killed rank usually takes the job down first.
+- Job-wide waits. Outside a step a rank also waits on its peers: the start barrier, the report
+  gather, the final reduce, a transport's close. `watch(awaitable, what)` runs such a wait under
+  the same timeout, against every peer (all take part in a collective): a peer silent for
+  `peer_timeout` ends it with PeerLostError naming the peer and the wait, and a peer's error
+  broadcast ends it at once. Heartbeats start with the first watch or step (`start`), so a rank
+  that stops before its first step is caught too.
 
 CONTROL messages carry their meaning in the header (tag: heartbeat or error kind) and an error's
 text as a uint8 tensor, never a pickle; who sent one is the message's `source`, which the
@@ -25,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from typing import Any
+from typing import Any, Awaitable, TypeVar
 
 from ..errors import PeerLostError, ProtocolError, StageError
 from ..transports.base import Message, MessageKind
@@ -40,6 +46,7 @@ MAX_ERROR_BYTES = 4096
 FLUSH_S = 1.0  # how long a failing rank waits for its error broadcast to leave
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class PeerMonitor:
@@ -58,9 +65,12 @@ class PeerMonitor:
         self._due = 0.0
         self._remote_error: BaseException | None = None
         self._broadcast_done = False
+        self.job_guard = StepGuard()  # runs the job-wide waits of `watch`
+        self._watching = ""
         runtime.add_control_handler(self._on_control)
         guard.on_start.append(self._arm)
         guard.on_error.append(self.broadcast_error)
+        self.job_guard.on_error.append(self.broadcast_error)
 
     # -- heartbeats and the peer timeout ---------------------------------------------------
     def _arm(self, step: int) -> None:
@@ -71,11 +81,42 @@ class PeerMonitor:
         self._broadcast_done = False
         if self.timeout is None:
             return
+        now = asyncio.get_running_loop().time()
+        self._last_seen = {r: now for r in self.peers}
+        self.start()
+
+    def start(self) -> None:
+        """Start the heartbeats (once, on the running loop): a beat now, then every quarter
+        timeout. Peers not heard from yet count as seen now."""
+        if self.timeout is None or self._handle is not None:
+            return
         loop = asyncio.get_running_loop()
         now = loop.time()
-        self._last_seen = {r: now for r in self.peers}
-        if self._handle is None:  # first beat a quarter timeout later, once peers are open
-            self._schedule(loop)
+        for r in self.peers:
+            self._last_seen.setdefault(r, now)
+        self._beat()
+        self._schedule(loop)
+
+    async def watch(self, awaitable: Awaitable[T], what: str) -> T:
+        """Await a job-wide wait (`what`: "the start barrier", ...) under the peer timeout,
+        against every peer; a peer's error broadcast ends it too (see the module note)."""
+        if self._remote_error is not None:
+            raise self._remote_error
+        self.start()
+        now = asyncio.get_running_loop().time()
+        self._last_seen = {r: max(self._last_seen.get(r, now), now - self._grace()) for r in
+                           self.peers}
+        self._watching = what
+        self._broadcast_done = False
+        try:
+            return await self.job_guard.run(awaitable, max(self.runtime.step_index, 0))
+        finally:
+            self._watching = ""
+
+    def _grace(self) -> float:
+        """A peer silent before a wait began is lost a timeout after its last word, but never
+        sooner than a quarter timeout into the wait (its beat may be on the way)."""
+        return 0.75 * self.timeout if self.timeout is not None else 0.0
 
     def _schedule(self, loop: asyncio.AbstractEventLoop) -> None:
         interval = self.timeout / 4  # type: ignore[operator]
@@ -96,6 +137,8 @@ class PeerMonitor:
         self._beat()
         if self.guard.running:
             self._check(now)
+        elif self.job_guard.running:
+            self._check_all(now)
         self._schedule(loop)
 
     def _check(self, now: float) -> None:
@@ -113,6 +156,19 @@ class PeerMonitor:
                     fix="see that rank's log; raise peer_timeout (AIOREADY_PEER_TIMEOUT) if "
                         "it is just slow")
                 self.guard.abort(error)
+                return
+
+    def _check_all(self, now: float) -> None:
+        for peer in self.peers:
+            silent = now - self._last_seen.get(peer, now)
+            if silent >= self.timeout:  # type: ignore[operator]
+                self.job_guard.abort(PeerLostError(
+                    f"peer rank {peer} of {self.world_size} sent nothing for {silent:.3g} s "
+                    f"(peer_timeout={self.timeout:g} s) during {self._watching}: it died or "
+                    "stopped answering", rank=self.rank,
+                    step=self.runtime.step_index if self.runtime.step_index >= 0 else None,
+                    lost_rank=peer, fix="see that rank's log; raise peer_timeout "
+                    "(AIOREADY_PEER_TIMEOUT) if it is just slow"))
                 return
 
     def close(self) -> None:
@@ -170,6 +226,7 @@ class PeerMonitor:
                     task=waits[0] if waits else None, lost_rank=src, remote=True)
         self._remote_error = error
         self.guard.abort(error)
+        self.job_guard.abort(error)
 
 
 def _text(msg: Message) -> str:
