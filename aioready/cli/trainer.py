@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +23,7 @@ import torch
 from ..caps import CapSpec, parse_cap
 from ..devices.cpu import CPUDevice
 from ..devices.paced import PacedDevice
-from ..errors import ConfigError
+from ..errors import ConfigError, DivergedError
 from ..runtime.pipeline import Pipeline
 from ..schedulers import make_hint
 from ..sim.durations import paced_duration
@@ -31,7 +32,9 @@ from ..telemetry.metrics import StepMetrics, step_metrics
 from ..telemetry.spans import StepReport
 from ..testing.models import gpt_stages, lm_loss
 
-__all__ = ["TrainConfig", "TrainResult", "train", "synthetic_microbatch"]
+__all__ = ["TrainConfig", "TrainResult", "train", "synthetic_microbatch", "ON_NAN"]
+
+ON_NAN = ("warn", "stop")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -66,6 +69,9 @@ class TrainConfig:
     """write a checkpoint (aioready.runtime.checkpoint) here after every step; None: off"""
     resume: bool = False
     """continue from the latest checkpoint in checkpoint_dir (from step 0 if there is none)"""
+    on_nan: str = "warn"
+    """a loss that is not finite: "warn" (once, on stderr, and in the summary) or "stop" (raise
+    DivergedError)"""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cap", parse_cap(self.cap))  # "8" -> 8: the summary shows 8
@@ -75,6 +81,8 @@ class TrainConfig:
         if self.checkpoint_dir and self.sleep_only:
             raise ConfigError("sleep_only runs no model: nothing to checkpoint",
                               expected="checkpoint_dir without sleep_only", got="both")
+        if self.on_nan not in ON_NAN:
+            raise ConfigError("on_nan", expected=" | ".join(ON_NAN), got=repr(self.on_nan))
         for name in ("stages", "microbatches", "steps", "batch", "seq", "dim", "heads",
                      "layers_per_stage", "vocab"):
             if getattr(self, name) < 1:
@@ -93,6 +101,8 @@ class TrainResult:
     world_size: int = 1
     durations: str = ""
     overruns: int = 0
+    diverged_at: int | None = None
+    """the first step whose loss was not finite (None: none)"""
 
     def summary(self, cfg: TrainConfig) -> dict[str, Any]:
         """The `--json` summary: lists per step, times in ms."""
@@ -109,7 +119,7 @@ class TrainResult:
             "trace": cfg.trace, "task_ms": cfg.task_ms, "durations": self.durations,
             "transport": "mpi" if self.world_size > 1 else "inproc",
             "ranks": self.world_size, "overruns": self.overruns,
-            "sleep_only": cfg.sleep_only,
+            "sleep_only": cfg.sleep_only, "diverged_at": self.diverged_at,
         }
 
 
@@ -183,6 +193,7 @@ async def train(cfg: TrainConfig, *, comm: Any = None,
                                      step_metrics(report or local))
                 if report is None:
                     continue
+                _check_loss(cfg, result, step, loss_value)
                 metrics = step_metrics(report)
                 result.reports.append(report)
                 result.metrics.append(metrics)
@@ -199,6 +210,19 @@ async def train(cfg: TrainConfig, *, comm: Any = None,
             pipe.close()
     result.overruns = overruns
     return result
+
+
+def _check_loss(cfg: TrainConfig, result: TrainResult, step: int, loss: float | None) -> None:
+    """A loss that is not finite is said loudly (once) or ends the run (on_nan="stop")."""
+    if loss is None or math.isfinite(loss) or result.diverged_at is not None:
+        return
+    result.diverged_at = step
+    if cfg.on_nan == "stop":
+        raise DivergedError(f"the loss is {loss}: the run diverged", step=step,
+                            expected="a finite loss", got=loss,
+                            fix="lower the learning rate (--lr)")
+    print(f"aioready train: step {step}: the loss is {loss}: the run diverged (lower --lr; "
+          "--on-nan stop ends the run on it)", file=sys.stderr, flush=True)
 
 
 def _batch(cfg: TrainConfig, step: int, mine: tuple[int, ...]) -> tuple[Any, Any]:
@@ -261,7 +285,8 @@ def write_outputs(result: TrainResult, cfg: TrainConfig, *, json_out: str | None
     if json_out:
         path = Path(json_out)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result.summary(cfg), indent=1))
+        # strict JSON: a NaN or inf (a diverged loss) is null; diverged_at says where
+        path.write_text(json.dumps(_finite(result.summary(cfg)), indent=1, allow_nan=False))
         written.append(path)
     if chrome_trace:
         written.append(write_chrome_trace(result.reports, chrome_trace))
@@ -271,3 +296,14 @@ def write_outputs(result: TrainResult, cfg: TrainConfig, *, json_out: str | None
         from ..telemetry.plots import plot_timeline
         written.append(plot_timeline(result.reports[-1], png, label=f"{cfg.mode} {cfg.hint} "))
     return written
+
+
+def _finite(value: Any) -> Any:
+    """`value` with every float that is not finite replaced by None (JSON has no NaN)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
