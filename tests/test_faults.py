@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import on_virtual_clock
 
-from aioready import PeerLostError, StageError
+from aioready import PeerLostError, StageError, StallError
 from aioready.runtime.faults import HEARTBEAT
 from aioready.runtime.pipeline import Pipeline
 from aioready.testing.helpers import make_mlp_stages, mse_loss
@@ -144,5 +144,42 @@ async def test_long_wait_with_live_peers_blames_nobody() -> None:
     assert results == [0, 1, 2, 3]
     results = await _step_all(pipes)  # and the pipelines still step afterwards
     assert not any(isinstance(r, BaseException) for r in results), results
+    for p in pipes:
+        p.close()
+
+
+@on_virtual_clock
+async def test_rejected_concurrent_step_leaves_the_running_one_alone() -> None:
+    """A second `step()` while one runs is refused with RuntimeError, and nothing else: the
+    running step keeps its guard, its watchdogs, and its peers (it used to overwrite the guard,
+    disarming the stall watchdog, and to broadcast its refusal as a failure to every peer)."""
+    world = InprocWorld(4)
+    pipes = _ranks(world, make_mlp_stages(4), peer_timeout=5.0, device="inline")
+    x, y = torch.randn(8, 16, dtype=torch.float64), torch.randn(8, 16, dtype=torch.float64)
+    running = [asyncio.ensure_future(p.step(x if r == 0 else None, y if r == 3 else None))
+               for r, p in enumerate(pipes)]
+    await asyncio.sleep(0)
+    with pytest.raises(RuntimeError, match="already running"):
+        await pipes[0].step(x)
+    results = await asyncio.wait_for(asyncio.gather(*running, return_exceptions=True), 30)
+    assert not any(isinstance(r, BaseException) for r in results), results
+    for p in pipes:
+        p.close()
+
+
+@on_virtual_clock
+async def test_rejected_concurrent_step_keeps_the_stall_watchdog() -> None:
+    world = InprocWorld(4)
+    pipes = _ranks(world, make_mlp_stages(4), peer_timeout=None, stall_timeout=1.0,
+                   device="inline")
+    world.drop = lambda src, dst, msg: src == 0 and dst == 1  # rank 1 never gets its input
+    x, y = torch.randn(8, 16, dtype=torch.float64), torch.randn(8, 16, dtype=torch.float64)
+    running = [asyncio.ensure_future(p.step(x if r == 0 else None, y if r == 3 else None))
+               for r, p in enumerate(pipes)]
+    await asyncio.sleep(0.5)
+    with pytest.raises(RuntimeError, match="already running"):
+        await pipes[1].step()
+    results = await asyncio.wait_for(asyncio.gather(*running, return_exceptions=True), 30)
+    assert isinstance(results[1], StallError), results  # not a hang
     for p in pipes:
         p.close()
