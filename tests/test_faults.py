@@ -10,11 +10,11 @@ import pytest
 import torch
 from conftest import on_virtual_clock
 
-from aioready import PeerLostError, StageError, StallError
+from aioready import PeerLostError, ProtocolError, StageError, StallError
 from aioready.runtime.faults import HEARTBEAT
 from aioready.runtime.pipeline import Pipeline
 from aioready.testing.helpers import make_mlp_stages, mse_loss
-from aioready.transports.base import Message
+from aioready.transports.base import Message, MessageKind
 from aioready.transports.inproc import InprocWorld
 
 pytestmark = pytest.mark.timeout(60)
@@ -181,5 +181,28 @@ async def test_rejected_concurrent_step_keeps_the_stall_watchdog() -> None:
         await pipes[1].step()
     results = await asyncio.wait_for(asyncio.gather(*running, return_exceptions=True), 30)
     assert isinstance(results[1], StallError), results  # not a hang
+    for p in pipes:
+        p.close()
+
+
+@on_virtual_clock
+@pytest.mark.parametrize("tag, text, what", [
+    (99, None, "control message from rank 2 with an unknown tag"),
+    (2, torch.zeros(5, dtype=torch.float32), "error text from rank 2 is malformed"),
+    (2, torch.zeros(5000, dtype=torch.uint8), "error text from rank 2 is malformed"),
+])
+async def test_malformed_control_message_is_a_protocol_error(tag: int, text: Any,
+                                                             what: str) -> None:
+    world = InprocWorld(4)
+    pipes = _ranks(world, make_mlp_stages(4), peer_timeout=5.0, device="inline")
+    world.drop = lambda src, dst, msg: src == 0 and dst == 1  # rank 1 waits: a step is running
+    x, y = torch.randn(8, 16, dtype=torch.float64), torch.randn(8, 16, dtype=torch.float64)
+    running = [asyncio.ensure_future(p.step(x if r == 0 else None, y if r == 3 else None))
+               for r, p in enumerate(pipes)]
+    await asyncio.sleep(0.1)
+    world.endpoints[2].send_nowait(1, Message(0, MessageKind.CONTROL, 0, 0,
+                                              () if text is None else (text,), tag))
+    results = await asyncio.wait_for(asyncio.gather(*running, return_exceptions=True), 30)
+    assert isinstance(results[1], ProtocolError) and what in str(results[1]), results[1]
     for p in pipes:
         p.close()

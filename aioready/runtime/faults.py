@@ -35,6 +35,7 @@ from typing import Any, Awaitable, TypeVar
 
 from ..errors import PeerLostError, ProtocolError, StageError
 from ..transports.base import Message, MessageKind
+from ..transports.header import MAX_CONTROL_BYTES
 from .watchdog import StepGuard
 
 __all__ = ["PeerMonitor", "PEER_TIMEOUT_S", "HEARTBEAT", "STAGE_FAILED", "RANK_FAILED",
@@ -42,7 +43,7 @@ __all__ = ["PeerMonitor", "PEER_TIMEOUT_S", "HEARTBEAT", "STAGE_FAILED", "RANK_F
 
 PEER_TIMEOUT_S = 30.0
 HEARTBEAT, STAGE_FAILED, RANK_FAILED = 1, 2, 3
-MAX_ERROR_BYTES = 4096
+MAX_ERROR_BYTES = MAX_CONTROL_BYTES  # the receiver's decoder refuses more
 FLUSH_S = 1.0  # how long a failing rank waits for its error broadcast to leave
 
 log = logging.getLogger(__name__)
@@ -86,15 +87,14 @@ class PeerMonitor:
         self.start()
 
     def start(self) -> None:
-        """Start the heartbeats (once, on the running loop): a beat now, then every quarter
-        timeout. Peers not heard from yet count as seen now."""
+        """Start the heartbeats (once, on the running loop): the first a quarter timeout later,
+        once peers are open. Peers not heard from yet count as seen now."""
         if self.timeout is None or self._handle is not None:
             return
         loop = asyncio.get_running_loop()
         now = loop.time()
         for r in self.peers:
             self._last_seen.setdefault(r, now)
-        self._beat()
         self._schedule(loop)
 
     async def watch(self, awaitable: Awaitable[T], what: str) -> T:
@@ -217,9 +217,13 @@ class PeerMonitor:
                                 expected="a source set by the transport", got=msg.describe())
         loop = asyncio.get_running_loop()
         self._last_seen[src] = loop.time()
+        if msg.tag not in (HEARTBEAT, STAGE_FAILED, RANK_FAILED):
+            raise ProtocolError(f"control message from rank {src} with an unknown tag",
+                                rank=self.rank, expected=[HEARTBEAT, STAGE_FAILED, RANK_FAILED],
+                                got=msg.describe())
         if msg.tag == HEARTBEAT or self._remote_error is not None:
             return
-        text = _text(msg)
+        text = _text(msg, self.rank)
         waits = [str(t) for t, r in self.runtime.pending_receives()]
         cls = StageError if msg.tag == STAGE_FAILED else PeerLostError
         error = cls(f"peer failed: {text}", rank=self.rank, step=msg.step,
@@ -229,9 +233,14 @@ class PeerMonitor:
         self.job_guard.abort(error)
 
 
-def _text(msg: Message) -> str:
-    if not msg.tensors:
+def _text(msg: Message, rank: int) -> str:
+    """A peer's error text: at most MAX_ERROR_BYTES of uint8, decoded leniently."""
+    if not msg.tensors or msg.tensors[0] is None:
         return "(no text)"
     data = msg.tensors[0]
-    raw = bytes(data.tolist()) if hasattr(data, "tolist") else bytes(data)
-    return raw.decode("utf-8", "replace")
+    if str(getattr(data, "dtype", "")) != "torch.uint8" or data.dim() != 1 \
+            or data.numel() > MAX_ERROR_BYTES:
+        raise ProtocolError(f"error text from rank {msg.source} is malformed", rank=rank,
+                            expected=f"<= {MAX_ERROR_BYTES} bytes as a 1-d uint8 tensor",
+                            got=msg.describe())
+    return bytes(data.tolist()).decode("utf-8", "replace")
