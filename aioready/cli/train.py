@@ -68,6 +68,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
                    "each step (atomic; D/step-N/rank-R-of-W.pt)")
     p.add_argument("--resume", action="store_true",
                    help="continue from the latest complete checkpoint in --checkpoint-dir")
+    p.add_argument("--no-check-config", dest="check_config", action="store_false",
+                   help="with --resume: accept a checkpoint of another hint, microbatch count "
+                   "or split (the model and stages must still match)")
     p.add_argument("--on-nan", choices=("warn", "stop"), default="warn",
                    help="a loss that is not finite: warn (default) or stop the run")
     p.set_defaults(func=run)
@@ -81,7 +84,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
         split_backward=args.split_backward, task_ms=args.task_ms, batch=args.batch,
         seq=args.seq, dim=args.dim, lr=args.lr, metrics_port=args.metrics_port,
         sleep_only=args.sleep_only, checkpoint_dir=args.checkpoint_dir, resume=args.resume,
-        on_nan=args.on_nan)
+        on_nan=args.on_nan, check_config=args.check_config)
 
 
 def mpi_comm() -> Any:

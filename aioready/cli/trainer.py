@@ -69,6 +69,8 @@ class TrainConfig:
     """write a checkpoint (aioready.runtime.checkpoint) here after every step; None: off"""
     resume: bool = False
     """continue from the latest checkpoint in checkpoint_dir (from step 0 if there is none)"""
+    check_config: bool = True
+    """on resume, refuse a checkpoint written with another hint, microbatch count or split"""
     on_nan: str = "warn"
     """a loss that is not finite: "warn" (once, on stderr, and in the summary) or "stop" (raise
     DivergedError)"""
@@ -166,7 +168,8 @@ async def train(cfg: TrainConfig, *, comm: Any = None,
     start = 0
     if cfg.resume:
         from ..runtime.checkpoint import resume
-        start = resume(cfg.checkpoint_dir, pipe, opt)  # type: ignore[arg-type]
+        start = resume(cfg.checkpoint_dir, pipe, opt,  # type: ignore[arg-type]
+                       check_config=cfg.check_config)
     if world > 1:
         from ..telemetry.gather import barrier
         # ranks built their models at different speeds: start together
