@@ -71,6 +71,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--no-check-config", dest="check_config", action="store_false",
                    help="with --resume: accept a checkpoint of another hint, microbatch count "
                    "or split (the model and stages must still match)")
+    p.add_argument("--key-file", metavar="F", default=None,
+                   help="under mpirun, seal every message between ranks (AES-256-GCM) with "
+                   "the key in F (mode 600); default: $AIOREADY_KEY_FILE, else plain")
     p.add_argument("--on-nan", choices=("warn", "stop"), default="warn",
                    help="a loss that is not finite: warn (default) or stop the run")
     p.set_defaults(func=run)
@@ -84,7 +87,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
         split_backward=args.split_backward, task_ms=args.task_ms, batch=args.batch,
         seq=args.seq, dim=args.dim, lr=args.lr, metrics_port=args.metrics_port,
         sleep_only=args.sleep_only, checkpoint_dir=args.checkpoint_dir, resume=args.resume,
-        on_nan=args.on_nan, check_config=args.check_config)
+        on_nan=args.on_nan, check_config=args.check_config, key_file=args.key_file)
 
 
 def mpi_comm() -> Any:
@@ -124,6 +127,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _print_summary(result: Any, cfg: Any) -> None:
     where = f"{result.world_size} MPI ranks" if result.world_size > 1 else "in-process"
+    if result.key_fingerprint:
+        where += f", sealed with key {result.key_fingerprint}"
     print(f"{cfg.mode} {cfg.hint}, S={cfg.stages} M={cfg.microbatches}, {where}, "
           f"{result.durations}")
     for m, loss in zip(result.metrics, result.losses):

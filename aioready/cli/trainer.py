@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -71,6 +72,9 @@ class TrainConfig:
     """continue from the latest checkpoint in checkpoint_dir (from step 0 if there is none)"""
     check_config: bool = True
     """on resume, refuse a checkpoint written with another hint, microbatch count or split"""
+    key_file: str | None = None
+    """seal every message between ranks with the key in this file (transports/secure.py);
+    None: AIOREADY_KEY_FILE if set, else plain"""
     on_nan: str = "warn"
     """a loss that is not finite: "warn" (once, on stderr, and in the summary) or "stop" (raise
     DivergedError)"""
@@ -105,6 +109,8 @@ class TrainResult:
     overruns: int = 0
     diverged_at: int | None = None
     """the first step whose loss was not finite (None: none)"""
+    key_fingerprint: str | None = None
+    """the sealing key's fingerprint when messages were sealed (None: plain)"""
 
     def summary(self, cfg: TrainConfig) -> dict[str, Any]:
         """The `--json` summary: lists per step, times in ms."""
@@ -122,6 +128,7 @@ class TrainResult:
             "transport": "mpi" if self.world_size > 1 else "inproc",
             "ranks": self.world_size, "overruns": self.overruns,
             "sleep_only": cfg.sleep_only, "diverged_at": self.diverged_at,
+            "sealed": self.key_fingerprint,
         }
 
 
@@ -142,6 +149,13 @@ async def train(cfg: TrainConfig, *, comm: Any = None,
     world = comm.Get_size() if comm is not None else 1
     rank = comm.Get_rank() if comm is not None else 0
     transport = _mpi_transport(comm) if world > 1 else None
+    key_file = cfg.key_file or os.environ.get("AIOREADY_KEY_FILE") or None
+    fingerprint = None
+    if key_file and transport is not None:
+        from ..transports.secure import SecureTransport, load_key, secure_session
+        transport = SecureTransport(transport, key=load_key(key_file),
+                                    session=await secure_session(comm))
+        fingerprint = transport.fingerprint
     hint = make_hint(cfg.hint, num_stages=cfg.stages, num_ranks=world if world > 1 else None,
                      num_microbatches=cfg.microbatches, split_backward=cfg.split_backward)
     placement = hint.placement
@@ -164,7 +178,8 @@ async def train(cfg: TrainConfig, *, comm: Any = None,
                     device=make_device, num_stages=cfg.stages)
     params = [p for m in modules if m is not None for p in m.parameters()]
     opt = torch.optim.AdamW(params, lr=cfg.lr) if params else None
-    result = TrainResult(rank=rank, world_size=world, durations=source)
+    result = TrainResult(rank=rank, world_size=world, durations=source,
+                         key_fingerprint=fingerprint)
     start = 0
     if cfg.resume:
         from ..runtime.checkpoint import resume

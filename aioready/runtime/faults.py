@@ -43,7 +43,7 @@ __all__ = ["PeerMonitor", "PEER_TIMEOUT_S", "HEARTBEAT", "STAGE_FAILED", "RANK_F
 
 PEER_TIMEOUT_S = 30.0
 HEARTBEAT, STAGE_FAILED, RANK_FAILED = 1, 2, 3
-MAX_ERROR_BYTES = MAX_CONTROL_BYTES  # the receiver's decoder refuses more
+MAX_ERROR_BYTES = MAX_CONTROL_BYTES - 256  # the receiver's decoder refuses more; room to seal
 FLUSH_S = 1.0  # how long a failing rank waits for its error broadcast to leave
 
 log = logging.getLogger(__name__)

@@ -50,7 +50,7 @@ import numpy as np
 from ..cuda.mpi import HostStager, cuda_mpi_support, mpi_device_buffer, transfer_path
 from ..errors import AioreadyError, InternalError, ProtocolError
 from ..progress import ProgressConfig, ProgressEngine
-from .base import Deliver, Message, OnFailure
+from .base import Deliver, Message, MessageKind, OnFailure
 from .header import MAX_TENSORS, TensorSpec
 from .receive_pool import ReceivePool
 from .tensor_bytes import host_bytes, torch_module
@@ -147,8 +147,8 @@ class MPITransport:
         self._engine.add_source(self)
 
     def send_nowait(self, dest: int, msg: Message) -> None:
-        if self._error is not None:
-            raise self._error
+        if self._error is not None and msg.kind is not MessageKind.CONTROL:
+            raise self._error  # control still goes out: a failed rank's error broadcast
         if not 0 <= dest < self._size:
             raise ProtocolError("send to a rank outside the world", rank=self._rank,
                                 expected=f"0..{self._size - 1}", got=dest)
