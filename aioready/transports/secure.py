@@ -53,6 +53,7 @@ from .header import (
     decode_header,
     encode_descriptor,
 )
+from .receive_pool import ReceivePool
 from .tensor_bytes import from_bytes, host_bytes, spec_of, torch_module
 
 __all__ = ["SecureTransport", "load_key", "key_fingerprint", "secure_session", "CIPHERS",
@@ -161,6 +162,7 @@ class SecureTransport:
         self._next = [0] * inner.world_size
         self._held: list[dict[int, Message]] = [{} for _ in range(inner.world_size)]
         self._deliver: Deliver | None = None
+        self._pool = ReceivePool()
 
     @property
     def rank(self) -> int:
@@ -188,6 +190,12 @@ class SecureTransport:
     async def close(self) -> None:
         await self.inner.close()
 
+    def _buffer(self, nbytes: int) -> np.ndarray:
+        """Large buffers are reused once nothing refers to them (fresh pages cost more than
+        the cipher; receive_pool.py)."""
+        return self._pool.take(nbytes) if nbytes >= self._pool.min_bytes else \
+            np.empty(nbytes, np.uint8)
+
     # -- sealing ---------------------------------------------------------------------------
     def _ad(self, msg: Message, src: int, dest: int, prefix: bytes) -> bytes:
         fixed = _FIXED.pack(HEADER_MAGIC, 1, int(msg.kind), msg.step, msg.stage,
@@ -204,8 +212,8 @@ class SecureTransport:
         prefix = _PREFIX.pack(seq, len(desc)) + desc
         plain = _plaintext(tensors)
         head = _align(len(prefix))
-        blob = torch.empty(head + len(plain) + TAG_BYTES, dtype=torch.uint8)
-        out = blob.numpy()
+        out = self._buffer(head + len(plain) + TAG_BYTES)
+        blob = torch.from_numpy(out)
         out[:len(prefix)] = np.frombuffer(prefix, np.uint8)
         out[len(prefix):head] = 0
         self._aead.encrypt_into(_NONCE.pack(self.rank, dest, seq), plain,
@@ -257,7 +265,7 @@ class SecureTransport:
         if head + total + TAG_BYTES != len(buf):
             raise ProtocolError(f"{where} was truncated or padded", rank=self.rank,
                                 expected=f"{head + total + TAG_BYTES} bytes", got=len(buf))
-        plain = np.empty(total, np.uint8)
+        plain = self._buffer(total)
         try:
             self._aead.decrypt_into(_NONCE.pack(src, self.rank, seq), buf[head:],
                                     self._ad(msg, src, self.rank, prefix), plain)
