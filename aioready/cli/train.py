@@ -74,6 +74,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--key-file", metavar="F", default=None,
                    help="under mpirun, seal every message between ranks (AES-256-GCM) with "
                    "the key in F (mode 600); default: $AIOREADY_KEY_FILE, else plain")
+    p.add_argument("--run-record", metavar="F", default=None,
+                   help="append this run's record to F as JSON lines: configuration, package "
+                   "versions, git revision, world layout, key fingerprint, start, end or error")
     p.add_argument("--on-nan", choices=("warn", "stop"), default="warn",
                    help="a loss that is not finite: warn (default) or stop the run")
     p.set_defaults(func=run)
@@ -112,9 +115,10 @@ def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(1)  # a tiny model: one thread per rank's worker, no oversubscription
     comm = mpi_comm()
     rank = comm.Get_rank() if comm is not None else 0
+    record = _record(args, cfg, rank, comm)
     with _Progress(cfg.steps if rank == 0 and not args.no_progress and cfg.steps > 1 else 0
                    ) as on_step:
-        result = run_loop(train(cfg, comm=comm, on_step=on_step))
+        result = run_loop(_recorded(record, train(cfg, comm=comm, on_step=on_step)))
     if rank != 0:
         return 0
     for path in write_outputs(result, cfg, json_out=args.json_out,
@@ -123,6 +127,39 @@ def run(args: argparse.Namespace) -> int:
         print(f"wrote {path}", file=sys.stderr)
     _print_summary(result, cfg)
     return 0
+
+
+def _record(args: argparse.Namespace, cfg: Any, rank: int, comm: Any) -> Any:
+    if not args.run_record:
+        return None
+    from ..schedulers import make_hint
+    from .record import RunRecord
+    world = comm.Get_size() if comm is not None else 1
+    record = RunRecord(args.run_record, rank=rank, world_size=world)
+    hint = make_hint(cfg.hint, num_stages=cfg.stages, num_microbatches=cfg.microbatches,
+                     num_ranks=world if world > 1 else None, split_backward=cfg.split_backward)
+    key_file = cfg.key_file or os.environ.get("AIOREADY_KEY_FILE")
+    fingerprint = None
+    if key_file and world > 1:
+        from ..transports.secure import key_fingerprint, load_key
+        fingerprint = key_fingerprint(load_key(key_file))
+    record.start(cfg, layout={r: list(hint.placement.stages_of(r))
+                              for r in range(hint.placement.num_ranks)},
+                 key_fingerprint=fingerprint)
+    return record
+
+
+async def _recorded(record: Any, main: Any) -> Any:
+    """`main`, with its end or its error appended to the run record (before any MPI_Abort)."""
+    if record is None:
+        return await main
+    try:
+        result = await main
+    except BaseException as exc:
+        record.error(exc)
+        raise
+    record.end(result)
+    return result
 
 
 def _print_summary(result: Any, cfg: Any) -> None:

@@ -299,12 +299,13 @@ def write_outputs(result: TrainResult, cfg: TrainConfig, *, json_out: str | None
     import json
 
     from ..telemetry.export import write_chrome_trace, write_csv
+    from .record import finite
     written = []
     if json_out:
         path = Path(json_out)
         path.parent.mkdir(parents=True, exist_ok=True)
         # strict JSON: a NaN or inf (a diverged loss) is null; diverged_at says where
-        path.write_text(json.dumps(_finite(result.summary(cfg)), indent=1, allow_nan=False))
+        path.write_text(json.dumps(finite(result.summary(cfg)), indent=1, allow_nan=False))
         written.append(path)
     if chrome_trace:
         written.append(write_chrome_trace(result.reports, chrome_trace))
@@ -315,13 +316,3 @@ def write_outputs(result: TrainResult, cfg: TrainConfig, *, json_out: str | None
         written.append(plot_timeline(result.reports[-1], png, label=f"{cfg.mode} {cfg.hint} "))
     return written
 
-
-def _finite(value: Any) -> Any:
-    """`value` with every float that is not finite replaced by None (JSON has no NaN)."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value
