@@ -47,3 +47,15 @@ def test_a_failed_run_writes_its_error(tmp_path: Path) -> None:
     assert start["event"] == "start" and start["config"]["lr"] == 1e30
     assert error["event"] == "error" and error["error"] == "DivergedError"
     assert "the run diverged" in error["message"]
+
+
+def test_torchrun_style_launch_is_refused(monkeypatch: pytest.MonkeyPatch,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """torchrun starts N processes with WORLD_SIZE=N; aioready train would have trained N
+    independent copies. It says so instead."""
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    assert cli_main(ARGS) != 0
+    err = capsys.readouterr().err
+    assert "WORLD_SIZE=4" in err and "mpiexec -n 4" in err, err
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert cli_main(ARGS) == 0

@@ -9,7 +9,7 @@ from typing import Any
 
 from ..schedulers import hint_names
 
-__all__ = ["add_parser", "run", "mpi_comm", "config_from_args"]
+__all__ = ["add_parser", "run", "mpi_comm", "config_from_args", "refuse_unserved_launch"]
 
 EXAMPLES = """examples:
   aioready train --stages 4 --microbatches 8 --steps 5 --mode ready
@@ -107,13 +107,28 @@ def mpi_comm() -> Any:
     return comm if comm.Get_size() > 1 else None
 
 
+def refuse_unserved_launch() -> None:
+    """A launcher that starts several processes that aioready would not connect (torchrun sets
+    WORLD_SIZE): each would silently train its own single-process pipeline. Say so and stop."""
+    size = os.environ.get("WORLD_SIZE", "1").strip()
+    if size.isdigit() and int(size) > 1:
+        from ..errors import ConfigError
+        raise ConfigError(f"launched as one of {size} processes (WORLD_SIZE={size}, e.g. by "
+                          "torchrun), which aioready train does not connect: each would train "
+                          "its own copy", expected="mpiexec/mpirun, or one process",
+                          got=f"WORLD_SIZE={size} without MPI",
+                          fix=f"mpiexec -n {size} python -m aioready train ...")
+
+
 def run(args: argparse.Namespace) -> int:
     from ..launch import run as run_loop  # under mpirun: any error aborts every rank
     from .trainer import train, write_outputs
     cfg = config_from_args(args)
+    comm = mpi_comm()
+    if comm is None:
+        refuse_unserved_launch()
     import torch
     torch.set_num_threads(1)  # a tiny model: one thread per rank's worker, no oversubscription
-    comm = mpi_comm()
     rank = comm.Get_rank() if comm is not None else 0
     record = _record(args, cfg, rank, comm)
     with _Progress(cfg.steps if rank == 0 and not args.no_progress and cfg.steps > 1 else 0
