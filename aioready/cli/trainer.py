@@ -87,6 +87,12 @@ class TrainConfig:
         if self.checkpoint_dir and self.sleep_only:
             raise ConfigError("sleep_only runs no model: nothing to checkpoint",
                               expected="checkpoint_dir without sleep_only", got="both")
+        if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
+            raise ConfigError("lr must be a positive finite number", expected="> 0",
+                              got=self.lr)
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise ConfigError("metrics_port out of range", expected="0..65535",
+                              got=self.metrics_port)
         if self.on_nan not in ON_NAN:
             raise ConfigError("on_nan", expected=" | ".join(ON_NAN), got=repr(self.on_nan))
         for name in ("stages", "microbatches", "steps", "batch", "seq", "dim", "heads",
@@ -181,6 +187,8 @@ async def train(cfg: TrainConfig, *, comm: Any = None,
     result = TrainResult(rank=rank, world_size=world, durations=source,
                          key_fingerprint=fingerprint)
     start = 0
+    if cfg.checkpoint_dir:
+        _check_writable(Path(cfg.checkpoint_dir))
     if cfg.resume:
         from ..runtime.checkpoint import resume
         start = resume(cfg.checkpoint_dir, pipe, opt,  # type: ignore[arg-type]
@@ -228,6 +236,19 @@ async def train(cfg: TrainConfig, *, comm: Any = None,
             pipe.close()
     result.overruns = overruns
     return result
+
+
+def _check_writable(directory: Path) -> None:
+    """Before step 0, not after it: a checkpoint directory this process cannot write to."""
+    probe = directory / f".aioready-write-test-{os.getpid()}"
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError(f"cannot write checkpoints to {directory}", expected="a writable "
+                          "directory", got=f"{type(exc).__name__}: {exc.strerror or exc}"
+                          ) from None
 
 
 def _check_loss(cfg: TrainConfig, result: TrainResult, step: int, loss: float | None) -> None:

@@ -143,12 +143,16 @@ def read_trace(src: str | Path | TextIO, *, placement: Placement | None = None) 
     if isinstance(src, (str, Path)):
         name = str(src)
         try:
-            text = Path(src).read_text()
+            text = Path(src).read_text(encoding="utf-8-sig")  # a spreadsheet's BOM is fine
         except OSError as exc:
             raise TraceError(f"cannot read trace {name}", expected="a readable CSV file",
                              got=exc.strerror) from None
+        except UnicodeDecodeError as exc:
+            raise TraceError(f"trace {name} is not UTF-8 text", expected="a UTF-8 CSV file",
+                             got=f"byte {exc.object[exc.start]:#04x} at offset {exc.start}"
+                             ) from None
     else:
-        name, text = getattr(src, "name", "trace"), src.read()
+        name, text = getattr(src, "name", "trace"), src.read().removeprefix("\ufeff")
     reader = csv.reader(io.StringIO(text))
     header = next(reader, None)
     if header is None:

@@ -132,5 +132,13 @@ def serve_metrics(port: int, registry: Any, *, addr: str = "127.0.0.1") -> Any:
     """Serve `registry` on http://addr:port/metrics from a daemon thread; return the server
     (`server.server_port` is the port bound, useful with port 0; `server.shutdown()` stops it)."""
     pc = _client()
-    server, _thread = pc.start_http_server(port, addr=addr, registry=registry)
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise ConfigError("metrics port out of range", expected="0..65535 (0: any free port)",
+                          got=port)
+    try:
+        server, _thread = pc.start_http_server(port, addr=addr, registry=registry)
+    except OSError as exc:
+        raise ConfigError(f"cannot serve metrics on {addr}:{port}", expected="a free port",
+                          got=exc.strerror or str(exc),
+                          fix="choose another --metrics-port (or 0 for any free one)") from None
     return server

@@ -1,0 +1,77 @@
+"""Inputs that used to end in a raw traceback or a silent nonsense figure now get an aioready
+error saying what was expected: a trace or hint file that is not UTF-8 (and a spreadsheet's BOM
+is accepted), lognormal jitter too wide to mean anything, a NaN learning rate, a metrics port
+out of range or in use, an unwritable checkpoint directory (found before step 0)."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+
+from aioready import HintOrder, simulate
+from aioready.cli.trainer import TrainConfig
+from aioready.errors import ConfigError, HintError, TraceError
+from aioready.sim.traces import read_trace
+from aioready.sim.variability import parse_jitter
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_trace_encodings(tmp_path: Path) -> None:
+    bom = tmp_path / "bom.csv"
+    bom.write_bytes(b"\xef\xbb\xbfstep,stage,chunk,microbatch,kind,ms\n0,0,0,0,F,1\n"
+                    b"0,0,0,0,B,2\n")
+    assert simulate(stages=1, microbatches=1, trace=bom).step_time == 3
+    bad = tmp_path / "bad.csv"
+    bad.write_bytes(b"step,stage\xff\n")
+    with pytest.raises(TraceError, match="not UTF-8.*0xff at offset 10"):
+        read_trace(bad)
+
+
+def test_hint_file_not_utf8(tmp_path: Path) -> None:
+    bad = tmp_path / "hint.txt"
+    bad.write_bytes(b"\xff\xfe")
+    with pytest.raises(HintError, match="not UTF-8"):
+        HintOrder.load(bad)
+
+
+@pytest.mark.parametrize("spec", ["lognormal:40", "lognormal:1e3"])
+def test_lognormal_too_wide(spec: str) -> None:
+    with pytest.raises(TraceError, match="SIGMA <= 4"):
+        parse_jitter(spec)
+    parse_jitter("lognormal:4")
+
+
+@pytest.mark.parametrize("lr", [float("nan"), float("inf"), 0.0, -1.0])
+def test_bad_learning_rate(lr: float) -> None:
+    with pytest.raises(ConfigError, match="lr must be a positive finite number"):
+        TrainConfig(lr=lr)
+
+
+def test_metrics_port(capsys: pytest.CaptureFixture[str]) -> None:
+    from aioready.cli import main
+    with pytest.raises(ConfigError, match="metrics_port out of range"):
+        TrainConfig(metrics_port=99999)
+    from aioready.telemetry.prometheus import serve_metrics
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(ConfigError, match=f"cannot serve metrics on 127.0.0.1:{port}"):
+            serve_metrics(port, None)
+    assert main(["train", "--metrics-port", "99999", "--steps", "1"]) != 0
+    assert "metrics_port out of range" in capsys.readouterr().err
+
+
+def test_unwritable_checkpoint_dir_found_before_step_0(tmp_path: Path) -> None:
+    import asyncio
+
+    from aioready.cli.trainer import train
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    cfg = TrainConfig(stages=2, microbatches=2, steps=1, task_ms=0, batch=1, seq=4, dim=8,
+                      heads=1, vocab=16, checkpoint_dir=str(blocker / "ckpt"))
+    with pytest.raises(ConfigError, match="cannot write checkpoints to"):
+        asyncio.run(train(cfg))
