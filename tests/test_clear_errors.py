@@ -75,3 +75,21 @@ def test_unwritable_checkpoint_dir_found_before_step_0(tmp_path: Path) -> None:
                       heads=1, vocab=16, checkpoint_dir=str(blocker / "ckpt"))
     with pytest.raises(ConfigError, match="cannot write checkpoints to"):
         asyncio.run(train(cfg))
+
+
+def test_trace_row_far_out_is_refused_without_a_huge_table(tmp_path: Path) -> None:
+    path = tmp_path / "far.csv"
+    path.write_text("step,stage,chunk,microbatch,kind,ms\n0,0,0,0,F,1\n0,0,0,0,B,2\n"
+                    "0,0,0,100000000,F,1\n")
+    with pytest.raises(TraceError, match="rows span 1 steps x 1 stages x 100000001 micro"):
+        read_trace(path)
+
+
+def test_stage_count_is_bounded_and_placement_is_linear_time() -> None:
+    from aioready.placement import MAX_STAGES, Placement
+    with pytest.raises(ConfigError, match="too many stages"):
+        Placement(10**23, 10**23)
+    big = Placement(MAX_STAGES, MAX_STAGES)  # S^2 = 4e9 steps before: never ended in a test
+    assert big.stages_of(MAX_STAGES - 1) == (MAX_STAGES - 1,)
+    inter = Placement(8, 2, "interleaved")
+    assert inter.stages_of(1) == (1, 3, 5, 7) and inter.chunk_of(5) == 2
