@@ -1,7 +1,8 @@
 """Inputs that used to end in a raw traceback or a silent nonsense figure now get an aioready
 error saying what was expected: a trace or hint file that is not UTF-8 (and a spreadsheet's BOM
 is accepted), lognormal jitter too wide to mean anything, a NaN learning rate, a metrics port
-out of range or in use, an unwritable checkpoint directory (found before step 0)."""
+out of range or in use, an unwritable checkpoint directory (found before step 0); the metrics
+server closes idle connections."""
 
 from __future__ import annotations
 
@@ -93,3 +94,21 @@ def test_stage_count_is_bounded_and_placement_is_linear_time() -> None:
     assert big.stages_of(MAX_STAGES - 1) == (MAX_STAGES - 1,)
     inter = Placement(8, 2, "interleaved")
     assert inter.stages_of(1) == (1, 3, 5, 7) and inter.chunk_of(5) == 2
+
+
+def test_metrics_server_closes_idle_connections() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from aioready.telemetry.prometheus import serve_metrics
+    server = serve_metrics(0, CollectorRegistry(), idle_timeout=0.2)
+    try:
+        with socket.create_connection(("127.0.0.1", server.server_port)) as idle:
+            idle.settimeout(30)  # a hang fails here, not the whole run
+            assert idle.recv(1) == b""  # closed by the server, not kept forever
+        with socket.create_connection(("127.0.0.1", server.server_port)) as client:
+            client.settimeout(30)
+            client.sendall(b"GET /metrics HTTP/1.0\r\n\r\n")
+            assert client.recv(12).startswith(b"HTTP/1.0 200")
+    finally:
+        server.shutdown()
+        server.server_close()
