@@ -130,3 +130,19 @@ def test_cli_resumes_with_another_schedule_when_asked(tmp_path: Path) -> None:
     assert cli_main([*args, "--steps", "2", "--resume", "--hint", "gpipe",
                      "--no-check-config"]) == 0
     assert checkpoint.latest(tmp_path) == tmp_path / "step-00000002"
+
+
+def test_disk_full_is_a_checkpoint_error_and_leaves_no_temporary(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+    import os
+    pipe, opts = build()
+
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(CheckpointError, match="cannot write checkpoint file.*No space left"):
+        checkpoint.save_checkpoint(tmp_path, pipe, opts)
+    monkeypatch.undo()
+    assert not [p for p in tmp_path.rglob("*") if p.is_file()]
+    pipe.close()

@@ -317,6 +317,11 @@ def _write_atomic(path: Path, obj: Any) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as exc:  # disk full, no permission: the previous checkpoint stays whole
+        tmp.unlink(missing_ok=True)
+        raise CheckpointError(f"cannot write checkpoint file {path}", expected="a writable "
+                              "directory with room", got=f"{type(exc).__name__}: "
+                              f"{exc.strerror or exc}") from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
