@@ -182,3 +182,14 @@ def test_key_file_must_be_private(tmp_path: Path) -> None:
     assert key_fingerprint(KEY) != key_fingerprint(bytes(32)) and len(key_fingerprint(KEY)) == 16
     with pytest.raises(ConfigError, match="session"):
         SecureTransport(InprocWorld(2).endpoints[0], key=KEY, session=b"")
+
+
+async def test_a_refused_output_leaves_no_gap_in_the_sequence() -> None:
+    """A stage output that cannot travel is refused at the sender without using a sequence
+    number: otherwise the receiver would hold every later message (the error broadcast too)."""
+    tap, sender, got, errors = _pair()
+    with pytest.raises(ConfigError, match="cannot travel"):
+        sender.send_nowait(1, _msg(0, torch.zeros(2, dtype=torch.uint16)))
+    sender.send_nowait(1, _msg(1, torch.ones(2)))
+    await asyncio.sleep(0)
+    assert [m.microbatch for m in got] == [1] and not errors

@@ -181,8 +181,8 @@ class SecureTransport:
             raise ProtocolError("send to a rank outside the world", rank=self.rank,
                                 expected=f"0..{self.world_size - 1}", got=dest)
         seq = self._send_seq[dest]
-        self._send_seq[dest] = seq + 1
         self.inner.send_nowait(dest, self._seal(dest, seq, msg))
+        self._send_seq[dest] = seq + 1  # only once sent: a gap would hold every later message
 
     async def wait_sent(self) -> None:
         await self.inner.wait_sent()
