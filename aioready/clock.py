@@ -15,6 +15,10 @@ rank decides what to run next (docs/architecture.md "The simulator": completions
 arbiter's next decision). With no threads in the process this makes a run a pure function of its
 inputs.
 
+Large times: the clock's resolution grows with it (see `_advance`), so a simulation in
+nanoseconds, or a clock started at 1e8, runs instead of spinning; a time that is not finite raises
+VirtualClockOverflow.
+
 If nothing is ready, no timer is scheduled and nothing is being waited for on a descriptor, the
 program can never progress: the loop raises VirtualClockDeadlock instead of blocking forever.
 
@@ -30,12 +34,15 @@ from __future__ import annotations
 
 import asyncio
 import heapq
+import math
 import random
 import selectors
 import time
 from typing import Any, Awaitable, Callable, TypeVar
 
-__all__ = ["VirtualClockLoop", "VirtualClockDeadlock", "run_virtual", "virtual_clock", "clock_of",
+from .errors import ConfigError
+
+__all__ = ["VirtualClockLoop", "VirtualClockDeadlock", "VirtualClockOverflow", "run_virtual", "virtual_clock", "clock_of",
            "sleep_until"]
 
 T = TypeVar("T")
@@ -43,6 +50,10 @@ T = TypeVar("T")
 
 class VirtualClockDeadlock(RuntimeError):
     """Raised when the simulated program waits with no timer and no I/O that could wake it."""
+
+
+class VirtualClockOverflow(ConfigError):
+    """Raised when a simulated timer is due at a time that is not finite."""
 
 
 class _JumpingSelector(selectors.DefaultSelector):
@@ -79,7 +90,7 @@ class _JumpingSelector(selectors.DefaultSelector):
             return []
         scheduled = loop._scheduled  # type: ignore[attr-defined]
         if scheduled:
-            loop._now = max(loop._now, scheduled[0].when())
+            loop._advance(scheduled[0].when())
             return []
         if len(self.get_map()) > 1:  # descriptors other than the loop's self-pipe
             return super().select(timeout)
@@ -98,6 +109,20 @@ class VirtualClockLoop(asyncio.SelectorEventLoop):
         self._idle: list[asyncio.Future[None]] = []
         self._ties = None if shuffle_seed is None else random.Random(shuffle_seed)
         self._held: list[asyncio.TimerHandle] = []
+        self._base_resolution = self._clock_resolution
+        self._advance(start)
+
+    def _advance(self, when: float) -> None:
+        """Jump to `when`. asyncio fires a timer once `when < now + resolution`; its resolution
+        (1 ns) vanishes next to a large clock (at 1.7e7, now + 1e-9 == now), so the timer would
+        never be due and the loop would spin forever: the resolution grows with the clock to
+        two units in the last place. A time that is not finite is refused."""
+        if not math.isfinite(when):
+            raise VirtualClockOverflow(
+                f"virtual clock at {self._now:.6g}: a timer is due at {when!r}; simulated "
+                "durations must be finite (a unit mix-up, e.g. ns for ms, or a jitter too wide)")
+        self._now = max(self._now, when)
+        self._clock_resolution = max(self._base_resolution, 2 * math.ulp(self._now))
 
     def _hold_some_ties(self) -> None:
         """Of the timers due now, let a random nonempty part fire in this pass and hold the rest

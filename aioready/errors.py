@@ -20,6 +20,7 @@ __all__ = [
     "StallError",
     "CheckpointError",
     "CoordinationError",
+    "DivergedError",
     "InternalError",
 ]
 
@@ -126,6 +127,11 @@ class CheckpointError(AioreadyError, ValueError):
 
 class CoordinationError(AioreadyError):
     """Raised when members of a tensor-parallel group disagree on the task they run."""
+
+
+class DivergedError(AioreadyError):
+    """Raised when a training loss is not finite (NaN or inf) and the run was asked to stop on
+    it (`aioready train --on-nan stop`)."""
 
 
 class InternalError(AioreadyError):

@@ -273,10 +273,14 @@ class HintOrder:
     def load(cls, path: str | Path, **kw: object) -> "HintOrder":
         p = Path(path)
         try:
-            text = p.read_text()
+            text = p.read_text(encoding="utf-8-sig")
         except OSError as exc:
             raise HintError(f"cannot read hint file {str(p)!r}", expected="a readable text file",
                             got=type(exc).__name__) from None
+        except UnicodeDecodeError as exc:
+            raise HintError(f"hint file {str(p)!r} is not UTF-8 text", expected="a UTF-8 "
+                            "text file", got=f"byte {exc.object[exc.start]:#04x} at offset "
+                            f"{exc.start}") from None
         return cls.loads(text, name=str(p), **kw)  # type: ignore[arg-type]
 
     @classmethod

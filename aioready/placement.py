@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 
 from .errors import ConfigError
 
-__all__ = ["Placement", "STYLES"]
+__all__ = ["Placement", "STYLES", "MAX_STAGES"]
 
 STYLES = ("linear", "interleaved", "v")
+MAX_STAGES = 65535
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,11 +41,16 @@ class Placement:
                 expected="stages >= 1 and ranks >= 1",
                 got=f"stages={self.num_stages}, ranks={self.num_ranks}",
             )
+        if self.num_stages > MAX_STAGES:
+            raise ConfigError(
+                "too many stages", got=f"stages={self.num_stages}",
+                expected=f"<= {MAX_STAGES} (a message's stage field is 16 bits)",
+            )
         rank_of = [self._compute_rank(s) for s in range(self.num_stages)]
-        stages_of = tuple(
-            tuple(s for s in range(self.num_stages) if rank_of[s] == r)
-            for r in range(self.num_ranks)
-        )
+        buckets: list[list[int]] = [[] for _ in range(self.num_ranks)]  # one pass, not S x R
+        for s, r in enumerate(rank_of):
+            buckets[r].append(s)
+        stages_of = tuple(tuple(b) for b in buckets)
         if any(not stages for stages in stages_of):
             raise ConfigError(
                 "placement leaves a rank without a stage",

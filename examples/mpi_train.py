@@ -12,6 +12,7 @@ An error on any rank aborts the whole job (aioready.launch.run).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import time
 
 import numpy as np
@@ -65,16 +66,27 @@ async def main(args: argparse.Namespace) -> None:
         loss = await pipe.step(x, y)
         took = time.perf_counter() - start
         if step == 0 and args.check:
-            check(comm, full, hint.placement.stages_of(rank), loss, x, y, args)
+            await check(pipe, comm, full, hint.placement.stages_of(rank), loss, x, y, args)
         opt.step()
         opt.zero_grad(set_to_none=True)
         if loss is not None:
             print(f"step {step:3d}  loss {float(loss):.6f}  {took * 1e3:7.1f} ms", flush=True)
-    await transport.close()
+    # outside pipe.step, a wait on the peers goes under the peer timeout: a rank that stops
+    # answering ends the job with PeerLostError instead of a hang
+    await pipe.watch(transport.close(), what="the transport's close")
     pipe.close()
 
 
-def check(comm, full, stages, loss, x, y, args) -> None:
+async def max_over_ranks(comm, value: float) -> float:
+    """A nonblocking all-reduce, polled so the loop (and its peer timeout) keeps running."""
+    out = np.zeros(1)
+    request = comm.Iallreduce(np.array([value]), out, op=MPI.MAX)  # numpy: nothing pickled
+    while not request.Test():
+        await asyncio.sleep(1e-3)
+    return float(out[0])
+
+
+async def check(pipe, comm, full, stages, loss, x, y, args) -> None:
     M = args.microbatches
     ref = make_mlp_stages(len(full), width=args.width, hidden=2 * args.width, seed=args.seed)
     ref_loss, ref = reference_step(ref, mse_loss, list(x.chunk(M)), list(y.chunk(M)))
@@ -82,9 +94,7 @@ def check(comm, full, stages, loss, x, y, args) -> None:
                for s in stages for p, q in zip(full[s].parameters(), ref[s].parameters()))
     if loss is not None:
         diff = max(diff, abs(float(loss) - float(ref_loss)))
-    out = np.zeros(1)
-    comm.Allreduce(np.array([diff]), out, op=MPI.MAX)  # numpy buffers: nothing is pickled
-    worst = float(out[0])
+    worst = await pipe.watch(max_over_ranks(comm, diff), what="the check's all-reduce")
     if comm.Get_rank() == 0:
         print(f"check: max abs diff vs unsplit model {worst:.2e} "
               f"({'ok' if worst <= 1e-10 else 'FAILED'})", flush=True)

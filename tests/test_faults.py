@@ -10,11 +10,11 @@ import pytest
 import torch
 from conftest import on_virtual_clock
 
-from aioready import PeerLostError, StageError
+from aioready import PeerLostError, ProtocolError, StageError, StallError
 from aioready.runtime.faults import HEARTBEAT
 from aioready.runtime.pipeline import Pipeline
 from aioready.testing.helpers import make_mlp_stages, mse_loss
-from aioready.transports.base import Message
+from aioready.transports.base import Message, MessageKind
 from aioready.transports.inproc import InprocWorld
 
 pytestmark = pytest.mark.timeout(60)
@@ -106,5 +106,103 @@ async def test_heartbeats_name_their_sender_through_the_transport() -> None:
     await asyncio.sleep(0.2)  # heartbeats only
     assert {m.source for m in seen} == {1, 2, 3}
     assert all((m.tag, m.stage, m.microbatch, m.tensors) == (HEARTBEAT, 0, 0, ()) for m in seen)
+    for p in pipes:
+        p.close()
+
+
+@on_virtual_clock
+async def test_wait_outside_a_step_names_a_silent_peer() -> None:
+    """`Pipeline.watch`: a job-wide wait (here a barrier that never completes) ends with
+    PeerLostError naming the peer that stopped answering, a timeout after its last word,
+    and the other peers hear of it at once; before, only `step` had a timeout."""
+    world = InprocWorld(4)
+    pipes = _ranks(world, make_mlp_stages(4), peer_timeout=0.4, device="inline")
+    world.drop = lambda src, dst, msg: src == 1 or dst == 1
+    never = asyncio.get_running_loop().create_future()
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    results = await asyncio.wait_for(asyncio.gather(
+        *(p.watch(asyncio.shield(never), what="the start barrier")
+          for r, p in enumerate(pipes) if r != 1), return_exceptions=True), 30)
+    assert loop.time() - start == pytest.approx(0.4)
+    direct = [e for e in results if isinstance(e, PeerLostError) and not e.remote]
+    assert direct, results
+    for err in direct:
+        assert err.lost_rank == 1 and "during the start barrier" in str(err), err
+        assert "peer rank 1 of 4 sent nothing" in str(err)
+    assert all(isinstance(e, PeerLostError) for e in results), results
+    for p in pipes:
+        p.close()
+
+
+@on_virtual_clock
+async def test_long_wait_with_live_peers_blames_nobody() -> None:
+    world = InprocWorld(4)
+    pipes = _ranks(world, make_mlp_stages(4), peer_timeout=0.4, device="inline")
+    results = await asyncio.gather(*(p.watch(asyncio.sleep(2.0, r), what="a long gather")
+                                     for r, p in enumerate(pipes)), return_exceptions=True)
+    assert results == [0, 1, 2, 3]
+    results = await _step_all(pipes)  # and the pipelines still step afterwards
+    assert not any(isinstance(r, BaseException) for r in results), results
+    for p in pipes:
+        p.close()
+
+
+@on_virtual_clock
+async def test_rejected_concurrent_step_leaves_the_running_one_alone() -> None:
+    """A second `step()` while one runs is refused with RuntimeError, and nothing else: the
+    running step keeps its guard, its watchdogs, and its peers (it used to overwrite the guard,
+    disarming the stall watchdog, and to broadcast its refusal as a failure to every peer)."""
+    world = InprocWorld(4)
+    pipes = _ranks(world, make_mlp_stages(4), peer_timeout=5.0, device="inline")
+    x, y = torch.randn(8, 16, dtype=torch.float64), torch.randn(8, 16, dtype=torch.float64)
+    running = [asyncio.ensure_future(p.step(x if r == 0 else None, y if r == 3 else None))
+               for r, p in enumerate(pipes)]
+    await asyncio.sleep(0)
+    with pytest.raises(RuntimeError, match="already running"):
+        await pipes[0].step(x)
+    results = await asyncio.wait_for(asyncio.gather(*running, return_exceptions=True), 30)
+    assert not any(isinstance(r, BaseException) for r in results), results
+    for p in pipes:
+        p.close()
+
+
+@on_virtual_clock
+async def test_rejected_concurrent_step_keeps_the_stall_watchdog() -> None:
+    world = InprocWorld(4)
+    pipes = _ranks(world, make_mlp_stages(4), peer_timeout=None, stall_timeout=1.0,
+                   device="inline")
+    world.drop = lambda src, dst, msg: src == 0 and dst == 1  # rank 1 never gets its input
+    x, y = torch.randn(8, 16, dtype=torch.float64), torch.randn(8, 16, dtype=torch.float64)
+    running = [asyncio.ensure_future(p.step(x if r == 0 else None, y if r == 3 else None))
+               for r, p in enumerate(pipes)]
+    await asyncio.sleep(0.5)
+    with pytest.raises(RuntimeError, match="already running"):
+        await pipes[1].step()
+    results = await asyncio.wait_for(asyncio.gather(*running, return_exceptions=True), 30)
+    assert isinstance(results[1], StallError), results  # not a hang
+    for p in pipes:
+        p.close()
+
+
+@on_virtual_clock
+@pytest.mark.parametrize("tag, text, what", [
+    (99, None, "control message from rank 2 with an unknown tag"),
+    (2, torch.zeros(5, dtype=torch.float32), "error text from rank 2 is malformed"),
+    (2, torch.zeros(5000, dtype=torch.uint8), "error text from rank 2 is malformed"),
+])
+async def test_malformed_control_message_is_a_protocol_error(tag: int, text: Any,
+                                                             what: str) -> None:
+    world = InprocWorld(4)
+    pipes = _ranks(world, make_mlp_stages(4), peer_timeout=5.0, device="inline")
+    world.drop = lambda src, dst, msg: src == 0 and dst == 1  # rank 1 waits: a step is running
+    x, y = torch.randn(8, 16, dtype=torch.float64), torch.randn(8, 16, dtype=torch.float64)
+    running = [asyncio.ensure_future(p.step(x if r == 0 else None, y if r == 3 else None))
+               for r, p in enumerate(pipes)]
+    await asyncio.sleep(0.1)
+    world.endpoints[2].send_nowait(1, Message(0, MessageKind.CONTROL, 0, 0,
+                                              () if text is None else (text,), tag))
+    results = await asyncio.wait_for(asyncio.gather(*running, return_exceptions=True), 30)
+    assert isinstance(results[1], ProtocolError) and what in str(results[1]), results[1]
     for p in pipes:
         p.close()

@@ -74,3 +74,27 @@ def test_silent_rank_is_declared_lost() -> None:
     assert direct, out[-3000:]  # the ranks that wait on rank 2 say so themselves
     for rank, (t, kind, msg) in seen.items():
         assert kind == "PeerLostError" and "peer rank 2 of 4 sent nothing" in msg, msg
+
+
+STOP_SCRIPT = Path(__file__).resolve().parent / "mpi_scripts" / "train_stop.py"
+
+
+@pytest.mark.parametrize("where", ["barrier", pytest.param("checkpoint", marks=pytest.mark.heavy),
+                                   pytest.param("gather", marks=pytest.mark.heavy)])
+def test_rank_stopped_outside_a_step_ends_the_job(where: str, tmp_path: Path) -> None:
+    """A rank stopped in the start barrier, its checkpoint write or the report gather of
+    `aioready train`'s loop: its peer names it with PeerLostError within the peer timeout and
+    the job ends (it used to wait forever: the timeouts were armed only inside pipe.step)."""
+    proc = run_mpi(2, [str(STOP_SCRIPT), where, "1", "1", str(tmp_path)], timeout=100,
+                   env={"AIOREADY_PEER_TIMEOUT": "2"})
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out[-3000:]
+    assert f"STOPPING rank=1 where={where}" in out, out[-3000:]
+    assert "FINISHED" not in out, out[-3000:]
+    found = re.search(r"DETECTED rank=0 type=(\w+) lost=(\w+) msg=(.*)", out)
+    assert found, out[-3000:]
+    kind, lost, msg = found.groups()
+    assert (kind, lost) == ("PeerLostError", "1"), msg
+    during = {"barrier": "the start barrier", "checkpoint": "the report gather of step 1",
+              "gather": "the report gather of step 1"}[where]
+    assert "peer rank 1 of 2 sent nothing" in msg and f"during {during}" in msg, msg

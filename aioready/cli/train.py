@@ -9,7 +9,7 @@ from typing import Any
 
 from ..schedulers import hint_names
 
-__all__ = ["add_parser", "run", "mpi_comm", "config_from_args"]
+__all__ = ["add_parser", "run", "mpi_comm", "config_from_args", "refuse_unserved_launch"]
 
 EXAMPLES = """examples:
   aioready train --stages 4 --microbatches 8 --steps 5 --mode ready
@@ -68,6 +68,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
                    "each step (atomic; D/step-N/rank-R-of-W.pt)")
     p.add_argument("--resume", action="store_true",
                    help="continue from the latest complete checkpoint in --checkpoint-dir")
+    p.add_argument("--no-check-config", dest="check_config", action="store_false",
+                   help="with --resume: accept a checkpoint of another hint, microbatch count "
+                   "or split (the model and stages must still match)")
+    p.add_argument("--key-file", metavar="F", default=None,
+                   help="under mpirun, seal every message between ranks (AES-256-GCM) with "
+                   "the key in F (mode 600); default: $AIOREADY_KEY_FILE, else plain")
+    p.add_argument("--run-record", metavar="F", default=None,
+                   help="append this run's record to F as JSON lines: configuration, package "
+                   "versions, git revision, world layout, key fingerprint, start, end or error")
+    p.add_argument("--on-nan", choices=("warn", "stop"), default="warn",
+                   help="a loss that is not finite: warn (default) or stop the run")
     p.set_defaults(func=run)
 
 
@@ -78,7 +89,8 @@ def config_from_args(args: argparse.Namespace) -> Any:
         cap=args.cap, jitter=args.jitter, seed=args.seed, trace=args.trace, steps=args.steps,
         split_backward=args.split_backward, task_ms=args.task_ms, batch=args.batch,
         seq=args.seq, dim=args.dim, lr=args.lr, metrics_port=args.metrics_port,
-        sleep_only=args.sleep_only, checkpoint_dir=args.checkpoint_dir, resume=args.resume)
+        sleep_only=args.sleep_only, checkpoint_dir=args.checkpoint_dir, resume=args.resume,
+        on_nan=args.on_nan, check_config=args.check_config, key_file=args.key_file)
 
 
 def mpi_comm() -> Any:
@@ -95,17 +107,33 @@ def mpi_comm() -> Any:
     return comm if comm.Get_size() > 1 else None
 
 
+def refuse_unserved_launch() -> None:
+    """A launcher that starts several processes that aioready would not connect (torchrun sets
+    WORLD_SIZE): each would silently train its own single-process pipeline. Say so and stop."""
+    size = os.environ.get("WORLD_SIZE", "1").strip()
+    if size.isdigit() and int(size) > 1:
+        from ..errors import ConfigError
+        raise ConfigError(f"launched as one of {size} processes (WORLD_SIZE={size}, e.g. by "
+                          "torchrun), which aioready train does not connect: each would train "
+                          "its own copy", expected="mpiexec/mpirun, or one process",
+                          got=f"WORLD_SIZE={size} without MPI",
+                          fix=f"mpiexec -n {size} python -m aioready train ...")
+
+
 def run(args: argparse.Namespace) -> int:
     from ..launch import run as run_loop  # under mpirun: any error aborts every rank
     from .trainer import train, write_outputs
     cfg = config_from_args(args)
+    comm = mpi_comm()
+    if comm is None:
+        refuse_unserved_launch()
     import torch
     torch.set_num_threads(1)  # a tiny model: one thread per rank's worker, no oversubscription
-    comm = mpi_comm()
     rank = comm.Get_rank() if comm is not None else 0
+    record = _record(args, cfg, rank, comm)
     with _Progress(cfg.steps if rank == 0 and not args.no_progress and cfg.steps > 1 else 0
                    ) as on_step:
-        result = run_loop(train(cfg, comm=comm, on_step=on_step))
+        result = run_loop(_recorded(record, train(cfg, comm=comm, on_step=on_step)))
     if rank != 0:
         return 0
     for path in write_outputs(result, cfg, json_out=args.json_out,
@@ -116,8 +144,43 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _record(args: argparse.Namespace, cfg: Any, rank: int, comm: Any) -> Any:
+    if not args.run_record:
+        return None
+    from ..schedulers import make_hint
+    from .record import RunRecord
+    world = comm.Get_size() if comm is not None else 1
+    record = RunRecord(args.run_record, rank=rank, world_size=world)
+    hint = make_hint(cfg.hint, num_stages=cfg.stages, num_microbatches=cfg.microbatches,
+                     num_ranks=world if world > 1 else None, split_backward=cfg.split_backward)
+    key_file = cfg.key_file or os.environ.get("AIOREADY_KEY_FILE")
+    fingerprint = None
+    if key_file and world > 1:
+        from ..transports.secure import key_fingerprint, load_key
+        fingerprint = key_fingerprint(load_key(key_file))
+    record.start(cfg, layout={r: list(hint.placement.stages_of(r))
+                              for r in range(hint.placement.num_ranks)},
+                 key_fingerprint=fingerprint)
+    return record
+
+
+async def _recorded(record: Any, main: Any) -> Any:
+    """`main`, with its end or its error appended to the run record (before any MPI_Abort)."""
+    if record is None:
+        return await main
+    try:
+        result = await main
+    except BaseException as exc:
+        record.error(exc)
+        raise
+    record.end(result)
+    return result
+
+
 def _print_summary(result: Any, cfg: Any) -> None:
     where = f"{result.world_size} MPI ranks" if result.world_size > 1 else "in-process"
+    if result.key_fingerprint:
+        where += f", sealed with key {result.key_fingerprint}"
     print(f"{cfg.mode} {cfg.hint}, S={cfg.stages} M={cfg.microbatches}, {where}, "
           f"{result.durations}")
     for m, loss in zip(result.metrics, result.losses):

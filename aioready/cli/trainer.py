@@ -10,7 +10,10 @@ exports happen.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import math
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +24,7 @@ import torch
 from ..caps import CapSpec, parse_cap
 from ..devices.cpu import CPUDevice
 from ..devices.paced import PacedDevice
-from ..errors import ConfigError
+from ..errors import ConfigError, DivergedError
 from ..runtime.pipeline import Pipeline
 from ..schedulers import make_hint
 from ..sim.durations import paced_duration
@@ -30,7 +33,9 @@ from ..telemetry.metrics import StepMetrics, step_metrics
 from ..telemetry.spans import StepReport
 from ..testing.models import gpt_stages, lm_loss
 
-__all__ = ["TrainConfig", "TrainResult", "train", "synthetic_microbatch"]
+__all__ = ["TrainConfig", "TrainResult", "train", "synthetic_microbatch", "ON_NAN"]
+
+ON_NAN = ("warn", "stop")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -65,6 +70,14 @@ class TrainConfig:
     """write a checkpoint (aioready.runtime.checkpoint) here after every step; None: off"""
     resume: bool = False
     """continue from the latest checkpoint in checkpoint_dir (from step 0 if there is none)"""
+    check_config: bool = True
+    """on resume, refuse a checkpoint written with another hint, microbatch count or split"""
+    key_file: str | None = None
+    """seal every message between ranks with the key in this file (transports/secure.py);
+    None: AIOREADY_KEY_FILE if set, else plain"""
+    on_nan: str = "warn"
+    """a loss that is not finite: "warn" (once, on stderr, and in the summary) or "stop" (raise
+    DivergedError)"""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cap", parse_cap(self.cap))  # "8" -> 8: the summary shows 8
@@ -74,6 +87,14 @@ class TrainConfig:
         if self.checkpoint_dir and self.sleep_only:
             raise ConfigError("sleep_only runs no model: nothing to checkpoint",
                               expected="checkpoint_dir without sleep_only", got="both")
+        if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
+            raise ConfigError("lr must be a positive finite number", expected="> 0",
+                              got=self.lr)
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise ConfigError("metrics_port out of range", expected="0..65535",
+                              got=self.metrics_port)
+        if self.on_nan not in ON_NAN:
+            raise ConfigError("on_nan", expected=" | ".join(ON_NAN), got=repr(self.on_nan))
         for name in ("stages", "microbatches", "steps", "batch", "seq", "dim", "heads",
                      "layers_per_stage", "vocab"):
             if getattr(self, name) < 1:
@@ -92,6 +113,10 @@ class TrainResult:
     world_size: int = 1
     durations: str = ""
     overruns: int = 0
+    diverged_at: int | None = None
+    """the first step whose loss was not finite (None: none)"""
+    key_fingerprint: str | None = None
+    """the sealing key's fingerprint when messages were sealed (None: plain)"""
 
     def summary(self, cfg: TrainConfig) -> dict[str, Any]:
         """The `--json` summary: lists per step, times in ms."""
@@ -108,7 +133,8 @@ class TrainResult:
             "trace": cfg.trace, "task_ms": cfg.task_ms, "durations": self.durations,
             "transport": "mpi" if self.world_size > 1 else "inproc",
             "ranks": self.world_size, "overruns": self.overruns,
-            "sleep_only": cfg.sleep_only,
+            "sleep_only": cfg.sleep_only, "diverged_at": self.diverged_at,
+            "sealed": self.key_fingerprint,
         }
 
 
@@ -129,6 +155,13 @@ async def train(cfg: TrainConfig, *, comm: Any = None,
     world = comm.Get_size() if comm is not None else 1
     rank = comm.Get_rank() if comm is not None else 0
     transport = _mpi_transport(comm) if world > 1 else None
+    key_file = cfg.key_file or os.environ.get("AIOREADY_KEY_FILE") or None
+    fingerprint = None
+    if key_file and transport is not None:
+        from ..transports.secure import SecureTransport, load_key, secure_session
+        transport = SecureTransport(transport, key=load_key(key_file),
+                                    session=await secure_session(comm))
+        fingerprint = transport.fingerprint
     hint = make_hint(cfg.hint, num_stages=cfg.stages, num_ranks=world if world > 1 else None,
                      num_microbatches=cfg.microbatches, split_backward=cfg.split_backward)
     placement = hint.placement
@@ -151,14 +184,19 @@ async def train(cfg: TrainConfig, *, comm: Any = None,
                     device=make_device, num_stages=cfg.stages)
     params = [p for m in modules if m is not None for p in m.parameters()]
     opt = torch.optim.AdamW(params, lr=cfg.lr) if params else None
-    result = TrainResult(rank=rank, world_size=world, durations=source)
+    result = TrainResult(rank=rank, world_size=world, durations=source,
+                         key_fingerprint=fingerprint)
     start = 0
+    if cfg.checkpoint_dir:
+        _check_writable(Path(cfg.checkpoint_dir))
     if cfg.resume:
         from ..runtime.checkpoint import resume
-        start = resume(cfg.checkpoint_dir, pipe, opt)  # type: ignore[arg-type]
+        start = resume(cfg.checkpoint_dir, pipe, opt,  # type: ignore[arg-type]
+                       check_config=cfg.check_config)
     if world > 1:
         from ..telemetry.gather import barrier
-        await barrier(comm)  # ranks built their models at different speeds: start together
+        # ranks built their models at different speeds: start together
+        await pipe.watch(barrier(comm), what="the start barrier")
     with _live_metrics(cfg, pipe, rank) as instruments:
         try:
             for step in range(start, cfg.steps):
@@ -168,8 +206,12 @@ async def train(cfg: TrainConfig, *, comm: Any = None,
                     opt.zero_grad(set_to_none=True)
                 if cfg.checkpoint_dir:
                     from ..runtime.checkpoint import save_checkpoint
-                    save_checkpoint(cfg.checkpoint_dir, pipe, opt)
-                report, loss_value = await _collect(pipe, comm if world > 1 else None, loss)
+                    # in a thread: the loop keeps beating, so a long write is not a lost rank
+                    await pipe.watch(asyncio.to_thread(save_checkpoint, cfg.checkpoint_dir,
+                                                       pipe, opt), what="a checkpoint write")
+                report, loss_value = await pipe.watch(
+                    _collect(pipe, comm if world > 1 else None, loss),
+                    what=f"the report gather of step {step}")
                 if instruments:
                     local = pipe.last_step
                     assert local is not None
@@ -177,22 +219,49 @@ async def train(cfg: TrainConfig, *, comm: Any = None,
                                      step_metrics(report or local))
                 if report is None:
                     continue
+                _check_loss(cfg, result, step, loss_value)
                 metrics = step_metrics(report)
                 result.reports.append(report)
                 result.metrics.append(metrics)
                 result.losses.append(loss_value)
                 if on_step is not None:
                     on_step(step, metrics, loss_value)
+            overruns = sum(d.num_overruns for d in devices)
+            if world > 1:
+                from ..telemetry.gather import reduce_sum
+                overruns = await pipe.watch(reduce_sum(comm, overruns),
+                                            what="the final reduce") or 0
+                await pipe.watch(transport.close(), what="the transport's close")
         finally:
             pipe.close()
-            if transport is not None:
-                await transport.close()
-    overruns = sum(d.num_overruns for d in devices)
-    if world > 1:
-        from ..telemetry.gather import reduce_sum
-        overruns = await reduce_sum(comm, overruns) or 0
     result.overruns = overruns
     return result
+
+
+def _check_writable(directory: Path) -> None:
+    """Before step 0, not after it: a checkpoint directory this process cannot write to."""
+    probe = directory / f".aioready-write-test-{os.getpid()}"
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError(f"cannot write checkpoints to {directory}", expected="a writable "
+                          "directory", got=f"{type(exc).__name__}: {exc.strerror or exc}"
+                          ) from None
+
+
+def _check_loss(cfg: TrainConfig, result: TrainResult, step: int, loss: float | None) -> None:
+    """A loss that is not finite is said loudly (once) or ends the run (on_nan="stop")."""
+    if loss is None or math.isfinite(loss) or result.diverged_at is not None:
+        return
+    result.diverged_at = step
+    if cfg.on_nan == "stop":
+        raise DivergedError(f"the loss is {loss}: the run diverged", step=step,
+                            expected="a finite loss", got=loss,
+                            fix="lower the learning rate (--lr)")
+    print(f"aioready train: step {step}: the loss is {loss}: the run diverged (lower --lr; "
+          "--on-nan stop ends the run on it)", file=sys.stderr, flush=True)
 
 
 def _batch(cfg: TrainConfig, step: int, mine: tuple[int, ...]) -> tuple[Any, Any]:
@@ -251,11 +320,13 @@ def write_outputs(result: TrainResult, cfg: TrainConfig, *, json_out: str | None
     import json
 
     from ..telemetry.export import write_chrome_trace, write_csv
+    from .record import finite
     written = []
     if json_out:
         path = Path(json_out)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result.summary(cfg), indent=1))
+        # strict JSON: a NaN or inf (a diverged loss) is null; diverged_at says where
+        path.write_text(json.dumps(finite(result.summary(cfg)), indent=1, allow_nan=False))
         written.append(path)
     if chrome_trace:
         written.append(write_chrome_trace(result.reports, chrome_trace))
@@ -265,3 +336,4 @@ def write_outputs(result: TrainResult, cfg: TrainConfig, *, json_out: str | None
         from ..telemetry.plots import plot_timeline
         written.append(plot_timeline(result.reports[-1], png, label=f"{cfg.mode} {cfg.hint} "))
     return written
+

@@ -17,6 +17,12 @@ is unpickled. A file carries a manifest (format version, rank, stages, stage cou
 names, shapes and dtypes, hint, microbatches) that is checked against the pipeline before anything
 is loaded: a checkpoint of another model or stage count raises CheckpointError naming the first
 difference and leaves the model, the optimizers and the files untouched.
+
+Verified, all or nothing: each file carries the SHA-256 of its content (runtime/digest.py), checked
+when it is read, so a flipped byte is refused naming the file; the tensors themselves (names,
+shapes, dtypes, finite values) and the optimizers' parameter groups are checked against the
+pipeline for every rank before any stage is overwritten. Leftover temporary files of a killed
+write are removed when this process writes or resumes its ranks' files.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from ..errors import CheckpointError, ConfigError
+from .digest import content_digest
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "state_dict", "load_state_dict", "save_checkpoint",
            "load_checkpoint", "latest", "resume", "step_dir"]
@@ -185,7 +192,8 @@ def _validate(pipe: Any, states: Mapping[int, Any], opts: dict[int, Any], check_
         _differs("placement", place.style, man["placement"], rt.rank)
         _differs("rank's stage list", list(rt.stages), list(man["stages"]), rt.rank)
         if check_config:
-            fix = "pass check_config=False to resume with another schedule"
+            fix = ("pass check_config=False (aioready train --no-check-config) to resume "
+                   "with another schedule")
             _differs("hint", pipe.hint.name, man["hint"], rt.rank, fix)
             _differs("microbatch count", pipe.microbatches, man["microbatches"], rt.rank, fix)
             _differs("split_backward", pipe.hint.split_backward, man["split_backward"],
@@ -199,6 +207,9 @@ def _validate(pipe: Any, states: Mapping[int, Any], opts: dict[int, Any], check_
                                   "(the checkpoint)")
         for s in rt.stages:
             _check_params(s, local[s][1], man["params"].get(s), rt.rank)
+            _check_tensors(s, local[s][1], st["stages"].get(s), rt.rank)
+            if s in opts:
+                _check_optimizer(s, opts[s], st["stages"][s].get("optimizer"), rt.rank)
             saved_opt = man["optimizers"].get(s)
             given = type(opts[s]).__name__ if s in opts else None
             if saved_opt != given:
@@ -226,6 +237,40 @@ def _check_params(stage: int, module: Any, saved: Any, rank: int) -> None:
             raise CheckpointError(f"stage {stage}: parameter {mine[0]!r} differs", rank=rank,
                                   expected=f"shape {tuple(mine[1])} {mine[2]} (this model)",
                                   got=f"shape {tuple(theirs[1])} {theirs[2]} (the checkpoint)")
+
+
+def _check_tensors(stage: int, module: Any, saved: Any, rank: int) -> None:
+    """The tensors themselves, not only the manifest: a file whose weights disagree with its
+    manifest, or hold NaN or inf, is refused before anything is loaded."""
+    model = saved.get("model") if isinstance(saved, Mapping) else None
+    if not isinstance(model, Mapping):
+        raise CheckpointError(f"stage {stage}: no model state", rank=rank,
+                              expected="a state dict", got=type(model).__name__)
+    ours = module.state_dict()
+    if list(model) != list(ours):
+        raise CheckpointError(f"stage {stage}: the weights disagree with the manifest",
+                              rank=rank, expected=f"{len(ours)} tensors", got=f"{len(model)}")
+    for name, mine in ours.items():
+        t = model[name]
+        if not isinstance(t, torch.Tensor) or t.shape != mine.shape or t.dtype != mine.dtype:
+            raise CheckpointError(f"stage {stage}: tensor {name!r} disagrees with the manifest",
+                                  rank=rank, expected=f"shape {tuple(mine.shape)} {mine.dtype}",
+                                  got=f"shape {tuple(getattr(t, 'shape', ()))} "
+                                  f"{getattr(t, 'dtype', type(t).__name__)}")
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise CheckpointError(f"stage {stage}: tensor {name!r} holds NaN or inf",
+                                  rank=rank, expected="finite weights", got="NaN or inf",
+                                  fix="resume from an earlier checkpoint (the run diverged)")
+
+
+def _check_optimizer(stage: int, opt: Any, saved: Any, rank: int) -> None:
+    groups = saved.get("param_groups") if isinstance(saved, Mapping) else None
+    ours = [len(g["params"]) for g in opt.param_groups]
+    theirs = [len(g.get("params", ())) for g in groups] if isinstance(groups, list) else None
+    if theirs != ours:
+        raise CheckpointError(f"stage {stage}: the optimizer state does not fit the optimizer",
+                              rank=rank, expected=f"parameter groups of sizes {ours}",
+                              got=theirs if theirs is not None else type(saved).__name__)
 
 
 def load_state_dict(pipe: Any, states: Mapping[int, Any], optimizers: Any = None, *,
@@ -256,7 +301,15 @@ def step_dir(directory: str | Path, step: int) -> Path:
     return Path(directory) / f"step-{step:08d}"
 
 
+def _sweep(path: Path) -> None:
+    """Remove what killed writes of `path` left behind (any process id)."""
+    for tmp in path.parent.glob(f".{path.name}.tmp-*"):
+        tmp.unlink(missing_ok=True)
+
+
 def _write_atomic(path: Path, obj: Any) -> None:
+    _sweep(path)
+    obj = {**obj, "sha256": content_digest(obj)}
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with open(tmp, "wb") as f:
@@ -264,6 +317,11 @@ def _write_atomic(path: Path, obj: Any) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as exc:  # disk full, no permission: the previous checkpoint stays whole
+        tmp.unlink(missing_ok=True)
+        raise CheckpointError(f"cannot write checkpoint file {path}", expected="a writable "
+                              "directory with room", got=f"{type(exc).__name__}: "
+                              f"{exc.strerror or exc}") from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -302,21 +360,43 @@ def latest(directory: str | Path) -> Path | None:
     return None
 
 
-def _read(path: Path) -> Any:
+def _read(path: Path, verify: bool = True) -> Any:
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        if path.stat().st_size == 0:
+            raise CheckpointError(f"checkpoint file {path} is empty", expected="a file "
+                                  "written by aioready.runtime.checkpoint", got="0 bytes")
+        state = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
         raise CheckpointError("checkpoint file missing", expected=str(path),
                               got="no such file") from None
+    except CheckpointError:
+        raise
     except Exception as exc:
+        first = (str(exc).splitlines() or [""])[0][:200]
         raise CheckpointError(f"cannot read checkpoint file {path}",
                               expected="a file written by aioready.runtime.checkpoint",
-                              got=f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
-                              ) from None
+                              got=f"{type(exc).__name__}: {first}") from None
+    if verify:
+        _verify(path, state)
+    return state
+
+
+def _verify(path: Path, state: Any) -> None:
+    """The file's content against the SHA-256 it carries (see the module note)."""
+    if not isinstance(state, dict) or not isinstance(state.get("sha256"), str):
+        raise CheckpointError(f"checkpoint file {path} carries no checksum", expected="a "
+                              "SHA-256 of its content", got="none", fix="a file written "
+                              "before checksums: load it with verify=False")
+    content = {k: v for k, v in state.items() if k != "sha256"}
+    got = content_digest(content)
+    if got != state["sha256"]:
+        raise CheckpointError(f"checkpoint file {path} is corrupt: its content does not match "
+                              "its SHA-256", expected=state["sha256"], got=got,
+                              fix="resume from an earlier step directory")
 
 
 def load_checkpoint(path: str | Path, pipe: Any, optimizers: Any = None, *,
-                    check_config: bool = True) -> int:
+                    check_config: bool = True, verify: bool = True) -> int:
     """Load a step directory (or the latest under a checkpoint dir); return the next step."""
     p = Path(path)
     if not _STEP_DIR.match(p.name):
@@ -334,13 +414,20 @@ def load_checkpoint(path: str | Path, pipe: Any, optimizers: Any = None, *,
             raise CheckpointError(f"no file for rank {rt.rank} of {num_ranks} in {p}",
                                   rank=rt.rank, expected=f.name, got=others or "none",
                                   fix="the checkpoint was written for another rank count")
-        states[rt.rank] = _read(f)
+        states[rt.rank] = _read(f, verify)
     return load_state_dict(pipe, states, optimizers, check_config=check_config)
 
 
 def resume(directory: str | Path, pipe: Any, optimizers: Any = None, *,
-           check_config: bool = True) -> int:
+           check_config: bool = True, verify: bool = True) -> int:
     """Load the latest checkpoint under `directory` if any; return the step to start from."""
+    root = Path(directory)
+    if root.is_dir():  # a killed write's leftovers of this process's ranks' files
+        num_ranks = pipe.hint.placement.num_ranks
+        for step in root.glob("step-*"):
+            for rt in pipe.runtimes:
+                _sweep(step / f"rank-{rt.rank:05d}-of-{num_ranks:05d}.pt")
     if latest(directory) is None:
         return 0
-    return load_checkpoint(directory, pipe, optimizers, check_config=check_config)
+    return load_checkpoint(directory, pipe, optimizers, check_config=check_config,
+                           verify=verify)

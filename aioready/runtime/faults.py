@@ -12,6 +12,12 @@ Two ways a rank learns that a peer is gone, both without waking the arbiter:
   so a peer that finished its part of the step early and left is never blamed. A rank that died
   without a word (SIGKILL) or stopped answering (SIGSTOP, a hung driver) is thus detected in
   1x to 1.25x the timeout; under MPICH's mpiexec a killed rank usually takes the job down first.
+- Job-wide waits. Outside a step a rank also waits on its peers: the start barrier, the report
+  gather, the final reduce, a transport's close. `watch(awaitable, what)` runs such a wait under
+  the same timeout, against every peer (all take part in a collective): a peer silent for
+  `peer_timeout` ends it with PeerLostError naming the peer and the wait, and a peer's error
+  broadcast ends it at once. Heartbeats start with the first watch or step (`start`), so a rank
+  that stops before its first step is caught too.
 
 CONTROL messages carry their meaning in the header (tag: heartbeat or error kind) and an error's
 text as a uint8 tensor, never a pickle; who sent one is the message's `source`, which the
@@ -25,10 +31,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from typing import Any
+from typing import Any, Awaitable, TypeVar
 
 from ..errors import PeerLostError, ProtocolError, StageError
 from ..transports.base import Message, MessageKind
+from ..transports.header import MAX_CONTROL_BYTES
 from .watchdog import StepGuard
 
 __all__ = ["PeerMonitor", "PEER_TIMEOUT_S", "HEARTBEAT", "STAGE_FAILED", "RANK_FAILED",
@@ -36,10 +43,11 @@ __all__ = ["PeerMonitor", "PEER_TIMEOUT_S", "HEARTBEAT", "STAGE_FAILED", "RANK_F
 
 PEER_TIMEOUT_S = 30.0
 HEARTBEAT, STAGE_FAILED, RANK_FAILED = 1, 2, 3
-MAX_ERROR_BYTES = 4096
+MAX_ERROR_BYTES = MAX_CONTROL_BYTES - 256  # the receiver's decoder refuses more; room to seal
 FLUSH_S = 1.0  # how long a failing rank waits for its error broadcast to leave
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class PeerMonitor:
@@ -58,9 +66,12 @@ class PeerMonitor:
         self._due = 0.0
         self._remote_error: BaseException | None = None
         self._broadcast_done = False
+        self.job_guard = StepGuard()  # runs the job-wide waits of `watch`
+        self._watching = ""
         runtime.add_control_handler(self._on_control)
         guard.on_start.append(self._arm)
         guard.on_error.append(self.broadcast_error)
+        self.job_guard.on_error.append(self.broadcast_error)
 
     # -- heartbeats and the peer timeout ---------------------------------------------------
     def _arm(self, step: int) -> None:
@@ -71,11 +82,41 @@ class PeerMonitor:
         self._broadcast_done = False
         if self.timeout is None:
             return
+        now = asyncio.get_running_loop().time()
+        self._last_seen = {r: now for r in self.peers}
+        self.start()
+
+    def start(self) -> None:
+        """Start the heartbeats (once, on the running loop): the first a quarter timeout later,
+        once peers are open. Peers not heard from yet count as seen now."""
+        if self.timeout is None or self._handle is not None:
+            return
         loop = asyncio.get_running_loop()
         now = loop.time()
-        self._last_seen = {r: now for r in self.peers}
-        if self._handle is None:  # first beat a quarter timeout later, once peers are open
-            self._schedule(loop)
+        for r in self.peers:
+            self._last_seen.setdefault(r, now)
+        self._schedule(loop)
+
+    async def watch(self, awaitable: Awaitable[T], what: str) -> T:
+        """Await a job-wide wait (`what`: "the start barrier", ...) under the peer timeout,
+        against every peer; a peer's error broadcast ends it too (see the module note)."""
+        if self._remote_error is not None:
+            raise self._remote_error
+        self.start()
+        now = asyncio.get_running_loop().time()
+        self._last_seen = {r: max(self._last_seen.get(r, now), now - self._grace()) for r in
+                           self.peers}
+        self._watching = what
+        self._broadcast_done = False
+        try:
+            return await self.job_guard.run(awaitable, max(self.runtime.step_index, 0))
+        finally:
+            self._watching = ""
+
+    def _grace(self) -> float:
+        """A peer silent before a wait began is lost a timeout after its last word, but never
+        sooner than a quarter timeout into the wait (its beat may be on the way)."""
+        return 0.75 * self.timeout if self.timeout is not None else 0.0
 
     def _schedule(self, loop: asyncio.AbstractEventLoop) -> None:
         interval = self.timeout / 4  # type: ignore[operator]
@@ -96,6 +137,8 @@ class PeerMonitor:
         self._beat()
         if self.guard.running:
             self._check(now)
+        elif self.job_guard.running:
+            self._check_all(now)
         self._schedule(loop)
 
     def _check(self, now: float) -> None:
@@ -113,6 +156,19 @@ class PeerMonitor:
                     fix="see that rank's log; raise peer_timeout (AIOREADY_PEER_TIMEOUT) if "
                         "it is just slow")
                 self.guard.abort(error)
+                return
+
+    def _check_all(self, now: float) -> None:
+        for peer in self.peers:
+            silent = now - self._last_seen.get(peer, now)
+            if silent >= self.timeout:  # type: ignore[operator]
+                self.job_guard.abort(PeerLostError(
+                    f"peer rank {peer} of {self.world_size} sent nothing for {silent:.3g} s "
+                    f"(peer_timeout={self.timeout:g} s) during {self._watching}: it died or "
+                    "stopped answering", rank=self.rank,
+                    step=self.runtime.step_index if self.runtime.step_index >= 0 else None,
+                    lost_rank=peer, fix="see that rank's log; raise peer_timeout "
+                    "(AIOREADY_PEER_TIMEOUT) if it is just slow"))
                 return
 
     def close(self) -> None:
@@ -161,20 +217,30 @@ class PeerMonitor:
                                 expected="a source set by the transport", got=msg.describe())
         loop = asyncio.get_running_loop()
         self._last_seen[src] = loop.time()
+        if msg.tag not in (HEARTBEAT, STAGE_FAILED, RANK_FAILED):
+            raise ProtocolError(f"control message from rank {src} with an unknown tag",
+                                rank=self.rank, expected=[HEARTBEAT, STAGE_FAILED, RANK_FAILED],
+                                got=msg.describe())
         if msg.tag == HEARTBEAT or self._remote_error is not None:
             return
-        text = _text(msg)
+        text = _text(msg, self.rank)
         waits = [str(t) for t, r in self.runtime.pending_receives()]
         cls = StageError if msg.tag == STAGE_FAILED else PeerLostError
         error = cls(f"peer failed: {text}", rank=self.rank, step=msg.step,
                     task=waits[0] if waits else None, lost_rank=src, remote=True)
         self._remote_error = error
         self.guard.abort(error)
+        self.job_guard.abort(error)
 
 
-def _text(msg: Message) -> str:
-    if not msg.tensors:
+def _text(msg: Message, rank: int) -> str:
+    """A peer's error text: at most MAX_ERROR_BYTES of uint8, decoded leniently."""
+    if not msg.tensors or msg.tensors[0] is None:
         return "(no text)"
     data = msg.tensors[0]
-    raw = bytes(data.tolist()) if hasattr(data, "tolist") else bytes(data)
-    return raw.decode("utf-8", "replace")
+    if str(getattr(data, "dtype", "")) != "torch.uint8" or data.dim() != 1 \
+            or data.numel() > MAX_ERROR_BYTES:
+        raise ProtocolError(f"error text from rank {msg.source} is malformed", rank=rank,
+                            expected=f"<= {MAX_ERROR_BYTES} bytes as a 1-d uint8 tensor",
+                            got=msg.describe())
+    return bytes(data.tolist()).decode("utf-8", "replace")

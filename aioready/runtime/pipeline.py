@@ -9,7 +9,7 @@ Gradients accumulate in the stage modules; the caller steps the optimizer.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Callable, Sequence
+from typing import Any, Awaitable, Callable, Sequence, TypeVar
 
 from ..caps import CapSpec, parse_cap, resolve_caps
 from ..clock import virtual_clock
@@ -25,6 +25,8 @@ from .rank import MODES, RankRuntime
 from .watchdog import DEFAULT, STALL_TIMEOUT_S, StallWatchdog, StepGuard, resolve_timeout
 
 __all__ = ["Pipeline", "split_microbatches"]
+
+T = TypeVar("T")
 
 
 def split_microbatches(value: Any, num: int, *, name: str) -> list[Any] | None:
@@ -237,6 +239,17 @@ class Pipeline:
         self.history.append(reports)
         self.last_step = _merge(reports)
         return loss
+
+    async def watch(self, awaitable: Awaitable[T], *, what: str) -> T:
+        """Await a wait outside `step` that involves the peers (a barrier, a gather, a close)
+        under the peer timeout: a peer that stops answering meanwhile ends it with
+        PeerLostError naming the peer and `what`, instead of waiting forever
+        (docs/architecture.md "Faults and what ends a job"). Without peers, just awaits."""
+        if self.peer_monitor is None:
+            return await awaitable
+        for rt in self.runtimes:
+            rt.open()
+        return await self.peer_monitor.watch(awaitable, what)
 
     def close(self) -> None:
         if self.peer_monitor is not None:

@@ -282,15 +282,20 @@ class RankRuntime:
         self._satisfy(task)
 
     # -- the step -------------------------------------------------------------------------
+    def open(self) -> None:
+        """Open the transport (once; inside the loop, so transports may start their pollers):
+        from here on, messages are routed, and those of the next step kept for it."""
+        if not self._opened:
+            self.transport.open(self._deliver, on_failure=self.fail)
+            self._opened = True
+
     async def run_step(self, step: int, inputs: Sequence[Any] | None = None,
                        targets: Sequence[Any] | None = None) -> Any:
         """Run this rank's tasks of `step`; return the loss on the last stage, else None."""
         if self._active:
             raise RuntimeError(f"rank {self.rank}: step {self.step_index} is still running")
         self._error = None
-        if not self._opened:  # inside the loop, so transports may start their pollers here
-            self.transport.open(self._deliver, on_failure=self.fail)
-            self._opened = True
+        self.open()
         self._reset(step, inputs, targets)
         try:
             engine = ProgressEngine.existing()

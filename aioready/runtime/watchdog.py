@@ -72,7 +72,15 @@ class StepGuard:
         return self._task is not None and not self._task.done()
 
     async def run(self, coro: Awaitable[T], step: int) -> T:
-        """Await `coro` as a task; raise the error given to `abort` if it was stopped."""
+        """Await `coro` as a task; raise the error given to `abort` if it was stopped.
+
+        A second call while one runs is refused before it touches anything: the running step
+        keeps its task, its watchdogs and its peers."""
+        if self.running:
+            if asyncio.iscoroutine(coro):
+                coro.close()
+            raise RuntimeError(f"step {step}: a step is already running; await it before "
+                               "starting the next")
         self._error = None
         self._task = asyncio.ensure_future(coro)
         for fn in self.on_start:

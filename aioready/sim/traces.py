@@ -143,12 +143,16 @@ def read_trace(src: str | Path | TextIO, *, placement: Placement | None = None) 
     if isinstance(src, (str, Path)):
         name = str(src)
         try:
-            text = Path(src).read_text()
+            text = Path(src).read_text(encoding="utf-8-sig")  # a spreadsheet's BOM is fine
         except OSError as exc:
             raise TraceError(f"cannot read trace {name}", expected="a readable CSV file",
                              got=exc.strerror) from None
+        except UnicodeDecodeError as exc:
+            raise TraceError(f"trace {name} is not UTF-8 text", expected="a UTF-8 CSV file",
+                             got=f"byte {exc.object[exc.start]:#04x} at offset {exc.start}"
+                             ) from None
     else:
-        name, text = getattr(src, "name", "trace"), src.read()
+        name, text = getattr(src, "name", "trace"), src.read().removeprefix("\ufeff")
     reader = csv.reader(io.StringIO(text))
     header = next(reader, None)
     if header is None:
@@ -208,6 +212,13 @@ def _assemble(rows: dict[tuple[int, int, int, int], tuple[float, int]],
     if placement is None:
         placement = _infer_placement(stages, chunk_of, name)
     stages = placement.num_stages
+    cells = steps * stages * mbs * (3 if split else 2)
+    if cells > max(8 * len(rows), 1 << 20):  # bounded work: the table would be mostly holes
+        far = max(rows, key=lambda k: (k[0] * mbs + k[2]))
+        raise TraceError(f"{name}: rows span {steps} steps x {stages} stages x {mbs} "
+                         f"microbatches but there are only {len(rows)}", step=far[0],
+                         expected="one row per task of every rank",
+                         got=f"step {far[0]} microbatch {far[2]} at line {rows[far][1]}")
     tables = np.full((steps, stages, mbs, 3), np.nan)
     for (step, stage, mb, kind), (ms, _) in rows.items():
         tables[step, stage, mb, kind] = ms

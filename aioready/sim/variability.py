@@ -104,6 +104,9 @@ class JitterSpec:
         return "+".join(str(t) for t in self.terms) or "none"
 
 
+MAX_SIGMA = 4.0  # lognormal: at 40 every duration was ~1e-320 and efficiency 1e11
+
+
 def _number(text: str, what: str, spec: str) -> float:
     try:
         value = float(text)
@@ -119,8 +122,9 @@ def _number(text: str, what: str, spec: str) -> float:
 def _check_term(term: Term, spec: str) -> None:
     p = term.params
     bad: str | None = None
-    if term.name == "lognormal" and p[0] < 0:
-        bad = "SIGMA >= 0"
+    if term.name == "lognormal" and not 0 <= p[0] <= MAX_SIGMA:
+        bad = f"0 <= SIGMA <= {MAX_SIGMA:g} (the mean-keeping factor exp(-SIGMA^2/2) " \
+            "underflows beyond)"
     elif term.name == "multimodal" and not (0 <= p[0] <= 1 and p[1] > 0 and
                                             (len(p) < 3 or p[2] >= 0)):
         bad = "0 <= FRACTION <= 1, FACTOR > 0, NOISE >= 0"

@@ -128,9 +128,51 @@ class _Collector:
             yield GaugeMetricFamily(name, doc, value=getattr(last, attr) if last else 0.0)
 
 
-def serve_metrics(port: int, registry: Any, *, addr: str = "127.0.0.1") -> Any:
+IDLE_TIMEOUT_S = 10.0  # a connection that sends nothing for this long is closed
+
+
+def serve_metrics(port: int, registry: Any, *, addr: str = "127.0.0.1",
+                  idle_timeout: float = IDLE_TIMEOUT_S) -> Any:
     """Serve `registry` on http://addr:port/metrics from a daemon thread; return the server
-    (`server.server_port` is the port bound, useful with port 0; `server.shutdown()` stops it)."""
+    (`server.server_port` is the port bound, useful with port 0; `server.shutdown()` stops it).
+    A connection idle for `idle_timeout` seconds is closed (each holds a thread)."""
     pc = _client()
-    server, _thread = pc.start_http_server(port, addr=addr, registry=registry)
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise ConfigError("metrics port out of range", expected="0..65535 (0: any free port)",
+                          got=port)
+    import threading
+    from wsgiref.simple_server import make_server
+
+    handler = type("_Handler", (_QuietHandler,), {"timeout": idle_timeout})
+    try:
+        server = make_server(addr, port, pc.make_wsgi_app(registry), _Server,
+                             handler_class=handler)
+    except OSError as exc:
+        raise ConfigError(f"cannot serve metrics on {addr}:{port}", expected="a free port",
+                          got=exc.strerror or str(exc),
+                          fix="choose another --metrics-port (or 0 for any free one)") from None
+    threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
+
+
+def _server_classes() -> tuple[type, type]:
+    import sys
+    from socketserver import ThreadingMixIn
+    from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
+
+    class Quiet(WSGIRequestHandler):
+        def log_message(self, *args: Any) -> None:  # scrapes are not news
+            pass
+
+    class Server(ThreadingMixIn, WSGIServer):
+        daemon_threads = True
+
+        def handle_error(self, request: Any, client_address: Any) -> None:
+            if isinstance(sys.exc_info()[1], (TimeoutError, ConnectionError)):
+                return  # an idle or vanished client, dropped on purpose
+            super().handle_error(request, client_address)
+
+    return Quiet, Server
+
+
+_QuietHandler, _Server = _server_classes()

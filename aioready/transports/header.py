@@ -5,10 +5,17 @@ descriptor per tensor (dtype code, ndim, shape). Stage boundaries carry one tens
 tensors; a None slot (an output with no gradient) travels as a descriptor with dtype code NONE.
 `decode_header` validates everything it reads and names the sending rank in its errors, so a
 corrupt or foreign message is a ProtocolError, never a misrouted tensor.
+
+The wire is hostile input: every field is bounded before anything is allocated. A message's
+payload (the sum of its tensors' bytes, each shape's product counted with empty dimensions as 1,
+so no shape can overflow) is at most MAX_MESSAGE_BYTES (AIOREADY_MAX_MESSAGE_BYTES, default
+8 GiB); a CONTROL message (a heartbeat, a peer's error text) holds at most one tensor of
+MAX_CONTROL_BYTES (4 KiB).
 """
 
 from __future__ import annotations
 
+import os
 import struct
 from dataclasses import dataclass
 
@@ -16,7 +23,8 @@ from ..errors import ProtocolError
 from .base import Message, MessageKind
 
 __all__ = ["HEADER_MAGIC", "MAX_TENSORS", "MAX_NDIM", "TensorSpec", "encode_header",
-           "decode_header", "DTYPE_CODES", "NONE_DTYPE", "encode_descriptor"]
+           "decode_header", "DTYPE_CODES", "DTYPE_SIZES", "NONE_DTYPE", "encode_descriptor",
+           "MAX_MESSAGE_BYTES", "MAX_CONTROL_BYTES", "check_bounds"]
 
 
 # dtype codes on the wire; names are torch dtype names so this module needs no torch.
@@ -24,7 +32,13 @@ DTYPE_CODES: dict[str, int] = {
     "float32": 0, "float64": 1, "float16": 2, "bfloat16": 3, "int64": 4, "int32": 5,
     "int16": 6, "int8": 7, "uint8": 8, "bool": 9, "complex64": 10, "complex128": 11,
 }
+DTYPE_SIZES: dict[str, int] = {
+    "float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4,
+    "int16": 2, "int8": 1, "uint8": 1, "bool": 1, "complex64": 8, "complex128": 16,
+}
 NONE_DTYPE = 255
+MAX_MESSAGE_BYTES = int(os.environ.get("AIOREADY_MAX_MESSAGE_BYTES", 8 << 30))
+MAX_CONTROL_BYTES = 4096
 HEADER_MAGIC = 0xA10D
 MAX_TENSORS = 16
 MAX_NDIM = 8
@@ -106,4 +120,28 @@ def decode_header(data: bytes | memoryview, *, source: int | None = None
             raise ProtocolError(f"header {where} has a negative dimension", expected=">= 0",
                                 got=shape)
         specs.append(TensorSpec(None if code == NONE_DTYPE else _NAMES[code], tuple(shape)))
+    check_bounds(mkind, specs, where)
     return Message(step, mkind, stage, mb, (), tag), specs
+
+
+def check_bounds(kind: MessageKind, specs: list[TensorSpec], where: str) -> None:
+    """Refuse a payload over the bounds of the module note, before anything is allocated."""
+    total = 0
+    for spec in specs:
+        if spec.dtype is None:
+            continue
+        extent = 1
+        for d in spec.shape:
+            extent *= max(d, 1)
+            if extent > MAX_MESSAGE_BYTES:
+                break
+        total += extent * DTYPE_SIZES[spec.dtype]
+        if total > MAX_MESSAGE_BYTES:
+            raise ProtocolError(f"header {where} declares a payload too large",
+                                expected=f"<= {MAX_MESSAGE_BYTES} bytes "
+                                "(AIOREADY_MAX_MESSAGE_BYTES)", got=f"shape {spec.shape} "
+                                f"{spec.dtype}, > {MAX_MESSAGE_BYTES} bytes in all")
+    if kind is MessageKind.CONTROL and (len(specs) > 1 or total > MAX_CONTROL_BYTES):
+        raise ProtocolError(f"header {where} declares a control message too large",
+                            expected=f"<= 1 tensor of <= {MAX_CONTROL_BYTES} bytes",
+                            got=f"{len(specs)} tensors, {total} bytes")

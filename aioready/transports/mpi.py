@@ -50,7 +50,7 @@ import numpy as np
 from ..cuda.mpi import HostStager, cuda_mpi_support, mpi_device_buffer, transfer_path
 from ..errors import AioreadyError, InternalError, ProtocolError
 from ..progress import ProgressConfig, ProgressEngine
-from .base import Deliver, Message, OnFailure
+from .base import Deliver, Message, MessageKind, OnFailure
 from .header import MAX_TENSORS, TensorSpec
 from .receive_pool import ReceivePool
 from .tensor_bytes import host_bytes, torch_module
@@ -65,6 +65,7 @@ HOT_BYTES = int(os.environ.get("AIOREADY_MPI_HOT_BYTES", 65536))
 BIG_BURST = int(os.environ.get("AIOREADY_MPI_BIG_BURST", 32))
 _SEQ_MOD = 32768 // MAX_TENSORS  # payload tags stay under the guaranteed MPI tag bound (32767)
 _PROBES_PER_POLL = 64
+_MAX_HEADER = 4096  # > the fixed part and MAX_TENSORS descriptors of MAX_NDIM dimensions
 
 
 class _Inbound:
@@ -95,6 +96,9 @@ class MPITransport:
         self.oversubscribed = _oversubscribed(MPI, self._hdr)  # collective, like Dup
         self._device = device
         self.inline_bytes = inline_bytes
+        # a header and an inline payload; a sender configured for larger inline payloads
+        # (AIOREADY_MPI_INLINE_BYTES) is still served up to 16 MiB
+        self._max_header_message = _MAX_HEADER + max(inline_bytes, 1 << 24)
         self.hot_bytes = hot_bytes
         how = ("device buffers straight to MPI" if self.cuda_aware else
                "through pooled pinned host buffers")
@@ -143,8 +147,8 @@ class MPITransport:
         self._engine.add_source(self)
 
     def send_nowait(self, dest: int, msg: Message) -> None:
-        if self._error is not None:
-            raise self._error
+        if self._error is not None and msg.kind is not MessageKind.CONTROL:
+            raise self._error  # control still goes out: a failed rank's error broadcast
         if not 0 <= dest < self._size:
             raise ProtocolError("send to a rank outside the world", rank=self._rank,
                                 expected=f"0..{self._size - 1}", got=dest)
@@ -330,7 +334,12 @@ class MPITransport:
             if m is None:
                 break
             src, seq = status.Get_source(), status.Get_tag()
-            buf = np.empty(status.Get_count(MPI.BYTE), np.uint8)
+            count = status.Get_count(MPI.BYTE)
+            if count > self._max_header_message:  # hostile input: bounded before allocation
+                raise ProtocolError(f"message from rank {src} on the header channel is too "
+                                    "large", rank=self._rank, expected=f"<= "
+                                    f"{self._max_header_message} bytes", got=f"{count} bytes")
+            buf = np.empty(count, np.uint8)
             req = m.Irecv(buf)
             n += 1
             if req.Test():

@@ -12,9 +12,10 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import ConfigError
 from .header import DTYPE_CODES, TensorSpec
 
-__all__ = ["torch_module", "spec_of", "host_bytes", "from_bytes", "torch_dtype", "numel"]
+__all__ = ["torch_module", "spec_of", "cannot_travel", "host_bytes", "from_bytes", "torch_dtype", "numel"]
 
 _TORCH: Any = None
 _CODEC: dict[Any, tuple[str, Any, Any]] = {}  # torch dtype -> (wire name, numpy dtype, torch)
@@ -42,7 +43,19 @@ def spec_of(t: Any) -> TensorSpec:
     if t is None:
         return TensorSpec(None, ())
     torch_module()
-    return TensorSpec(_CODEC[t.dtype][0], t.shape)  # torch.Size is a tuple
+    found = _CODEC.get(getattr(t, "dtype", None))
+    if found is None:
+        raise cannot_travel(f"a tensor of dtype {str(t.dtype).removeprefix('torch.')}"
+                            if hasattr(t, "dtype") else f"a {type(t).__name__}")
+    return TensorSpec(found[0], t.shape)  # torch.Size is a tuple
+
+
+def cannot_travel(what: str) -> ConfigError:
+    """The error for a stage output the wire cannot carry (found at the sender)."""
+    return ConfigError(f"a stage output cannot travel between ranks: {what}",
+                       expected=f"None or dense tensors of dtype {', '.join(DTYPE_CODES)}",
+                       got=what, fix="convert it in the stage's forward (e.g. .to(float32), "
+                       ".to_dense()), or return it from the last stage only")
 
 
 def host_bytes(t: Any) -> np.ndarray:

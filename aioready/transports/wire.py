@@ -31,7 +31,7 @@ from .header import (
     decode_header,
     encode_descriptor,
 )
-from .tensor_bytes import from_bytes, numel, torch_dtype, torch_module
+from .tensor_bytes import cannot_travel, from_bytes, numel, torch_dtype, torch_module
 
 __all__ = ["ALIGN", "align", "Header", "Layout", "WireCodec"]
 
@@ -93,7 +93,10 @@ class WireCodec:
                 descs.append(_NONE_DESCRIPTOR)
                 sizes.append(0)
                 continue
-            key = (t.dtype, t.shape)
+            try:
+                key = (t.dtype, t.shape, t.layout)
+            except AttributeError:
+                raise cannot_travel(f"a {type(t).__name__}") from None
             hit = cache.get(key)
             if hit is None:
                 hit = self._describe_new(t, key)
@@ -104,6 +107,8 @@ class WireCodec:
 
     def _describe_new(self, t: Any, key: tuple[Any, Any]) -> tuple[bytes, int]:
         from .tensor_bytes import spec_of
+        if key[2] != torch_module().strided:
+            raise cannot_travel(f"a tensor of layout {key[2]}")
         entry = (encode_descriptor(spec_of(t)), t.nbytes)
         if len(self._descriptors) < _CACHE_MAX:
             self._descriptors[key] = entry
@@ -133,8 +138,8 @@ class WireCodec:
             return self._decode_new(buf, source, None)
         magic, version, kind, step, stage, mb, tag, n = _FIXED.unpack_from(buf, 0)
         if magic != HEADER_MAGIC or version != _VERSION or kind >= len(_KINDS) or \
-                n > MAX_TENSORS:
-            return self._decode_new(buf, source, None)
+                n > MAX_TENSORS or _KINDS[kind] is MessageKind.CONTROL:
+            return self._decode_new(buf, source, None)  # control: bounds of its own, rare
         end = _FIXED.size
         size = len(buf)
         for _ in range(n):

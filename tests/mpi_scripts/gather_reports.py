@@ -2,6 +2,7 @@
 
 import asyncio
 import json
+import math
 
 from mpi4py import MPI
 
@@ -22,12 +23,15 @@ def report(step: int, rank: int, n: int) -> StepReport:
 async def main() -> None:
     comm = MPI.COMM_WORLD
     rank, n = comm.Get_rank(), comm.Get_size()
-    reports = [report(step, rank, n) for step in range(2)]
-    losses = [float(step) + 0.5 if rank == n - 1 else None for step in range(2)]
+    reports = [report(step, rank, n) for step in range(3)]
+    # step 2 diverged: its NaN loss must arrive as NaN, not as "no loss"
+    losses = [(float(step) + 0.5 if step < 2 else math.nan) if rank == n - 1 else None
+              for step in range(3)]
     out = await gather_reports(reports, comm, losses=losses)
     if rank == 0:
         assert out is not None
-        print(json.dumps([{"step": r.step, "start": r.start, "end": r.end, "loss": loss,
+        print(json.dumps([{"step": r.step, "start": r.start, "end": r.end,
+                           "loss": loss if loss is None or math.isfinite(loss) else repr(loss),
                            "peaks": r.peak_in_flight, "num_ranks": r.num_ranks,
                            "spans": [[s.rank, s.stage, s.chunk, s.microbatch, int(s.kind),
                                       s.ready, s.start, s.end] for s in r.spans]}
