@@ -1,0 +1,163 @@
+"""`aioready.split`: a whole model cut by module names trains exactly like the unsplit model.
+
+The project GPT and a `transformers` Llama decoder (random config, nothing downloaded), in
+float64, into S in {2, 4} stages over linear, interleaved and V placements, in-process; loss and
+every gradient equal the unsplit model's within 1e-10.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+
+import pytest
+import torch
+
+import aioready
+from aioready.errors import ConfigError
+from aioready.modeling.balance import partition
+from aioready.testing.models import gpt_stages, lm_loss
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+TOL = 1e-10
+VOCAB, SEQ, M = 32, 8, 4
+torch.set_num_threads(1)
+# (placement, hint, stages, split backward, recompute)
+CASES = [("linear", "1f1b", 2, False, False), ("linear", "zb-h1", 4, True, False),
+         ("interleaved", "interleaved-1f1b", 4, False, False), ("v", "zbv", 4, True, False),
+         ("v", "zbv", 2, True, True), ("linear", "1f1b", 4, False, True)]
+IDS = [f"{p}-S{s}-{h}{'-recompute' if r else ''}" for p, h, s, _, r in CASES]
+
+
+def gpt(layers: int = 4) -> torch.nn.Module:
+    return gpt_stages(1, layers_per_stage=layers, vocab=VOCAB, dim=16, heads=2, seq=SEQ,
+                      dtype=torch.float64)[0]
+
+
+def llama(layers: int = 4) -> torch.nn.Module:
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=layers, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=SEQ, use_cache=False)
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(cfg).double()
+
+
+def batch(seed: int = 1) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    gen = torch.Generator().manual_seed(seed)
+    xs = [torch.randint(0, VOCAB, (2, SEQ), generator=gen) for _ in range(M)]
+    ys = [torch.randint(0, VOCAB, (2, SEQ), generator=gen) for _ in range(M)]
+    return xs, ys
+
+
+def logits_of(out: object) -> torch.Tensor:
+    return out.logits if hasattr(out, "logits") else out  # type: ignore[attr-defined]
+
+
+def unsplit(model: torch.nn.Module, xs: list, ys: list) -> tuple[float, torch.nn.Module]:
+    ref = copy.deepcopy(model)
+    total = 0.0
+    for x, y in zip(xs, ys):
+        loss = lm_loss(logits_of(ref(x)), y) / M
+        loss.backward()
+        total += float(loss.detach())
+    return total, ref
+
+
+NAMES = {"gpt": dict(layers="blocks", before=["tok", "pos"], after=["ln_f", "head"]),
+         "llama": dict(layers="model.layers", before=["model.embed_tokens", "model.rotary_emb"],
+                       after=["model.norm", "lm_head"])}
+
+
+def run_split(model: torch.nn.Module, names: dict, placement: str, hint: str, S: int,
+              split_b: bool, recompute: bool) -> float:
+    stages = aioready.split(model, stages=S, placement=placement, **names)
+
+    async def main() -> torch.Tensor:
+        pipe = aioready.Pipeline(list(stages), lm_loss, microbatches=M, hint=hint,
+                                 split_backward=split_b, recompute=recompute)
+        try:
+            return await pipe.step(*batch())  # type: ignore[no-any-return]
+        finally:
+            pipe.close()
+    return float(aioready.run(main()))
+
+
+def check(make: object, name: str, case: tuple) -> None:
+    model = make()  # type: ignore[operator]
+    ref_loss, ref = unsplit(model, *batch())
+    loss = run_split(model, NAMES[name], *case)
+    assert abs(loss - ref_loss) <= TOL
+    for (n, p), q in zip(model.named_parameters(), ref.parameters()):
+        assert p.grad is not None, n
+        assert float((p.grad - q.grad).abs().max()) <= TOL, n
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_gpt_split_matches_unsplit(case: tuple) -> None:
+    check(gpt, "gpt", case)
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_llama_split_matches_unsplit(case: tuple) -> None:
+    check(llama, "llama", case)
+
+
+def test_stages_share_the_models_parameters_and_own_each_once() -> None:
+    model = gpt()
+    stages = aioready.split(model, stages=2, **NAMES["gpt"])
+    ids = [id(p) for s in stages for p in s.parameters()]
+    assert len(ids) == len(set(ids))
+    assert set(ids) == {id(p) for p in model.parameters()}
+
+
+def test_context_travels_once_per_rank() -> None:
+    """V placement: a rank's second chunk reads the context its first chunk received."""
+    stages = aioready.split(gpt(), stages=4, placement="v", **NAMES["gpt"])
+    assert [s._send for s in stages] == [True, False, False, False]
+    assert [s._keep for s in stages] == [True, True, False, False]
+    assert stages.of_rank(0) == [stages[0], stages[3]]
+    linear = aioready.split(gpt(), stages=4, **NAMES["gpt"])
+    assert [s._send for s in linear] == [True, True, True, False]
+
+
+def test_missing_context_names_the_stage() -> None:
+    """A rank that never saw the microbatch (the pipeline's placement is not the split's, over
+    MPI) is told which stage and what to fix."""
+    stages = aioready.split(gpt(), stages=4, placement="v", **NAMES["gpt"])
+    with pytest.raises(aioready.StageError, match="stage 2 on rank 1 has no context") as info:
+        stages[2](torch.zeros(2, SEQ, 16, dtype=torch.float64))
+    assert "placement" in str(info.value)
+
+
+def test_balance_by_params_gives_heavy_ends_fewer_blocks() -> None:
+    assert partition([1.0] * 8, 4) == [2, 2, 2, 2]
+    assert partition([1.0] * 8, 2, first=4.0) == [2, 6]
+    model = gpt_stages(1, layers_per_stage=6, vocab=4096, dim=16, heads=2, seq=SEQ)[0]
+    counts = aioready.split(model, stages=3, **NAMES["gpt"]).counts
+    assert sum(counts) == 6 and counts[0] < counts[1] and counts[2] < counts[1]
+
+
+def test_balance_by_time_and_by_counts() -> None:
+    model = gpt(6)
+    timed = aioready.split(model, stages=2, balance="time", sample=(batch()[0][0],),
+                           **NAMES["gpt"])
+    assert sum(timed.counts) == 6 and min(timed.counts) >= 1
+    assert all(p.grad is None for p in model.parameters())  # measuring left no gradient
+    assert aioready.split(model, stages=2, balance=[1, 5], **NAMES["gpt"]).counts == [1, 5]
+    with pytest.raises(ConfigError, match="blocks of each stage"):
+        aioready.split(model, stages=2, balance=[2, 2], **NAMES["gpt"])
+
+
+def test_bad_names_are_refused_by_name() -> None:
+    with pytest.raises(ConfigError, match="no module 'nope'"):
+        aioready.split(gpt(), stages=2, layers="nope")
+    with pytest.raises(ConfigError, match="parameters in no stage") as info:
+        aioready.split(gpt(), stages=2, layers="blocks", before=["tok"], after=["ln_f", "head"])
+    assert "pos.weight" in str(info.value)
+    model = gpt()
+    model.head.weight = model.tok.weight  # tied embedding and head
+    with pytest.raises(ConfigError, match="'tok.weight' belongs to stages 0 and 1"):
+        aioready.split(model, stages=2, **NAMES["gpt"])
+    with pytest.raises(ConfigError, match="more stages than blocks"):
+        aioready.split(gpt(2), stages=3, **NAMES["gpt"])
