@@ -161,3 +161,40 @@ def test_bad_names_are_refused_by_name() -> None:
         aioready.split(model, stages=2, **NAMES["gpt"])
     with pytest.raises(ConfigError, match="more stages than blocks"):
         aioready.split(gpt(2), stages=3, **NAMES["gpt"])
+
+
+class PerBlockMask(torch.nn.Module):
+    """Blocks get different extra arguments: one context cannot serve them all."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(VOCAB, 4)
+        self.blocks = torch.nn.ModuleList(Scaled() for _ in range(2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.emb(x)
+        for i, block in enumerate(self.blocks):
+            h = block(h, scale=torch.tensor(float(i + 1)))
+        return h
+
+
+class Scaled(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, h: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        return self.lin(h) * scale
+
+
+def test_a_sample_shows_blocks_that_need_their_own_context() -> None:
+    x = batch()[0][0]
+    with pytest.raises(ConfigError, match=r"block 1 is called with another context.*'scale'"):
+        aioready.split(PerBlockMask(), stages=2, layers="blocks", before=["emb"], sample=(x,))
+    aioready.split(gpt(), stages=2, sample=(x,), **NAMES["gpt"])  # one context: accepted
+
+
+def test_llama_blocks_share_one_context_and_balance_by_time() -> None:
+    stages = aioready.split(llama(), stages=2, balance="time", sample=(batch()[0][0],),
+                            **NAMES["llama"])
+    assert sum(stages.counts) == 4 and min(stages.counts) >= 1

@@ -22,7 +22,7 @@ from torch import nn
 from ..errors import ConfigError
 from ..placement import STYLES, Placement
 from .balance import check_counts, param_costs, partition, time_costs
-from .stages import ContextStore, SplitStage
+from .stages import ContextStore, SplitStage, check_context
 
 __all__ = ["split", "SplitStages"]
 
@@ -95,7 +95,8 @@ def split(model: nn.Module, *, stages: int, layers: str = "model.layers",
     `layers` names the ModuleList of blocks; `before` the modules the model's forward uses before
     the blocks (stage 0 runs that forward up to the first block); `after` the modules applied in
     order to the last block's output. `balance` is "params", "time" (a forward and backward of
-    each block on `sample`, the model's inputs as a tuple) or a list of blocks per stage.
+    each block on `sample`, the model's inputs as a tuple) or a list of blocks per stage. With a
+    `sample`, split also checks that every block gets the context the first one gets.
     `placement` is "linear" ("plain"), "interleaved", "v" or a Placement; `ranks` defaults to
     the hint's (S for linear, S/2 otherwise). `forward_kwargs` are passed to the model's forward
     (e.g. {"use_cache": False}).
@@ -111,6 +112,9 @@ def split(model: nn.Module, *, stages: int, layers: str = "model.layers",
     tail = [_module(model, n, "after") for n in after]
     where = _placement(placement, stages, ranks)
     fkw = dict(forward_kwargs or {})
+    if sample is not None:
+        sample = sample if isinstance(sample, tuple) else (sample,)
+        check_context(model, blocks, sample, fkw)
     if isinstance(balance, str):
         if balance == "params":
             costs, first, last = param_costs(blocks, head, tail)
@@ -118,7 +122,6 @@ def split(model: nn.Module, *, stages: int, layers: str = "model.layers",
             if sample is None:
                 raise ConfigError("balance='time' measures blocks on a sample",
                                   expected="sample=(inputs of the model,)", got=None)
-            sample = sample if isinstance(sample, tuple) else (sample,)
             costs, first, last = time_costs(model, blocks, tail, sample, fkw)
         else:
             raise ConfigError("balance", expected="'params', 'time' or a list of block counts",

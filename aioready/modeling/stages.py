@@ -25,7 +25,7 @@ from torch import nn
 from ..errors import ConfigError, StageError
 from .context import running_microbatch
 
-__all__ = ["SplitStage", "ContextStore", "capture_block_input", "hidden_of"]
+__all__ = ["SplitStage", "ContextStore", "capture_block_input", "hidden_of", "check_context"]
 
 Context = dict[str, Any]  # {"args": tuple, "kwargs": dict}
 
@@ -62,6 +62,31 @@ def capture_block_input(model: nn.Module, block: nn.Module, inputs: tuple[Any, .
                           expected="block(hidden_states, ...) with a positional tensor",
                           got=f"args {[type(a).__name__ for a in args]}, kwargs {sorted(kw)}")
     return args[0], {"args": tuple(args[1:]), "kwargs": dict(kw)}
+
+
+def check_context(model: nn.Module, blocks: Sequence[nn.Module], sample: tuple[Any, ...],
+                  kwargs: dict[str, Any]) -> None:
+    """Run the model once on `sample` and refuse it if a block gets another context than the
+    first (e.g. alternating sliding-window masks), naming the block and the argument."""
+    calls: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+    handles = [b.register_forward_pre_hook(lambda _, a, kw: calls.append((a, kw)),
+                                           with_kwargs=True) for b in blocks]
+    try:
+        with torch.no_grad():
+            model(*sample, **kwargs)
+    finally:
+        for h in handles:
+            h.remove()
+    first_args, first_kw = calls[0]
+    for i, (args, kw) in enumerate(calls[1:len(blocks)], start=1):
+        diff = [f"argument {j}" for j, (a, b) in enumerate(zip(args[1:], first_args[1:]), 1)
+                if a is not b] + [repr(k) for k in sorted(set(kw) | set(first_kw))
+                                  if kw.get(k) is not first_kw.get(k)]
+        if diff or len(args) != len(first_args):
+            raise ConfigError(f"block {i} is called with another context than block 0",
+                              expected="the same extra arguments for every block",
+                              got=f"{diff or 'another argument count'} differ",
+                              fix="compute per-block arguments inside the blocks")
 
 
 def hidden_of(output: Any) -> torch.Tensor:
