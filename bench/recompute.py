@@ -5,7 +5,8 @@ A GPT (the project's, 8 blocks, dim 128, sequence 128) cut by `aioready.split` i
 backward). For each hint, with `recompute=False` and `True`, taken side by side in one run:
 - peak activation memory: the most bytes autograd graphs held for backward at once during a step
   (testing.memory.SavedTensorMeter; deterministic, parameters excluded), on the inline device;
-- step time: the median of several steps on the cpu device (one thread per rank), after a warm-up.
+- step time: the median of several steps on the cpu device (one thread per rank), after a warm-up,
+  alternating the two pipelines step by step so that machine load hits both alike.
 The ratios (recompute / none) are the figures; recompute should cut memory and cost roughly one
 more forward per microbatch (up to ~1/3 more compute).
 
@@ -42,37 +43,45 @@ def data(M: int, seq: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     return xs, ys
 
 
-def measure(base: torch.nn.Module, hint: str, split: bool, recompute: bool, steps: int,
-            xs: list, ys: list) -> tuple[int, float]:
+def pipes(base: torch.nn.Module, hint: str, split: bool, device: str
+          ) -> tuple[list[aioready.Pipeline], torch.nn.Module]:
+    """Two pipelines over one copy of the model: without and with recompute."""
     m = copy.deepcopy(base)
     placement = "v" if hint == "zbv" else "linear"
     stages = list(aioready.split(m, stages=4, placement=placement, **NAMES))
+    return [aioready.Pipeline(stages, lm_loss, microbatches=8, hint=hint, split_backward=split,
+                              recompute=rc, device=device) for rc in (False, True)], m
 
-    async def peak() -> int:
-        pipe = aioready.Pipeline(stages, lm_loss, microbatches=len(xs), hint=hint,
-                                 split_backward=split, recompute=recompute, device="inline")
-        try:
+
+def measure(base: torch.nn.Module, hint: str, split: bool, steps: int, xs: list, ys: list
+            ) -> tuple[list[int], list[float]]:
+    """Peaks and median step times, without and with recompute; the timed steps alternate
+    between the two, so a change of machine load hits both alike."""
+    async def peaks() -> list[int]:
+        (plain, again), m = pipes(base, hint, split, "inline")
+        out = []
+        for pipe in (plain, again):
             with SavedTensorMeter(m.parameters()) as meter:
                 await pipe.step(xs, ys)
-            return meter.peak
-        finally:
             pipe.close()
+            out.append(meter.peak)
+        return out
 
-    async def timed() -> float:
-        pipe = aioready.Pipeline(stages, lm_loss, microbatches=len(xs), hint=hint,
-                                 split_backward=split, recompute=recompute)
-        try:
+    async def times() -> list[float]:
+        both, _ = pipes(base, hint, split, "cpu")
+        samples: list[list[float]] = [[], []]
+        for pipe in both:
             await pipe.step(xs, ys)  # warm-up
-            out = []
-            for _ in range(steps):
+        for _ in range(steps):
+            for i, pipe in enumerate(both):
                 start = time.perf_counter()
                 await pipe.step(xs, ys)
-                out.append(time.perf_counter() - start)
-            return median(out)
-        finally:
+                samples[i].append(time.perf_counter() - start)
+        for pipe in both:
             pipe.close()
+        return [median(s) for s in samples]
 
-    return aioready.run(peak()), aioready.run(timed())
+    return aioready.run(peaks()), aioready.run(times())
 
 
 def main() -> None:
@@ -87,8 +96,7 @@ def main() -> None:
              "step, none (ms) | with recompute (ms) | time ratio |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     for hint, split in HINTS:
-        p0, t0 = measure(base, hint, split, False, steps, xs, ys)
-        p1, t1 = measure(base, hint, split, True, steps, xs, ys)
+        (p0, p1), (t0, t1) = measure(base, hint, split, steps, xs, ys)
         lines.append(f"| {hint} | {p0 / 2**20:.1f} | {p1 / 2**20:.1f} | {p1 / p0:.2f} | "
                      f"{t0 * 1e3:.0f} | {t1 * 1e3:.0f} | {t1 / t0:.2f} |")
         print(lines[-1], flush=True)

@@ -198,3 +198,17 @@ def test_llama_blocks_share_one_context_and_balance_by_time() -> None:
     stages = aioready.split(llama(), stages=2, balance="time", sample=(batch()[0][0],),
                             **NAMES["llama"])
     assert sum(stages.counts) == 4 and min(stages.counts) >= 1
+
+
+def test_split_stages_checkpoint_and_restore() -> None:
+    """A pipeline of split stages saves and loads like any other: the stage modules' state
+    holds exactly the model's parameters."""
+    model, other = gpt(), gpt_stages(1, layers_per_stage=4, vocab=VOCAB, dim=16, heads=2,
+                                     seq=SEQ, seed=9, dtype=torch.float64)[0]
+    pipes = [aioready.Pipeline(list(aioready.split(m, stages=2, **NAMES["gpt"])), lm_loss,
+                               microbatches=M) for m in (model, other)]
+    pipes[1].load_state_dict(copy.deepcopy(pipes[0].state_dict()))
+    for p, q in zip(model.state_dict().values(), other.state_dict().values()):
+        assert torch.equal(p, q)
+    for pipe in pipes:
+        pipe.close()
