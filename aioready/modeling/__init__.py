@@ -4,7 +4,8 @@
 counts, for any placement), `stages.py` (the stage module: the model's own forward up to its
 first block on stage 0, a slice of blocks, the closing modules on the last stage, and the
 per-rank store of per-microbatch context), `balance.py` (costs and the contiguous partition),
-`context.py` (which microbatch the running stage computes). They need torch.
+`context.py` (which microbatch the running stage computes), `memory.py` (`stage_memory`: what a
+microbatch in flight costs each stage, with and without recompute). They need torch.
 """
 
 from __future__ import annotations
