@@ -212,3 +212,30 @@ def test_split_stages_checkpoint_and_restore() -> None:
         assert torch.equal(p, q)
     for pipe in pipes:
         pipe.close()
+
+
+def test_v_placement_sends_the_context_on_first_hops_only() -> None:
+    """Counted on the wire: the hop into a rank's first chunk carries the hidden state and the
+    context (schema, hidden, position ids, cos, sin); the hops into later chunks the hidden
+    state alone. Gradients never carry the context back."""
+    stages = aioready.split(llama(), stages=4, placement="v", **NAMES["llama"])
+    sent: dict[tuple[str, int], set[int]] = {}
+
+    async def main() -> None:
+        pipe = aioready.Pipeline(list(stages), lm_loss, microbatches=M, hint="zbv",
+                                 split_backward=True)
+        for rt in pipe.runtimes:
+            def spy(dest: int, msg: object, send: object = rt.transport.send_nowait) -> None:
+                key = (msg.kind.name, msg.stage)  # type: ignore[attr-defined]
+                tensors = [t for t in msg.tensors if t is not None]  # type: ignore[attr-defined]
+                sent.setdefault(key, set()).add(len(tensors))
+                send(dest, msg)  # type: ignore[operator]
+            rt.transport.send_nowait = spy  # type: ignore[method-assign]
+        try:
+            await pipe.step(*batch())
+        finally:
+            pipe.close()
+    aioready.run(main())
+    assert sent[("ACTIVATION", 1)] == {5}
+    assert sent[("ACTIVATION", 2)] == {1} and sent[("ACTIVATION", 3)] == {1}
+    assert all(sent[("GRADIENT", s)] == {1} for s in range(3))  # the hidden state's only
