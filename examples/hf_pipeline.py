@@ -101,7 +101,7 @@ async def main(args: argparse.Namespace) -> None:
     pipe = aioready.Pipeline(mine, lm_loss, microbatches=args.microbatches, hint="zbv",
                              split_backward=True, transport=transport,
                              recompute=not args.no_recompute)
-    opt = torch.optim.AdamW([p for s in mine for p in s.parameters()], lr=args.lr)
+    opt = torch.optim.AdamW(stages.parameters_of(rank), lr=args.lr)
     curve = np.zeros(args.steps)
     for step in range(args.steps):
         x, y = make_batch(step, args)

@@ -157,7 +157,8 @@ def test_bad_names_are_refused_by_name() -> None:
     assert "pos.weight" in str(info.value)
     model = gpt()
     model.head.weight = model.tok.weight  # tied embedding and head
-    with pytest.raises(ConfigError, match="'tok.weight' belongs to stages 0 and 1"):
+    with pytest.raises(ConfigError, match="'tok.weight' belongs to stages 0 and 1, on different "
+                                          "ranks.*placement='v'"):
         aioready.split(model, stages=2, **NAMES["gpt"])
     with pytest.raises(ConfigError, match="more stages than blocks"):
         aioready.split(gpt(2), stages=3, **NAMES["gpt"])
@@ -239,3 +240,22 @@ def test_v_placement_sends_the_context_on_first_hops_only() -> None:
     assert sent[("ACTIVATION", 1)] == {5}
     assert sent[("ACTIVATION", 2)] == {1} and sent[("ACTIVATION", 3)] == {1}
     assert all(sent[("GRADIENT", s)] == {1} for s in range(3))  # the hidden state's only
+
+
+@pytest.mark.parametrize("make, name", [(gpt, "gpt"), (llama, "llama")])
+def test_tied_embedding_and_head_train_exactly_on_the_v_placement(make: object,
+                                                                  name: str) -> None:
+    """V puts the first and last stage on rank 0: a tied parameter gets both contributions."""
+    model = make()  # type: ignore[operator]
+    if name == "gpt":
+        model.head.weight = model.tok.weight
+    else:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    ref_loss, ref = unsplit(model, *batch())
+    stages = aioready.split(model, stages=4, placement="v", **NAMES[name])
+    assert len(stages.parameters_of(0)) == len({id(p) for s in stages.of_rank(0)
+                                                for p in s.parameters()})
+    loss = run_split(model, NAMES[name], "v", "zbv", 4, True, False)
+    assert abs(loss - ref_loss) <= TOL
+    for (n, p), q in zip(model.named_parameters(), ref.parameters()):
+        assert float((p.grad - q.grad).abs().max()) <= TOL, n

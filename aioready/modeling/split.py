@@ -3,9 +3,11 @@
 For any model built as a sequence of blocks (a ModuleList) with modules before them (embeddings)
 and after them (final norm, LM head). The stages share the model's modules, so the optimizer can
 take `model.parameters()` or each stage's own; nothing is copied. Every parameter of the model
-must belong to exactly one stage: one that belongs to none (a module missing from `before` or
-`after`) or to two (an embedding tied to the head) is refused by name, because over MPI it would
-silently not train or train twice.
+must belong to a stage: one that belongs to none (a module missing from `before` or `after`) is
+refused by name, and so is one shared by stages on different ranks (an embedding tied to the head
+on a linear placement), because over MPI each rank would train its own copy. Stages on one rank
+share a parameter like one module does: its gradient is the sum of their contributions (the V
+placement puts the first and last stage on rank 0, so a tied embedding and head just work).
 
 Stages are returned in stage order, which is what an in-process `Pipeline` takes for any hint;
 over MPI, `of_rank(rank)` gives a rank its chunks in chunk order under the split's placement,
@@ -40,6 +42,10 @@ class SplitStages(list):  # type: ignore[type-arg]
         """The stages `rank` holds, in chunk order (what its `Pipeline(..., transport=)` takes)."""
         return [self[s] for s in self.placement.stages_of(rank)]
 
+    def parameters_of(self, rank: int) -> list[nn.Parameter]:
+        """The parameters of `rank`'s stages, each once (a tied one is in two): for its optimizer."""
+        return list({id(p): p for s in self.of_rank(rank) for p in s.parameters()}.values())
+
 
 def _module(model: nn.Module, name: str, what: str) -> nn.Module:
     try:
@@ -65,20 +71,22 @@ def _placement(placement: Any, num_stages: int, ranks: int | None) -> Placement:
     return Placement(num_stages, ranks, style)
 
 
-def _check_ownership(model: nn.Module, groups: list[list[nn.Module]]) -> None:
-    owner: dict[int, int] = {}
+def _check_ownership(model: nn.Module, groups: list[list[nn.Module]], where: Placement) -> None:
+    owners: dict[int, set[int]] = {}
     for s, modules in enumerate(groups):
         for m in modules:
             for p in m.parameters():
-                if owner.setdefault(id(p), s) != s:
-                    name = next(n for n, q in model.named_parameters(remove_duplicate=False)
-                                if q is p)
-                    raise ConfigError(
-                        f"parameter {name!r} belongs to stages {owner[id(p)]} and {s}",
-                        expected="every parameter in one stage", got="a tied parameter",
-                        fix="untie it (e.g. tie_word_embeddings=False) or keep both modules "
-                        "on one stage")
-    missing = [n for n, p in model.named_parameters() if id(p) not in owner]
+                owners.setdefault(id(p), set()).add(s)
+    for name, p in model.named_parameters():
+        stages = sorted(owners.get(id(p), ()))
+        if len({where.rank_of(s) for s in stages}) > 1:
+            raise ConfigError(
+                f"parameter {name!r} belongs to stages {stages[0]} and {stages[-1]}, on "
+                f"different ranks", expected="a parameter shared by stages on one rank only",
+                got="a tied parameter across ranks", fix="use placement='v' (the first and last "
+                "stages share rank 0), untie it (e.g. tie_word_embeddings=False), or keep both "
+                "modules on one stage")
+    missing = [n for n, p in model.named_parameters() if id(p) not in owners]
     if missing:
         raise ConfigError("parameters in no stage", expected="every parameter of the model in "
                           "layers=, before= or after=", got=missing[:8],
@@ -132,7 +140,7 @@ def split(model: nn.Module, *, stages: int, layers: str = "model.layers",
     starts = [sum(counts[:s]) for s in range(stages)]
     slices = [blocks[a:a + n] for a, n in zip(starts, counts)]
     _check_ownership(model, [(head if s == 0 else []) + slices[s] +
-                             (tail if s == stages - 1 else []) for s in range(stages)])
+                             (tail if s == stages - 1 else []) for s in range(stages)], where)
     stores = [ContextStore(r) for r in range(where.num_ranks)]
     out = []
     for s in range(stages):
