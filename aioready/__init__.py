@@ -28,7 +28,7 @@ from .placement import Placement
 from .tasks import Kind, Task
 
 __all__ = [
-    "Pipeline", "HintOrder", "Placement", "Task", "Kind", "run", "make_hint",
+    "Pipeline", "split", "HintOrder", "Placement", "Task", "Kind", "run", "make_hint",
     "AioreadyError", "ConfigError", "HintError", "TraceError", "ProtocolError", "StageError",
     "PeerLostError", "StallError", "CheckpointError", "CoordinationError", "InternalError",
 ]
@@ -40,6 +40,9 @@ def __getattr__(name: str) -> Any:
     if name == "Pipeline":
         from .runtime.pipeline import Pipeline
         return Pipeline
+    if name == "split":
+        from .modeling.split import split
+        return split
     if name == "make_hint":
         from .schedulers import make_hint
         return make_hint

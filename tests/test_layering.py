@@ -22,7 +22,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors",),
     ("tasks", "placement", "clock", "launch"),
     ("in_flight", "hints", "caps", "forecast", "ready_set", "arbiter", "progress"),
-    ("transports", "devices", "cuda", "schedulers", "testing"),
+    ("transports", "devices", "cuda", "schedulers", "testing", "modeling"),
     ("telemetry",),
     ("runtime", "tp"),
     ("sim",),

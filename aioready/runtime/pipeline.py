@@ -63,6 +63,17 @@ def _check_types(loss_fn: Any, split_backward: Any, cap: Any, device: Any) -> No
                           got=type(device).__name__)
 
 
+def _recompute_of(spec: Any, num_stages: int) -> list[bool]:
+    """Activation checkpointing per stage: one bool for all, or one per stage (stage order)."""
+    if isinstance(spec, bool):
+        return [spec] * num_stages
+    flags = list(spec) if isinstance(spec, (list, tuple)) else None
+    if flags is None or len(flags) != num_stages or not all(isinstance(f, bool) for f in flags):
+        raise ConfigError("recompute", expected=f"a bool or {num_stages} bools (one per stage)",
+                          got=repr(spec))
+    return flags
+
+
 def _make_device(spec: Any, rank: int) -> Device:
     if spec == "cpu":
         from ..devices.cpu import CPUDevice
@@ -92,6 +103,7 @@ class Pipeline:
         num_stages: int | None = None, coordinator: Any = None,
         stall_timeout: float | None = DEFAULT, peer_timeout: float | None = DEFAULT,
         policy: str = "reserve",
+        recompute: bool | Sequence[bool] = False,
     ) -> None:
         if not isinstance(microbatches, int) or isinstance(microbatches, bool) or microbatches < 1:
             raise ConfigError("microbatches must be a positive integer", expected=">= 1",
@@ -149,6 +161,7 @@ class Pipeline:
                                   f"(stages {list(mine)})", got=f"{num_local} modules")
             ranks, endpoints = [transport.rank], [transport]
             modules = dict(zip(mine, stages))
+        self.recompute = _recompute_of(recompute, placement.num_stages)
         caps = resolve_caps(cap, self.hint)
         self.runtimes: list[RankRuntime] = []
         for rank, endpoint in zip(ranks, endpoints):
@@ -186,7 +199,8 @@ class Pipeline:
                               "target)", got=None, fix="pass loss_fn to Pipeline")
         from .stage import StageExecutor
         return [StageExecutor(modules[s], stage=s, num_stages=self.hint.placement.num_stages,
-                              loss_fn=loss_fn, num_microbatches=self.microbatches)
+                              loss_fn=loss_fn, num_microbatches=self.microbatches,
+                              recompute=self.recompute[s])
                 for s in stages]
 
     @property

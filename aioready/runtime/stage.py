@@ -16,6 +16,10 @@ written here from its description (docs/architecture.md "Split backward"):
   from all intermediates, with prehooks that replace whatever flows into an intermediate by its
   stashed gradient, so nothing is counted twice (correct, but it recomputes part of B).
 When the inputs need no gradient (stage 0) B does nothing and W is a full backward, as in torch.
+
+A stage may take and return structures (dicts, tuples, small plain values): they cross the
+boundary flattened (transports/structure.py). With `recompute`, F keeps only its inputs and B
+recomputes the forward once (runtime/recompute.py).
 """
 
 from __future__ import annotations
@@ -27,6 +31,9 @@ import torch
 from torch.autograd.graph import GradientEdge, Node
 
 from ..errors import StageError
+from ..modeling.context import microbatch_scope
+from ..transports.structure import flatten, is_schema, unflatten
+from .recompute import Replay, capture, replaying
 
 __all__ = ["StageExecutor", "as_tuple"]
 
@@ -52,14 +59,16 @@ class _Saved:
     owned: dict[Node, list[int]] | None = None
     grads: tuple[Any, ...] = ()
     full_backward_at_w: bool = False
+    replay: Replay | None = None  # recompute: the forward is run again before B
 
 
 class StageExecutor:
     """F, B and W of one stage; state is kept per microbatch until its last backward piece."""
 
     def __init__(self, module: torch.nn.Module, *, stage: int, num_stages: int,
-                 loss_fn: LossFn | None, num_microbatches: int) -> None:
+                 loss_fn: LossFn | None, num_microbatches: int, recompute: bool = False) -> None:
         self.module = module
+        self.recompute = recompute
         self.stage = stage
         self.is_first = stage == 0
         self.is_last = stage == num_stages - 1
@@ -70,33 +79,59 @@ class StageExecutor:
         self._param_node_list: list[Node] | None = None
         self.num_split_fallbacks = 0
 
-    def _prepare_inputs(self, inputs: tuple[Any, ...]) -> tuple[Any, ...]:
+    def _prepare_inputs(self, inputs: tuple[Any, ...]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+        """The module's arguments, and the flat inputs as kept for backward."""
+        if inputs and is_schema(inputs[0]):
+            args, flat = unflatten(inputs, stage=self.stage, detach=not self.is_first)
+            return args, flat
         if self.is_first:
-            return inputs
-        return tuple(
+            return inputs, inputs
+        flat = tuple(
             x.detach().requires_grad_(x.is_floating_point() or x.is_complex())
             if isinstance(x, torch.Tensor) else x
             for x in inputs
         )
+        return flat, flat
 
-    def forward(self, mb: int, inputs: tuple[Any, ...], target: Any = None) -> tuple[Any, ...]:
-        """Run F; return what travels to the next stage (the scaled loss on the last stage)."""
-        inputs = self._prepare_inputs(inputs)
+    def _run(self, mb: int, args: tuple[Any, ...], target: Any) -> tuple[Any, ...]:
+        """The module (and the scaled loss on the last stage) as flat outputs."""
         try:
-            out = self.module(*inputs)
+            with microbatch_scope(mb):
+                out = self.module(*args)
             if self.is_last:
                 if self.loss_fn is None:
                     raise StageError("the last stage needs a loss_fn", expected="a callable",
                                      got=None)
-                out = self.loss_fn(out, target) / self.num_microbatches
+                return as_tuple(self.loss_fn(out, target) / self.num_microbatches)
+            # without a graph (recompute's F) say which outputs will need a gradient at B
+            return flatten(out, stage=self.stage, assume_grad=not torch.is_grad_enabled())
         except StageError:
             raise
         except Exception as exc:
             raise StageError(f"forward of stage {self.stage} raised "
                              f"{type(exc).__name__}: {exc}", task=f"F{mb}") from exc
-        outputs = as_tuple(out)
-        self._saved[mb] = _Saved(inputs, outputs)
+
+    def forward(self, mb: int, inputs: tuple[Any, ...], target: Any = None) -> tuple[Any, ...]:
+        """Run F; return what travels to the next stage (the scaled loss on the last stage)."""
+        args, flat = self._prepare_inputs(inputs)
+        if self.recompute:
+            replay = capture(args, target, self.module, flat)
+            with torch.no_grad():
+                outputs = self._run(mb, args, target)
+            self._saved[mb] = _Saved(flat, (), replay=replay)
+            return outputs
+        outputs = self._run(mb, args, target)
+        self._saved[mb] = _Saved(flat, outputs)
         return tuple(o.detach() if isinstance(o, torch.Tensor) else o for o in outputs)
+
+    def _saved_for_backward(self, mb: int, *, pop: bool) -> _Saved:
+        """The microbatch's saved state, its forward recomputed first if F did not keep it."""
+        saved = self._saved.pop(mb) if pop else self._saved[mb]
+        if saved.replay is not None:
+            replay, saved.replay = saved.replay, None
+            with replaying(replay):
+                saved.outputs = self._run(mb, replay.args, replay.target)
+        return saved
 
     def _roots(self, saved: _Saved, grads: Sequence[Any] | None) -> tuple[list, list]:
         if self.is_last:
@@ -116,7 +151,7 @@ class StageExecutor:
 
     def backward(self, mb: int, grads: Sequence[Any] | None) -> tuple[Any, ...]:
         """Full backward (B unsplit): accumulate parameter gradients, return input gradients."""
-        saved = self._saved.pop(mb)
+        saved = self._saved_for_backward(mb, pop=True)
         outs, gs = self._roots(saved, grads)
         try:
             if outs:
@@ -128,14 +163,14 @@ class StageExecutor:
 
     def backward_input(self, mb: int, grads: Sequence[Any] | None) -> tuple[Any, ...]:
         """B of split backward: input gradient only; stash what W needs."""
-        saved = self._saved[mb]
+        saved = self._saved_for_backward(mb, pop=False)
         outs, gs = self._roots(saved, grads)
         wanted = [x for x in saved.inputs if isinstance(x, torch.Tensor) and x.requires_grad]
         if not outs:
             return tuple(None for _ in saved.inputs)
         if not wanted or not self._params:
             saved.full_backward_at_w = bool(self._params)
-            saved.grads = tuple(gs)
+            saved.grads = tuple(grads or ())  # aligned with the outputs, as _roots takes them
             if wanted:
                 return self._grad_inputs_only(saved, outs, gs, wanted)
             return tuple(None for _ in saved.inputs)
@@ -144,7 +179,7 @@ class StageExecutor:
         except _NoSplit:
             self.num_split_fallbacks += 1
             saved.full_backward_at_w = True
-            saved.grads = tuple(gs)
+            saved.grads = tuple(grads or ())  # aligned with the outputs, as _roots takes them
             return self._grad_inputs_only(saved, outs, gs, wanted)
         for o, g in zip(outs, gs):  # roots off the input path: their gradient is given
             node = o.grad_fn
@@ -181,10 +216,9 @@ class StageExecutor:
         saved = self._saved.pop(mb)
         try:
             if saved.full_backward_at_w:
-                outs, _ = self._roots(saved, saved.grads or None)
-                outs = [o for o in outs]
+                outs, gs = self._roots(saved, saved.grads or None)
                 grads = torch.autograd.grad(outs, self._params,
-                                            list(saved.grads) if not self.is_last else None,
+                                            gs if not self.is_last else None,
                                             allow_unused=True)
                 self._accumulate(grads)
                 return
