@@ -24,7 +24,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("in_flight", "hints", "caps", "ready_set", "arbiter", "progress"),
     ("transports", "devices", "cuda", "schedulers", "testing"),
     ("telemetry",),
-    ("runtime", "tp"),
+    ("runtime", "tp", "dp"),
     ("sim",),
     ("cli", "__main__"),
 )

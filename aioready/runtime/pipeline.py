@@ -89,6 +89,7 @@ class Pipeline:
         cap: CapSpec = None, device: Any = "cpu",
         num_stages: int | None = None, coordinator: Any = None,
         stall_timeout: float | None = DEFAULT, peer_timeout: float | None = DEFAULT,
+        grid: Any = None, grad_reducer: Any = None,
     ) -> None:
         if not isinstance(microbatches, int) or isinstance(microbatches, bool) or microbatches < 1:
             raise ConfigError("microbatches must be a positive integer", expected=">= 1",
@@ -98,6 +99,11 @@ class Pipeline:
         if not stages:
             raise ConfigError("stages is empty", expected="at least one module", got=0)
         _check_types(loss_fn, split_backward, cap, device)
+        self.grid = None  # a process grid's communicators (aioready/dp/setup.py)
+        if grid is not None:
+            from ..dp.setup import setup_grid
+            self.grid = setup_grid(grid, transport=transport, coordinator=coordinator, mode=mode)
+            transport, coordinator = self.grid.transport, self.grid.coordinator
         if coordinator is not None and transport is None:
             raise ConfigError("a TP coordinator needs a transport (one rank per process)",
                               expected="transport=... with coordinator=...", got="no transport")
@@ -153,6 +159,7 @@ class Pipeline:
             self.runtimes.append(RankRuntime(
                 rank=rank, hint=self.hint, mode=mode, cap=caps[rank], executors=executors,
                 device=_make_device(device, rank), transport=endpoint, coordinator=coordinator))
+        self.grad_reducer = self._reducer(grad_reducer)
         self._step = 0
         self.last_step: StepReport | None = None
         self.history: list[list[StepReport]] = []
@@ -184,6 +191,22 @@ class Pipeline:
         return [StageExecutor(modules[s], stage=s, num_stages=self.hint.placement.num_stages,
                               loss_fn=loss_fn, num_microbatches=self.microbatches)
                 for s in stages]
+
+    def _reducer(self, reducer: Any) -> Any:
+        """The data-parallel reducer (given, or made from the grid), wired to the runtime."""
+        rt = self.runtimes[0]
+        if reducer is None and self.grid is not None and self.grid.comms.grid.dp_size > 1:
+            if rt.executors is None:
+                return None
+            from ..dp.reducer import MPIGradReducer
+            reducer = MPIGradReducer(self.grid.comms.dp,
+                                     [list(ex.module.parameters()) for ex in rt.executors])
+        if reducer is not None:
+            if len(self.runtimes) != 1:
+                raise ConfigError("data parallelism runs one rank per process",
+                                  expected="transport= or grid=", got="an in-process pipeline")
+            rt.grads_ready = reducer.reduce_nowait
+        return reducer
 
     @property
     def step_index(self) -> int:
@@ -225,7 +248,7 @@ class Pipeline:
             # simulated time: the default is off
             self.stall_watchdog.enabled = virtual_clock(asyncio.get_running_loop()) is None
         try:
-            loss = await self._guard.run(run_ranks(self.runtimes, step, mbs, tgts), step)
+            loss = await self._guard.run(self._run(step, mbs, tgts), step)
         except Exception:
             if self.peer_monitor is not None:
                 await self.peer_monitor.flush()
@@ -234,6 +257,14 @@ class Pipeline:
         reports = [rt.reports[-1] for rt in self.runtimes]
         self.history.append(reports)
         self.last_step = _merge(reports)
+        return loss
+
+    async def _run(self, step: int, mbs: Any, tgts: Any) -> Any:
+        loss = await run_ranks(self.runtimes, step, mbs, tgts)
+        if self.grad_reducer is not None:  # started chunk by chunk during the step
+            await self.grad_reducer.wait_reduced()
+            if loss is not None:
+                loss = await self.grad_reducer.mean(loss)
         return loss
 
     def close(self) -> None:

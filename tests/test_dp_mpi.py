@@ -1,0 +1,71 @@
+"""Pipeline x data parallel under mpiexec: 3 SGD steps equal one unsplit model on the whole
+batch (float64), in ready and strict modes, split and unsplit backward, with random per-rank
+delays after every task (tests/mpi_scripts/dp.py); the grid's errors name the world size."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import requires_mpi, run_mpi
+
+SCRIPT = str(Path(__file__).resolve().parent / "mpi_scripts" / "dp.py")
+TOL = 1e-10
+STEPS = 3
+
+pytestmark = [pytest.mark.mpi, requires_mpi]
+
+
+def launch(n: int, tp: int, dp: int, cases: list[str]) -> dict[str, str]:
+    proc: subprocess.CompletedProcess = run_mpi(n, [SCRIPT, str(tp), str(dp), *cases],
+                                                timeout=100)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = {}
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            _, case, rest = line.split(" ", 2)
+            results[case] = rest
+    assert sorted(results) == sorted(cases), proc.stdout + proc.stderr[-2000:]
+    return results
+
+
+def field(text: str, name: str) -> str:
+    match = re.search(rf"{name}=(\S+)", text)
+    assert match, f"no {name} in {text!r}"
+    return match.group(1)
+
+
+def check_exact(results: dict[str, str]) -> None:
+    for case, text in results.items():
+        if case == "grid_errors":
+            continue
+        assert float(field(text, "loss_diff")) <= TOL, (case, text)
+        assert float(field(text, "grad_diff")) <= TOL, (case, text)
+        assert int(field(text, "loss_seen")) == STEPS, (case, text)
+        chunks = 2 if case.startswith("interleaved") else 1
+        assert int(field(text, "reductions")) == STEPS * chunks, (case, text)
+        if chunks == 2:  # chunk 1's reduction started while chunk 0 still had backward work
+            assert int(field(text, "overlapped")) >= STEPS, (case, text)
+
+
+@pytest.mark.timeout(120)
+def test_pp2_dp2_unsplit_and_split() -> None:
+    check_exact(launch(4, 1, 2, ["1f1b:ready:0", "1f1b:strict:1", "interleaved-1f1b:ready:1"]))
+
+
+@pytest.mark.timeout(120)
+def test_pp2_dp2_other_halves_and_grid_errors() -> None:
+    results = launch(4, 1, 2, ["1f1b:ready:1", "interleaved-1f1b:strict:0", "grid_errors"])
+    check_exact(results)
+    errors = results["grid_errors"]
+    assert "got_world_size_4" in field(errors, "error0"), errors
+    assert "6_ranks_=_pp_3_x_tp_1_x_dp_2" in field(errors, "error0"), errors
+    assert "divisible_by_tp*dp_=_1*3" in field(errors, "error1"), errors
+
+
+@pytest.mark.heavy
+@pytest.mark.timeout(200)
+def test_pp2_tp2_dp2() -> None:
+    check_exact(launch(8, 2, 2, ["1f1b:ready:1", "1f1b:strict:0"]))
