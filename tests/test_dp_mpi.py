@@ -69,3 +69,16 @@ def test_pp2_dp2_other_halves_and_grid_errors() -> None:
 @pytest.mark.timeout(200)
 def test_pp2_tp2_dp2() -> None:
     check_exact(launch(8, 2, 2, ["1f1b:ready:1", "1f1b:strict:0"]))
+
+
+@pytest.mark.timeout(120)
+def test_train_command_with_dp(tmp_path: Path) -> None:
+    """`aioready train --dp 2` on 4 ranks: a PP=2 x DP=2 run whose loss falls."""
+    out = tmp_path / "dp.json"
+    proc = run_mpi(4, ["-m", "aioready", "train", "--stages", "2", "--dp", "2", "--steps", "3",
+                       "--task-ms", "0", "--no-progress", "--json", str(out)], timeout=100)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    import json
+    summary = json.loads(out.read_text())
+    assert summary["dp"] == 2 and summary["ranks"] == 4, summary
+    assert len(summary["loss"]) == 3 and summary["loss"][-1] < summary["loss"][0], summary

@@ -19,6 +19,7 @@ EXAMPLES = """examples:
   aioready train --split-backward --csv out/spans.csv --metrics-port 9100 --steps 50
   aioready train --trace trace.csv --sleep-only --json out/replay.json
   mpiexec -n 4 python -m aioready train --stages 4 --microbatches 8 --steps 5
+  mpiexec -n 4 python -m aioready train --stages 2 --dp 2 --steps 5   # PP=2 x DP=2
   aioready train --steps 50 --checkpoint-dir ckpt --resume   # rerun it after a crash
 """
 
@@ -68,6 +69,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
                    "each step (atomic; D/step-N/rank-R-of-W.pt)")
     p.add_argument("--resume", action="store_true",
                    help="continue from the latest complete checkpoint in --checkpoint-dir")
+    p.add_argument("--dp", type=int, default=1,
+                   help="data-parallel replicas under mpiexec (pipeline ranks = world / dp); "
+                   "gradients are averaged over replicas while the step runs")
+    p.add_argument("--tp", type=int, default=1,
+                   help="tensor-parallel size (this model: 1; see examples/tp_mlp.py)")
     p.set_defaults(func=run)
 
 
@@ -78,7 +84,8 @@ def config_from_args(args: argparse.Namespace) -> Any:
         cap=args.cap, jitter=args.jitter, seed=args.seed, trace=args.trace, steps=args.steps,
         split_backward=args.split_backward, task_ms=args.task_ms, batch=args.batch,
         seq=args.seq, dim=args.dim, lr=args.lr, metrics_port=args.metrics_port,
-        sleep_only=args.sleep_only, checkpoint_dir=args.checkpoint_dir, resume=args.resume)
+        sleep_only=args.sleep_only, checkpoint_dir=args.checkpoint_dir, resume=args.resume,
+        dp=args.dp, tp=args.tp)
 
 
 def mpi_comm() -> Any:

@@ -65,6 +65,10 @@ class TrainConfig:
     """write a checkpoint (aioready.runtime.checkpoint) here after every step; None: off"""
     resume: bool = False
     """continue from the latest checkpoint in checkpoint_dir (from step 0 if there is none)"""
+    dp: int = 1
+    """data-parallel replicas under MPI (the pipeline has world / dp ranks)"""
+    tp: int = 1
+    """tensor-parallel size; the GPT model of this command has no TP layers, so only 1"""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cap", parse_cap(self.cap))  # "8" -> 8: the summary shows 8
@@ -74,8 +78,12 @@ class TrainConfig:
         if self.checkpoint_dir and self.sleep_only:
             raise ConfigError("sleep_only runs no model: nothing to checkpoint",
                               expected="checkpoint_dir without sleep_only", got="both")
+        if self.tp != 1:
+            raise ConfigError("the train command's GPT model has no tensor-parallel layers",
+                              expected="tp=1", got=f"tp={self.tp}",
+                              fix="see examples/dp_train.py and aioready.tp.layers for TP stages")
         for name in ("stages", "microbatches", "steps", "batch", "seq", "dim", "heads",
-                     "layers_per_stage", "vocab"):
+                     "layers_per_stage", "vocab", "dp"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1", expected=">= 1",
                                   got=getattr(self, name))
@@ -108,7 +116,7 @@ class TrainResult:
             "trace": cfg.trace, "task_ms": cfg.task_ms, "durations": self.durations,
             "transport": "mpi" if self.world_size > 1 else "inproc",
             "ranks": self.world_size, "overruns": self.overruns,
-            "sleep_only": cfg.sleep_only,
+            "sleep_only": cfg.sleep_only, "dp": cfg.dp,
         }
 
 
@@ -128,7 +136,9 @@ async def train(cfg: TrainConfig, *, comm: Any = None,
     """Run `cfg.steps` steps; with `comm` of size > 1, as one rank of an MPI job."""
     world = comm.Get_size() if comm is not None else 1
     rank = comm.Get_rank() if comm is not None else 0
-    transport = _mpi_transport(comm) if world > 1 else None
+    grid, line, replica = _grid(cfg, comm)
+    world, rank = (world, rank) if grid is None else (grid.grid.pp_size, grid.coords.pp_rank)
+    transport = _mpi_transport(line) if world > 1 else None
     hint = make_hint(cfg.hint, num_stages=cfg.stages, num_ranks=world if world > 1 else None,
                      num_microbatches=cfg.microbatches, split_backward=cfg.split_backward)
     placement = hint.placement
@@ -148,10 +158,11 @@ async def train(cfg: TrainConfig, *, comm: Any = None,
 
     pipe = Pipeline(modules, lm_loss, microbatches=cfg.microbatches, hint=hint, mode=cfg.mode,
                     transport=transport, split_backward=cfg.split_backward, cap=cfg.cap,
-                    device=make_device, num_stages=cfg.stages)
+                    device=make_device, num_stages=cfg.stages, grid=grid)
     params = [p for m in modules if m is not None for p in m.parameters()]
     opt = torch.optim.AdamW(params, lr=cfg.lr) if params else None
-    result = TrainResult(rank=rank, world_size=world, durations=source)
+    result = TrainResult(rank=rank if comm is None else comm.Get_rank(),
+                         world_size=1 if comm is None else comm.Get_size(), durations=source)
     start = 0
     if cfg.resume:
         from ..runtime.checkpoint import resume
@@ -162,14 +173,16 @@ async def train(cfg: TrainConfig, *, comm: Any = None,
     with _live_metrics(cfg, pipe, rank) as instruments:
         try:
             for step in range(start, cfg.steps):
-                loss = await pipe.step(*_batch(cfg, step, mine))
+                loss = await pipe.step(*_batch(cfg, step, mine, replica))
                 if opt is not None:
                     opt.step()
                     opt.zero_grad(set_to_none=True)
-                if cfg.checkpoint_dir:
+                if cfg.checkpoint_dir and replica == 0:  # replicas are equal: one writes
                     from ..runtime.checkpoint import save_checkpoint
                     save_checkpoint(cfg.checkpoint_dir, pipe, opt)
-                report, loss_value = await _collect(pipe, comm if world > 1 else None, loss)
+                report, loss_value = await _collect(pipe, line if world > 1 else None, loss)
+                if replica:
+                    continue
                 if instruments:
                     local = pipe.last_step
                     assert local is not None
@@ -195,9 +208,23 @@ async def train(cfg: TrainConfig, *, comm: Any = None,
     return result
 
 
-def _batch(cfg: TrainConfig, step: int, mine: tuple[int, ...]) -> tuple[Any, Any]:
-    pairs = [synthetic_microbatch(step, m, batch=cfg.batch, seq=cfg.seq, vocab=cfg.vocab,
-                                  seed=cfg.seed) for m in range(cfg.microbatches)]
+def _grid(cfg: TrainConfig, comm: Any) -> tuple[Any, Any, int]:
+    """(grid communicators or None, the pipeline line's communicator, this replica's index)."""
+    if cfg.dp == 1:
+        return None, comm, 0
+    if comm is None:
+        raise ConfigError("data parallelism runs under MPI", expected="mpiexec -n pp*dp",
+                          got=f"dp={cfg.dp} in one process")
+    from ..tp.grid import ProcessGrid
+    grid = ProcessGrid.for_world(comm.Get_size(), dp=cfg.dp).split(comm)
+    return grid, grid.pp, grid.coords.dp
+
+
+def _batch(cfg: TrainConfig, step: int, mine: tuple[int, ...], replica: int = 0
+           ) -> tuple[Any, Any]:
+    M = cfg.microbatches  # replica r takes microbatches r*M .. r*M+M-1 of the global batch
+    pairs = [synthetic_microbatch(step, replica * M + m, batch=cfg.batch, seq=cfg.seq,
+                                  vocab=cfg.vocab, seed=cfg.seed) for m in range(M)]
     inputs = [x for x, _ in pairs] if 0 in mine else None
     targets = [y for _, y in pairs] if cfg.stages - 1 in mine else None
     return inputs, targets
