@@ -1,6 +1,9 @@
 """Pipeline x data parallel under mpiexec: 3 SGD steps equal one unsplit model on the whole
 batch (float64), in ready and strict modes, split and unsplit backward, with random per-rank
-delays after every task (tests/mpi_scripts/dp.py); the grid's errors name the world size."""
+delays after every task (tests/mpi_scripts/dp.py), and so do global clipping, token-weighted
+loss, tied weights and a GradScaler whose injected inf on one rank makes every rank skip; the
+grid's errors name the world size. One launch runs several cases (MPI start and torch import
+dominate); the rest of the matrix and 8 ranks (PP x TP x DP) are heavy."""
 
 from __future__ import annotations
 
@@ -41,9 +44,14 @@ def check_exact(results: dict[str, str]) -> None:
     for case, text in results.items():
         if case == "grid_errors":
             continue
+        skipped = 1 if case.endswith("scaler") else 0  # the step with the injected inf
         assert float(field(text, "loss_diff")) <= TOL, (case, text)
         assert float(field(text, "grad_diff")) <= TOL, (case, text)
-        assert int(field(text, "loss_seen")) == STEPS, (case, text)
+        assert float(field(text, "norm_diff")) <= TOL, (case, text)
+        assert int(field(text, "loss_seen")) == STEPS - skipped, (case, text)
+        assert field(text, "skipped_min") == field(text, "skipped_max") == str(skipped), text
+        if "clip" in case:
+            assert float(field(text, "norm_min")) > 0.05, (case, text)  # the clip was active
         chunks = 2 if case.startswith("interleaved") else 1
         assert int(field(text, "reductions")) == STEPS * chunks, (case, text)
         if chunks == 2:  # chunk 1's reduction started while chunk 0 still had backward work
@@ -51,13 +59,10 @@ def check_exact(results: dict[str, str]) -> None:
 
 
 @pytest.mark.timeout(120)
-def test_pp2_dp2_unsplit_and_split() -> None:
-    check_exact(launch(4, 1, 2, ["1f1b:ready:0", "1f1b:strict:1", "interleaved-1f1b:ready:1"]))
-
-
-@pytest.mark.timeout(120)
-def test_pp2_dp2_other_halves_and_grid_errors() -> None:
-    results = launch(4, 1, 2, ["1f1b:ready:1", "interleaved-1f1b:strict:0", "grid_errors"])
+def test_pp2_dp2_modes_splits_and_cross_stage_reductions() -> None:
+    results = launch(4, 1, 2, ["1f1b:ready:1:clip,weight", "interleaved-1f1b:strict:0:tied",
+                               "interleaved-1f1b:ready:1", "1f1b:strict:0:scaler",
+                               "grid_errors"])
     check_exact(results)
     errors = results["grid_errors"]
     assert "got_world_size_4" in field(errors, "error0"), errors
@@ -67,8 +72,16 @@ def test_pp2_dp2_other_halves_and_grid_errors() -> None:
 
 @pytest.mark.heavy
 @pytest.mark.timeout(200)
+def test_pp2_dp2_rest_of_the_matrix() -> None:
+    check_exact(launch(4, 1, 2, ["1f1b:ready:0", "1f1b:strict:1", "interleaved-1f1b:strict:1",
+                                 "zb-h1:ready:1:clip,tied", "interleaved-1f1b:ready:0:weight",
+                                 "1f1b:ready:1:scaler"]))
+
+
+@pytest.mark.heavy
+@pytest.mark.timeout(200)
 def test_pp2_tp2_dp2() -> None:
-    check_exact(launch(8, 2, 2, ["1f1b:ready:1", "1f1b:strict:0"]))
+    check_exact(launch(8, 2, 2, ["1f1b:ready:1:clip,weight", "1f1b:strict:0:scaler"]))
 
 
 @pytest.mark.timeout(120)
@@ -76,7 +89,8 @@ def test_train_command_with_dp(tmp_path: Path) -> None:
     """`aioready train --dp 2` on 4 ranks: a PP=2 x DP=2 run whose loss falls."""
     out = tmp_path / "dp.json"
     proc = run_mpi(4, ["-m", "aioready", "train", "--stages", "2", "--dp", "2", "--steps", "3",
-                       "--task-ms", "0", "--no-progress", "--json", str(out)], timeout=100)
+                       "--microbatches", "4", "--task-ms", "0", "--no-progress", "--json",
+                       str(out)], timeout=100)
     assert proc.returncode == 0, proc.stderr[-3000:]
     import json
     summary = json.loads(out.read_text())

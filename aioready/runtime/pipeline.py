@@ -89,7 +89,8 @@ class Pipeline:
         cap: CapSpec = None, device: Any = "cpu",
         num_stages: int | None = None, coordinator: Any = None,
         stall_timeout: float | None = DEFAULT, peer_timeout: float | None = DEFAULT,
-        grid: Any = None, grad_reducer: Any = None,
+        grid: Any = None, grad_reducer: Any = None, normalize: str = "microbatches",
+        tied: Any = None, scaler: Any = None, autocast: Any = None,
     ) -> None:
         if not isinstance(microbatches, int) or isinstance(microbatches, bool) or microbatches < 1:
             raise ConfigError("microbatches must be a positive integer", expected=">= 1",
@@ -99,6 +100,10 @@ class Pipeline:
         if not stages:
             raise ConfigError("stages is empty", expected="at least one module", got=0)
         _check_types(loss_fn, split_backward, cap, device)
+        if normalize not in ("microbatches", "weight"):
+            raise ConfigError("normalize", expected="'microbatches' or 'weight' (loss_fn "
+                              "returns (loss, weight))", got=repr(normalize))
+        self._stage_options = {"normalize": normalize, "autocast": autocast}
         self.grid = None  # a process grid's communicators (aioready/dp/setup.py)
         if grid is not None:
             from ..dp.setup import setup_grid
@@ -160,6 +165,10 @@ class Pipeline:
                 rank=rank, hint=self.hint, mode=mode, cap=caps[rank], executors=executors,
                 device=_make_device(device, rank), transport=endpoint, coordinator=coordinator))
         self.grad_reducer = self._reducer(grad_reducer)
+        self.cross_stage = None  # the end-of-step reductions (aioready/dp/cross_stage.py)
+        if any(rt.executors is not None for rt in self.runtimes):
+            from ..dp.cross_stage import CrossStage
+            self.cross_stage = CrossStage(self, tied=tied, scaler=scaler, normalize=normalize)
         self._step = 0
         self.last_step: StepReport | None = None
         self.history: list[list[StepReport]] = []
@@ -189,7 +198,8 @@ class Pipeline:
                               "target)", got=None, fix="pass loss_fn to Pipeline")
         from .stage import StageExecutor
         return [StageExecutor(modules[s], stage=s, num_stages=self.hint.placement.num_stages,
-                              loss_fn=loss_fn, num_microbatches=self.microbatches)
+                              loss_fn=loss_fn, num_microbatches=self.microbatches,
+                              **self._stage_options)
                 for s in stages]
 
     def _reducer(self, reducer: Any) -> Any:
@@ -260,12 +270,29 @@ class Pipeline:
         return loss
 
     async def _run(self, step: int, mbs: Any, tgts: Any) -> Any:
+        if self.cross_stage is None:
+            return await run_ranks(self.runtimes, step, mbs, tgts)
+        self.cross_stage.before_step()
         loss = await run_ranks(self.runtimes, step, mbs, tgts)
-        if self.grad_reducer is not None:  # started chunk by chunk during the step
-            await self.grad_reducer.wait_reduced()
-            if loss is not None:
-                loss = await self.grad_reducer.mean(loss)
-        return loss
+        return await self.cross_stage.after_step(loss)  # DP means started during the step
+
+    async def clip_grad_norm_(self, max_norm: float) -> Any:
+        """Clip the gradients by their norm over every stage, TP shard and DP replica (torch's
+        rule, `clip_coef = max_norm / (norm + 1e-6)`); return that norm. Collective: every rank
+        calls it after the same step."""
+        if self.cross_stage is None:
+            raise RuntimeError("clip_grad_norm_ needs stage modules (this pipeline has none)")
+        return await self.cross_stage.clip_grad_norm_(max_norm)
+
+    @property
+    def last_losses(self) -> list[tuple[float, float]] | None:
+        """The last step's (loss, weight) per microbatch of this replica, where the last stage
+        lives (weight 1 unless loss_fn returns (loss, weight)); None elsewhere."""
+        for rt in self.runtimes:
+            for ex in rt.executors or ():
+                if ex.is_last:
+                    return [(float(loss), float(w)) for _, (loss, w) in sorted(ex.losses.items())]
+        return None
 
     def close(self) -> None:
         if self.peer_monitor is not None:

@@ -20,6 +20,7 @@ When the inputs need no gradient (stage 0) B does nothing and W is a full backwa
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -28,7 +29,9 @@ from torch.autograd.graph import GradientEdge, Node
 
 from ..errors import StageError
 
-__all__ = ["StageExecutor", "as_tuple"]
+__all__ = ["StageExecutor", "as_tuple", "NORMALIZE"]
+
+NORMALIZE = ("microbatches", "weight")  # how the last stage scales each microbatch's loss
 
 LossFn = Callable[[Any, Any], torch.Tensor]
 
@@ -58,7 +61,8 @@ class StageExecutor:
     """F, B and W of one stage; state is kept per microbatch until its last backward piece."""
 
     def __init__(self, module: torch.nn.Module, *, stage: int, num_stages: int,
-                 loss_fn: LossFn | None, num_microbatches: int) -> None:
+                 loss_fn: LossFn | None, num_microbatches: int,
+                 normalize: str = "microbatches", autocast: Any = None) -> None:
         self.module = module
         self.stage = stage
         self.is_first = stage == 0
@@ -69,6 +73,39 @@ class StageExecutor:
         self._params = [p for p in module.parameters() if p.requires_grad]
         self._param_node_list: list[Node] | None = None
         self.num_split_fallbacks = 0
+        self.normalize = normalize
+        self.autocast = autocast  # a dtype: forward runs under torch.autocast in this thread
+        self.loss_scale = 1.0  # a GradScaler's factor on the backward root, set every step
+        self.losses: dict[int, tuple[torch.Tensor, Any]] = {}  # mb -> (loss, weight) this step
+
+    def _autocast(self) -> Any:
+        """torch.autocast for the module's device: a context opened around `step()` on the
+        loop thread does not reach the device's worker thread, so the stage opens its own."""
+        if self.autocast is None:
+            return contextlib.nullcontext()
+        kind = self._params[0].device.type if self._params else "cpu"
+        return torch.autocast(kind, dtype=self.autocast)
+
+    def _loss(self, mb: int, out: Any, target: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the backward root, the loss reported) of microbatch `mb` on the last stage.
+
+        normalize="microbatches": loss / M. normalize="weight": loss_fn returns (loss, weight)
+        and the stage reports loss * weight; the Pipeline divides the step's gradients and loss
+        by the sum of the weights once every microbatch is known (aioready/dp/cross_stage.py).
+        """
+        if self.loss_fn is None:
+            raise StageError("the last stage needs a loss_fn", expected="a callable", got=None)
+        value = self.loss_fn(out, target)
+        weighted = isinstance(value, tuple)
+        if weighted != (self.normalize == "weight"):
+            raise StageError(f"loss_fn of stage {self.stage} returned "
+                             f"{'(loss, weight)' if weighted else 'a loss'}", task=f"F{mb}",
+                             expected="(loss, weight) with normalize='weight', else a loss",
+                             got=f"normalize={self.normalize!r}")
+        loss, weight = value if weighted else (value, 1)
+        self.losses[mb] = (loss.detach(), weight)
+        total = loss * weight if weighted else loss / self.num_microbatches
+        return (total * self.loss_scale if self.loss_scale != 1.0 else total), total
 
     def _prepare_inputs(self, inputs: tuple[Any, ...]) -> tuple[Any, ...]:
         if self.is_first:
@@ -83,19 +120,17 @@ class StageExecutor:
         """Run F; return what travels to the next stage (the scaled loss on the last stage)."""
         inputs = self._prepare_inputs(inputs)
         try:
-            out = self.module(*inputs)
-            if self.is_last:
-                if self.loss_fn is None:
-                    raise StageError("the last stage needs a loss_fn", expected="a callable",
-                                     got=None)
-                out = self.loss_fn(out, target) / self.num_microbatches
+            with self._autocast():
+                out = self.module(*inputs)
+                if self.is_last:
+                    root, out = self._loss(mb, out, target)
         except StageError:
             raise
         except Exception as exc:
             raise StageError(f"forward of stage {self.stage} raised "
                              f"{type(exc).__name__}: {exc}", task=f"F{mb}") from exc
         outputs = as_tuple(out)
-        self._saved[mb] = _Saved(inputs, outputs)
+        self._saved[mb] = _Saved(inputs, (root,) if self.is_last else outputs)
         return tuple(o.detach() if isinstance(o, torch.Tensor) else o for o in outputs)
 
     def _roots(self, saved: _Saved, grads: Sequence[Any] | None) -> tuple[list, list]:

@@ -1,131 +1,188 @@
 """Pipeline x data parallel (x tensor parallel) over MPI vs one unsplit model on the whole batch.
 
 Usage: mpiexec -n R python tests/mpi_scripts/dp.py TP DP CASE [CASE ...]
-CASE = hint:mode:split. PP = R / (TP * DP). Every rank builds the same full model from a fixed
-seed; replica d takes microbatches d*M .. d*M+M-1 of a batch of DP*M; each case trains 3 steps
-with SGD, and the reference (every stage, every microbatch, one process) does the same. Every task
-is followed by a random delay drawn per world rank, so replicas finish their stages in different
-orders. World rank 0 prints `RESULT case loss_diff= grad_diff= loss_seen= reductions=
-overlapped=`: the most buckets a rank reduced, and the fewest chunk reductions a rank started
-while it still had a task of the step to start (interleaved placements: one per step at least).
+CASE = hint:mode:split[:feature,...], features: clip (clip_grad_norm_ every step), weight
+(token-weighted loss, microbatches of different sizes), tied (a weight shared by the first and
+the last stage), scaler (a GradScaler; an inf injected on the last world rank at step 1 must make
+every rank skip that step). PP = R / (TP * DP). Every rank builds the same full model from a
+fixed seed; replica d takes microbatches d*M .. d*M+M-1 of a batch of DP*M; each case trains 3
+steps with SGD, and the reference (the unsplit model, every microbatch, one process) does the
+same. Every task is followed by a random delay drawn per world rank, so replicas finish their
+stages in different orders. World rank 0 prints `RESULT case loss_diff= grad_diff= norm_diff=
+loss_seen= reductions= overlapped= skipped_min= skipped_max=`: the most buckets a rank reduced,
+the fewest chunk reductions a rank started while it still had a task of the step to start
+(interleaved placements: one per step at least), and the fewest and most skipped steps a rank
+saw, and the smallest unclipped norm (above the clip: clipping changed the gradients).
+CASE = grid_errors: a grid that does not fit the world is refused on every rank.
 """
 
+import copy
 import random
 import sys
 
 import numpy as np
 import torch
 from mpi4py import MPI
+from torch import nn
 
 from aioready.devices.cpu import CPUDevice
 from aioready.devices.delayed import DelayedDevice
+from aioready.dp.cross_stage import GradScaler
 from aioready.errors import ConfigError
 from aioready.launch import run, say
 from aioready.runtime.pipeline import Pipeline
 from aioready.schedulers import HINTS, make_hint
-from aioready.testing.helpers import make_mlp_stages, mse_loss, reference_step
+from aioready.testing.helpers import make_mlp_stages, mse_loss
 from aioready.tp.grid import ProcessGrid
 
-WIDTH, STEPS, LR = 16, 3, 0.05
+WIDTH, STEPS, LR, CLIP, SCALE = 16, 3, 0.05, 0.05, 2.0 ** 10
 
 
-def batch(n: int, step: int) -> tuple[list, list]:
+def batch(n: int, step: int, varlen: bool) -> tuple[list, list]:
     gen = torch.Generator().manual_seed(1000 + step)
-    xs = [torch.randn(2, 3, WIDTH, generator=gen, dtype=torch.float64) for _ in range(n)]
-    ys = [torch.randn(2, 3, WIDTH, generator=gen, dtype=torch.float64) for _ in range(n)]
+    rows = [1 + (3 * m + step) % 4 if varlen else 2 for m in range(n)]
+    xs = [torch.randn(r, 3, WIDTH, generator=gen, dtype=torch.float64) for r in rows]
+    ys = [torch.randn(r, 3, WIDTH, generator=gen, dtype=torch.float64) for r in rows]
     return xs, ys
 
 
-def max_all(comm, value: float) -> float:
+def weighted_mse(out: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, int]:
+    return mse_loss(out, target), out.shape[0]
+
+
+def all_max(comm, value: float) -> float:
     out = np.zeros(1)
-    comm.Allreduce(np.array([value]), out, op=MPI.MAX)
+    comm.Allreduce(np.array([float(value)]), out, op=MPI.MAX)
     return float(out[0])
 
 
-def build(comms, tp: int, S: int, seed: int):
-    """(this rank's modules by stage, full reference stages, a grad-diff function, device)."""
+def full_model(S: int, seed: int, tied: bool) -> list[nn.Module]:
+    """The stages; with `tied`, stage 0 starts with a Linear sharing the last Linear's weight."""
+    stages = make_mlp_stages(S, width=WIDTH, seed=seed)
+    if tied:
+        stages[0].insert(0, nn.Linear(WIDTH, WIDTH, bias=False).double())
+        stages[0][0].weight = stages[-1][-1].weight
+    return stages
+
+
+def build(comms, tp: int, S: int, seed: int, tied: bool):
+    """(this rank's modules by stage, the reference stages, grad-diff function, device)."""
     world_rank = comms.world.Get_rank()
     rng = random.Random(f"{seed}/{world_rank}")
-
-    def delay(info) -> float:
-        return rng.uniform(0.0, 2e-3)
-
     inner = CPUDevice(f"rank{world_rank}")
+    device = DelayedDevice(inner, lambda info: rng.uniform(0.0, 2e-3))
     if tp == 1:
-        full = make_mlp_stages(S, width=WIDTH, seed=seed)
-        ref = make_mlp_stages(S, width=WIDTH, seed=seed)
+        ref = full_model(S, seed, tied)
+        mine = [copy.deepcopy(s) for s in ref]  # one copy per stage: ties broken, as on ranks
 
-        def diff(copies, stages):
+        def diff(stages):
             return max(float((p.grad - q.grad).abs().max()) for s in stages
-                       for p, q in zip(full[s].parameters(), copies[s].parameters()))
-        return full, ref, diff, DelayedDevice(inner, delay)
+                       for p, q in zip(mine[s].parameters(), ref[s].parameters()))
+        return mine, ref, diff, device
     from aioready.tp.collectives import MPITPComm, TPDevice
     from aioready.tp.layers import make_tp_mlp_stages, max_tp_grad_diff
     tpcomm = MPITPComm(comms.tp, timeout=20.0)
     ref, shards = make_tp_mlp_stages(S, tpcomm, width=WIDTH, seed=seed)
 
-    def diff(copies, stages):
-        return max_tp_grad_diff([copies[s] for s in stages], [shards[s] for s in stages], tpcomm)
-    return shards, ref, diff, TPDevice(DelayedDevice(inner, delay), tpcomm)
+    def diff(stages):
+        return max_tp_grad_diff([ref[s] for s in stages], [shards[s] for s in stages], tpcomm)
+    return shards, ref, diff, TPDevice(device, tpcomm)
+
+
+def reference(model: nn.Sequential, xs, ys, weighted: bool) -> float:
+    """Gradients of the whole model on the whole batch, in place; returns the loss."""
+    model.zero_grad(set_to_none=True)
+    norm = sum(x.shape[0] for x in xs) if weighted else len(xs)
+    total = 0.0
+    for x, y in zip(xs, ys):
+        loss = mse_loss(model(x), y) * (x.shape[0] if weighted else 1) / norm
+        loss.backward()
+        total += float(loss.detach())
+    return total
 
 
 async def one_case(tp: int, dp: int, case: str, seed: int) -> None:
-    hint, mode, split = case.split(":")
-    split_b = split == "1"
+    hint, mode, split, *rest = case.split(":")
+    features = set(rest[0].split(",")) if rest else set()
+    split_b, weighted = split == "1", "weight" in features
     world = MPI.COMM_WORLD
     grid = ProcessGrid.for_world(world.Get_size(), tp=tp, dp=dp)
     comms = grid.split()
     c = comms.coords
     S = grid.pp_size * HINTS[hint].chunks
     M = 2 * grid.pp_size
-    modules, ref, diff, device = build(comms, tp, S, seed)
+    modules, ref, diff, device = build(comms, tp, S, seed, "tied" in features)
     order = make_hint(hint, num_stages=S, num_ranks=grid.pp_size, num_microbatches=M,
                       split_backward=split_b)
     mine = list(order.placement.stages_of(c.pp_rank))
-    pipe = Pipeline([modules[s] for s in mine], mse_loss, microbatches=M, hint=hint, mode=mode,
-                    split_backward=split_b, device=device,
-                    grid=comms if tp > 1 else ProcessGrid(pp_size=grid.pp_size, dp_size=dp))
+    scaler = GradScaler(SCALE) if "scaler" in features else None
+    pipe = Pipeline([modules[s] for s in mine], weighted_mse if weighted else mse_loss,
+                    microbatches=M, hint=hint, mode=mode, split_backward=split_b, device=device,
+                    grid=comms if tp > 1 else ProcessGrid(pp_size=grid.pp_size, dp_size=dp),
+                    normalize="weight" if weighted else "microbatches", scaler=scaler,
+                    tied={"proj": {0: "0.weight", S - 1: f"{len(ref[-1]) - 1}.weight"}}
+                    if "tied" in features else None)
+    model = nn.Sequential(*ref)
     opt = torch.optim.SGD([p for s in mine for p in modules[s].parameters()], lr=LR)
-    ref_opt = torch.optim.SGD([p for s in ref for p in s.parameters()], lr=LR)
-    gdiff = ldiff = 0.0
-    seen = early = 0
+    ref_opt = torch.optim.SGD(model.parameters(), lr=LR)
+    gdiff = ldiff = ndiff = 0.0
+    norm_min = float("inf")
+    seen = early = skipped = 0
     for step in range(STEPS):
-        xs, ys = batch(dp * M, step)
+        xs, ys = batch(dp * M, step, weighted)
         part = slice(c.dp * M, (c.dp + 1) * M)
+        inject = scaler is not None and step == 1 and world.Get_rank() == world.Get_size() - 1
+        hook = (next(modules[mine[0]].parameters()).register_hook(lambda g: g * float("inf"))
+                if inject else None)
         loss = await pipe.step(xs[part] if 0 in mine else None,
                                ys[part] if S - 1 in mine else None)
+        if hook is not None:
+            hook.remove()
         report = pipe.last_step
         last_start = max(span.start for span in report.spans)
-        early += sum(1 for _, start, _ in pipe.grad_reducer.spans
-                     if report.start <= start < last_start)
-        ref_loss, copies = reference_step(ref, mse_loss, xs, ys)
-        gdiff = max(gdiff, diff(copies, mine))
-        if loss is not None:
-            seen += 1
-            ldiff = max(ldiff, abs(float(loss) - float(ref_loss)))
-        for p, q in zip([p for s in ref for p in s.parameters()],
-                        [q for s in copies for q in s.parameters()]):
-            p.grad = q.grad
-        opt.step()
-        ref_opt.step()
+        if pipe.grad_reducer is not None:
+            early += sum(1 for _, start, _ in pipe.grad_reducer.spans
+                         if report.start <= start < last_start)
+        ref_loss = reference(model, xs, ys, weighted)
+        if "clip" in features:
+            norm = await pipe.clip_grad_norm_(CLIP)
+            want = torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+            ndiff = max(ndiff, abs(float(norm) - float(want)))
+            norm_min = min(norm_min, float(want))
+        if scaler is not None and scaler.found_inf:
+            skipped += 1
+            before = [p.detach().clone() for s in mine for p in modules[s].parameters()]
+            scaler.step(opt)
+            scaler.update()
+            after = [p for s in mine for p in modules[s].parameters()]
+            ldiff = max([ldiff] + [float((a - b.detach()).abs().max()) for a, b in zip(before, after)])
+        else:
+            gdiff = max(gdiff, diff(mine))
+            if loss is not None:
+                seen += 1
+                ldiff = max(ldiff, abs(float(loss) - ref_loss))
+            if scaler is not None:
+                scaler.step(opt)
+                scaler.update()
+            else:
+                opt.step()
+            ref_opt.step()
         opt.zero_grad(set_to_none=True)
-        ref_opt.zero_grad(set_to_none=True)
     reductions = pipe.grad_reducer.num_buckets if pipe.grad_reducer is not None else 0
     await pipe.transport.close()
     if pipe.grid.coordinator is not None:
         await pipe.grid.coordinator.transport.close()
     pipe.close()
-    gdiff, ldiff = max_all(world, gdiff), max_all(world, ldiff)
-    seen = max_all(world, float(seen))
-    reductions = max_all(world, float(reductions))
-    early = -max_all(world, -float(early))
+    out = [all_max(world, v) for v in (gdiff, ldiff, ndiff, seen, reductions, -early,
+                                       -skipped, skipped, -norm_min)]
     if world.Get_rank() == 0:
-        say(f"RESULT {case} loss_diff={ldiff:.3e} grad_diff={gdiff:.3e} loss_seen={int(seen)} "
-            f"reductions={int(reductions)} overlapped={int(early)}")
+        say(f"RESULT {case} grad_diff={out[0]:.3e} loss_diff={out[1]:.3e} "
+            f"norm_diff={out[2]:.3e} loss_seen={int(out[3])} reductions={int(out[4])} "
+            f"overlapped={int(-out[5])} skipped_min={int(-out[6])} skipped_max={int(out[7])} "
+            f"norm_min={-out[8]:.3e}")
 
 
 def grid_errors() -> None:
-    """A grid that does not fit the world is refused on every rank, before any collective."""
     world = MPI.COMM_WORLD
     texts = []
     for make in (lambda: Pipeline([torch.nn.Linear(2, 2)], mse_loss, microbatches=2,
