@@ -21,9 +21,10 @@ STEPS = 3
 pytestmark = [pytest.mark.mpi, requires_mpi]
 
 
-def launch(n: int, tp: int, dp: int, cases: list[str]) -> dict[str, str]:
+def launch(n: int, tp: int, dp: int, cases: list[str], env: dict[str, str] | None = None
+           ) -> dict[str, str]:
     proc: subprocess.CompletedProcess = run_mpi(n, [SCRIPT, str(tp), str(dp), *cases],
-                                                timeout=100)
+                                                timeout=100, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = {}
     for line in proc.stdout.splitlines():
@@ -42,7 +43,7 @@ def field(text: str, name: str) -> str:
 
 def check_exact(results: dict[str, str]) -> None:
     for case, text in results.items():
-        if case == "grid_errors":
+        if case in ("grid_errors", "ckpt"):
             continue
         skipped = 1 if case.endswith("scaler") else 0  # the step with the injected inf
         assert float(field(text, "loss_diff")) <= TOL, (case, text)
@@ -59,11 +60,17 @@ def check_exact(results: dict[str, str]) -> None:
 
 
 @pytest.mark.timeout(120)
-def test_pp2_dp2_modes_splits_and_cross_stage_reductions() -> None:
+def test_pp2_dp2_modes_splits_and_cross_stage_reductions(tmp_path: Path) -> None:
     results = launch(4, 1, 2, ["1f1b:ready:1:clip,weight", "interleaved-1f1b:strict:0:tied",
                                "interleaved-1f1b:ready:1", "1f1b:strict:0:scaler",
-                               "grid_errors"])
+                               "grid_errors", "ckpt"], env={"DP_CKPT_DIR": str(tmp_path)})
     check_exact(results)
+    ckpt = results["ckpt"]
+    assert field(ckpt, "files") == "rank-00000-of-00002.pt,rank-00001-of-00002.pt", ckpt
+    assert field(ckpt, "resumed") == "1", ckpt
+    refused = field(ckpt, "refused")
+    assert "process_grid" in refused and "pp_4_x_tp_1_x_dp_1" in refused, ckpt
+    assert "pp_2_x_tp_1_x_dp_2" in refused, ckpt
     errors = results["grid_errors"]
     assert "got_world_size_4" in field(errors, "error0"), errors
     assert "6_ranks_=_pp_3_x_tp_1_x_dp_2" in field(errors, "error0"), errors

@@ -177,7 +177,7 @@ async def train(cfg: TrainConfig, *, comm: Any = None,
                 if opt is not None:
                     opt.step()
                     opt.zero_grad(set_to_none=True)
-                if cfg.checkpoint_dir and replica == 0:  # replicas are equal: one writes
+                if cfg.checkpoint_dir:  # on a grid, replica 0 writes for its DP group
                     from ..runtime.checkpoint import save_checkpoint
                     save_checkpoint(cfg.checkpoint_dir, pipe, opt)
                 report, loss_value = await _collect(pipe, line if world > 1 else None, loss)

@@ -14,6 +14,9 @@ the fewest chunk reductions a rank started while it still had a task of the step
 (interleaved placements: one per step at least), and the fewest and most skipped steps a rank
 saw, and the smallest unclipped norm (above the clip: clipping changed the gradients).
 CASE = grid_errors: a grid that does not fit the world is refused on every rank.
+CASE = ckpt (4 ranks, directory in $DP_CKPT_DIR): PP=2 x DP=2 trains 2 steps writing checkpoints
+(replica 0 writes), a fresh pipeline on the same grid resumes from them on every replica, and a
+PP=4 pipeline is refused with an error naming both grids.
 """
 
 import copy
@@ -197,11 +200,60 @@ def grid_errors() -> None:
         say("RESULT grid_errors " + " ".join(f"error{i}={t}" for i, t in enumerate(texts)))
 
 
+async def checkpoints() -> None:
+    import os
+    from pathlib import Path
+
+    from aioready.errors import CheckpointError
+    from aioready.runtime.checkpoint import load_checkpoint, save_checkpoint
+    world = MPI.COMM_WORLD
+    root = Path(os.environ["DP_CKPT_DIR"])
+    grid = ProcessGrid(pp_size=2, dp_size=2)
+    stages = make_mlp_stages(2, width=WIDTH, seed=1)
+    pipe = Pipeline([stages[world.Get_rank() % 2]], mse_loss, microbatches=4, grid=grid)
+    c = pipe.grid.comms.coords
+    module = stages[c.pp_rank]
+    opt = torch.optim.SGD(module.parameters(), lr=LR, momentum=0.9)
+    for step in range(2):
+        xs, ys = batch(8, step, False)
+        part = slice(c.dp * 4, c.dp * 4 + 4)
+        await pipe.step(xs[part] if c.pp_rank == 0 else None, ys[part] if c.pp_rank else None)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        save_checkpoint(root, pipe, opt)
+    await pipe.transport.close()
+    pipe.close()
+    world.Barrier()
+    files = sorted(p.name for p in (root / "step-00000002").iterdir())
+    fresh = make_mlp_stages(2, width=WIDTH, seed=2)[c.pp_rank]
+    again = Pipeline([fresh], mse_loss, microbatches=4, grid=grid)
+    fresh_opt = torch.optim.SGD(fresh.parameters(), lr=LR, momentum=0.9)
+    step = load_checkpoint(root, again, fresh_opt)
+    same = all(torch.equal(a, b) for a, b in zip(module.state_dict().values(),
+                                                 fresh.state_dict().values()))
+    await again.transport.close()
+    again.close()
+    other = Pipeline([make_mlp_stages(4, width=WIDTH)[world.Get_rank()]], mse_loss,
+                     microbatches=4, grid=ProcessGrid(pp_size=4))
+    try:
+        load_checkpoint(root, other)
+        refused = "accepted"
+    except CheckpointError as exc:
+        refused = str(exc).replace(" ", "_")
+    await other.transport.close()
+    other.close()
+    ok = all_max(world, 0.0 if same and step == 2 else 1.0) == 0.0
+    if world.Get_rank() == 0:
+        say(f"RESULT ckpt files={','.join(files)} resumed={int(ok)} refused={refused}")
+
+
 async def main() -> None:
     tp, dp = int(sys.argv[1]), int(sys.argv[2])
     for i, case in enumerate(sys.argv[3:]):
         if case == "grid_errors":
             grid_errors()
+        elif case == "ckpt":
+            await checkpoints()
         else:
             await one_case(tp, dp, case, seed=100 + i)
         MPI.COMM_WORLD.Barrier()
