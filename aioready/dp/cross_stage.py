@@ -202,7 +202,8 @@ class CrossStage:
             if tie.comm is not None:
                 from mpi4py import MPI
                 array = total.numpy()
-                self._requests.track(tie.comm.Iallreduce(MPI.IN_PLACE, array, op=MPI.SUM))
+                self._requests.track(tie.comm.Iallreduce(MPI.IN_PLACE, array, op=MPI.SUM),
+                                     nbytes=array.nbytes)
                 await self._requests.wait_all()
             for p in tie.params:
                 p.grad = total.to(device=p.device, dtype=p.dtype, copy=True)

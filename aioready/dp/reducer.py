@@ -149,7 +149,8 @@ class MPIGradReducer:
             req = self._comms[chunk].Iallreduce(self._MPI.IN_PLACE, array, op=self._MPI.SUM)
             self.num_buckets += 1
             self.num_bytes += array.nbytes
-            self._requests.track(req, partial(self._unpack, chunk, bucket, array))
+            self._requests.track(req, partial(self._unpack, chunk, bucket, array),
+                                 nbytes=array.nbytes)
 
     async def wait_reduced(self) -> None:
         try:
