@@ -32,11 +32,11 @@ def test_bucket_size_precedence(monkeypatch: pytest.MonkeyPatch) -> None:
         resolve_bucket_bytes()
 
 
-def test_train_config_refuses_tp_and_bad_dp() -> None:
-    with pytest.raises(ConfigError, match="no tensor-parallel layers"):
-        TrainConfig(tp=2)
+def test_train_config_refuses_bad_sizes() -> None:
     with pytest.raises(ConfigError, match="dp must be >= 1"):
         TrainConfig(dp=0)
+    with pytest.raises(ConfigError, match="tp must be >= 1"):
+        TrainConfig(tp=0)
 
 
 # -- cross-stage reductions in one process, against the unsplit model --------------------------

@@ -91,15 +91,31 @@ def test_pp2_tp2_dp2() -> None:
     check_exact(launch(8, 2, 2, ["1f1b:ready:1:clip,weight", "1f1b:strict:0:scaler"]))
 
 
-@pytest.mark.timeout(120)
-def test_train_command_with_dp(tmp_path: Path) -> None:
-    """`aioready train --dp 2` on 4 ranks: a PP=2 x DP=2 run whose loss falls."""
-    out = tmp_path / "dp.json"
-    proc = run_mpi(4, ["-m", "aioready", "train", "--stages", "2", "--dp", "2", "--steps", "3",
-                       "--microbatches", "4", "--task-ms", "0", "--no-progress", "--json",
-                       str(out)], timeout=100)
+def train_losses(n: int, out: Path, *args: str) -> list[float]:
+    proc = run_mpi(n, ["-m", "aioready", "train", "--stages", "2", "--steps", "3",
+                       "--task-ms", "0", "--no-progress", "--json", str(out), *args],
+                   timeout=100)
     assert proc.returncode == 0, proc.stderr[-3000:]
     import json
     summary = json.loads(out.read_text())
-    assert summary["dp"] == 2 and summary["ranks"] == 4, summary
-    assert len(summary["loss"]) == 3 and summary["loss"][-1] < summary["loss"][0], summary
+    assert summary["ranks"] == n, summary
+    return summary["loss"]  # type: ignore[no-any-return]
+
+
+@pytest.mark.timeout(200)
+def test_train_command_with_dp_equals_one_pipeline(tmp_path: Path) -> None:
+    """`aioready train --dp 2` with 4 microbatches per replica trains like one pipeline with
+    the same 8 microbatches (same data, same AdamW steps; float32 sums in another order)."""
+    one = train_losses(2, tmp_path / "one.json", "--microbatches", "8")
+    dp = train_losses(4, tmp_path / "dp.json", "--microbatches", "4", "--dp", "2")
+    assert len(one) == len(dp) == 3 and one[-1] < one[0], (one, dp)
+    assert max(abs(a - b) for a, b in zip(one, dp)) <= 1e-5, (one, dp)
+
+
+@pytest.mark.heavy
+@pytest.mark.timeout(200)
+def test_train_command_with_tp_equals_one_pipeline(tmp_path: Path) -> None:
+    """`aioready train --tp 2` (each block's MLP split over 2 ranks) trains like no TP."""
+    one = train_losses(2, tmp_path / "one.json", "--microbatches", "4")
+    tp = train_losses(4, tmp_path / "tp.json", "--microbatches", "4", "--tp", "2")
+    assert max(abs(a - b) for a, b in zip(one, tp)) <= 1e-5, (one, tp)

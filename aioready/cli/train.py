@@ -20,6 +20,7 @@ EXAMPLES = """examples:
   aioready train --trace trace.csv --sleep-only --json out/replay.json
   mpiexec -n 4 python -m aioready train --stages 4 --microbatches 8 --steps 5
   mpiexec -n 4 python -m aioready train --stages 2 --dp 2 --steps 5   # PP=2 x DP=2
+  mpiexec -n 8 python -m aioready train --stages 2 --tp 2 --dp 2       # PP=2 x TP=2 x DP=2
   aioready train --steps 50 --checkpoint-dir ckpt --resume   # rerun it after a crash
 """
 
@@ -73,7 +74,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
                    help="data-parallel replicas under mpiexec (pipeline ranks = world / dp); "
                    "gradients are averaged over replicas while the step runs")
     p.add_argument("--tp", type=int, default=1,
-                   help="tensor-parallel size (this model: 1; see examples/tp_mlp.py)")
+                   help="tensor-parallel size under mpiexec: each block's MLP is split over tp "
+                   "ranks (pipeline ranks = world / (tp * dp))")
     p.set_defaults(func=run)
 
 

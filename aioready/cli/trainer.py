@@ -68,7 +68,7 @@ class TrainConfig:
     dp: int = 1
     """data-parallel replicas under MPI (the pipeline has world / dp ranks)"""
     tp: int = 1
-    """tensor-parallel size; the GPT model of this command has no TP layers, so only 1"""
+    """tensor-parallel size under MPI: each block's MLP is split (aioready.tp.layers)"""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cap", parse_cap(self.cap))  # "8" -> 8: the summary shows 8
@@ -78,12 +78,8 @@ class TrainConfig:
         if self.checkpoint_dir and self.sleep_only:
             raise ConfigError("sleep_only runs no model: nothing to checkpoint",
                               expected="checkpoint_dir without sleep_only", got="both")
-        if self.tp != 1:
-            raise ConfigError("the train command's GPT model has no tensor-parallel layers",
-                              expected="tp=1", got=f"tp={self.tp}",
-                              fix="see examples/dp_train.py and aioready.tp.layers for TP stages")
         for name in ("stages", "microbatches", "steps", "batch", "seq", "dim", "heads",
-                     "layers_per_stage", "vocab", "dp"):
+                     "layers_per_stage", "vocab", "dp", "tp"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1", expected=">= 1",
                                   got=getattr(self, name))
@@ -116,7 +112,7 @@ class TrainResult:
             "trace": cfg.trace, "task_ms": cfg.task_ms, "durations": self.durations,
             "transport": "mpi" if self.world_size > 1 else "inproc",
             "ranks": self.world_size, "overruns": self.overruns,
-            "sleep_only": cfg.sleep_only, "dp": cfg.dp,
+            "sleep_only": cfg.sleep_only, "dp": cfg.dp, "tp": cfg.tp,
         }
 
 
@@ -136,8 +132,9 @@ async def train(cfg: TrainConfig, *, comm: Any = None,
     """Run `cfg.steps` steps; with `comm` of size > 1, as one rank of an MPI job."""
     world = comm.Get_size() if comm is not None else 1
     rank = comm.Get_rank() if comm is not None else 0
-    grid, line, replica = _grid(cfg, comm)
+    grid, line = _grid(cfg, comm)
     world, rank = (world, rank) if grid is None else (grid.grid.pp_size, grid.coords.pp_rank)
+    follower = grid is not None and (grid.coords.dp > 0 or grid.coords.tp_rank > 0)
     transport = _mpi_transport(line) if world > 1 else None
     hint = make_hint(cfg.hint, num_stages=cfg.stages, num_ranks=world if world > 1 else None,
                      num_microbatches=cfg.microbatches, split_backward=cfg.split_backward)
@@ -146,15 +143,16 @@ async def train(cfg: TrainConfig, *, comm: Any = None,
                        layers_per_stage=cfg.layers_per_stage, seq=cfg.seq, seed=cfg.seed)
     mine = placement.stages_of(rank) if transport is not None else tuple(range(cfg.stages))
     modules = [None if cfg.sleep_only else model[s] for s in mine]
+    wrap = _tensor_parallel(grid, modules)
     duration, source = paced_duration(
         placement=placement, num_microbatches=cfg.microbatches,
         split_backward=cfg.split_backward, task_ms=cfg.task_ms, jitter=cfg.jitter,
         seed=cfg.seed, trace=cfg.trace, steps=cfg.steps)
     devices: list[PacedDevice] = []
 
-    def make_device(r: int) -> PacedDevice:
+    def make_device(r: int) -> Any:
         devices.append(PacedDevice(CPUDevice(f"aioready-rank{r}"), duration))
-        return devices[-1]
+        return wrap(devices[-1])
 
     pipe = Pipeline(modules, lm_loss, microbatches=cfg.microbatches, hint=hint, mode=cfg.mode,
                     transport=transport, split_backward=cfg.split_backward, cap=cfg.cap,
@@ -173,7 +171,8 @@ async def train(cfg: TrainConfig, *, comm: Any = None,
     with _live_metrics(cfg, pipe, rank) as instruments:
         try:
             for step in range(start, cfg.steps):
-                loss = await pipe.step(*_batch(cfg, step, mine, replica))
+                loss = await pipe.step(*_batch(cfg, step, mine,
+                                               0 if grid is None else grid.coords.dp))
                 if opt is not None:
                     opt.step()
                     opt.zero_grad(set_to_none=True)
@@ -181,7 +180,7 @@ async def train(cfg: TrainConfig, *, comm: Any = None,
                     from ..runtime.checkpoint import save_checkpoint
                     save_checkpoint(cfg.checkpoint_dir, pipe, opt)
                 report, loss_value = await _collect(pipe, line if world > 1 else None, loss)
-                if replica:
+                if follower:  # replica 0, TP rank 0 reports for the others
                     continue
                 if instruments:
                     local = pipe.last_step
@@ -208,16 +207,30 @@ async def train(cfg: TrainConfig, *, comm: Any = None,
     return result
 
 
-def _grid(cfg: TrainConfig, comm: Any) -> tuple[Any, Any, int]:
-    """(grid communicators or None, the pipeline line's communicator, this replica's index)."""
-    if cfg.dp == 1:
-        return None, comm, 0
+def _grid(cfg: TrainConfig, comm: Any) -> tuple[Any, Any]:
+    """(grid communicators or None, the pipeline line's communicator)."""
+    if cfg.dp == 1 and cfg.tp == 1:
+        return None, comm
     if comm is None:
-        raise ConfigError("data parallelism runs under MPI", expected="mpiexec -n pp*dp",
-                          got=f"dp={cfg.dp} in one process")
+        raise ConfigError("data and tensor parallelism run under MPI",
+                          expected="mpiexec -n pp*tp*dp", got=f"tp={cfg.tp}, dp={cfg.dp} in "
+                          "one process")
     from ..tp.grid import ProcessGrid
-    grid = ProcessGrid.for_world(comm.Get_size(), dp=cfg.dp).split(comm)
-    return grid, grid.pp, grid.coords.dp
+    grid = ProcessGrid.for_world(comm.Get_size(), tp=cfg.tp, dp=cfg.dp).split(comm)
+    return grid, grid.pp
+
+
+def _tensor_parallel(grid: Any, modules: list[Any]) -> Callable[[Any], Any]:
+    """Shard the modules' MLPs over the TP group; return the device wrapper TP needs."""
+    if grid is None or grid.grid.tp_size == 1:
+        return lambda device: device
+    from ..tp.collectives import MPITPComm, TPDevice
+    from ..tp.layers import shard_gpt_mlps
+    comm = MPITPComm(grid.tp)
+    for module in modules:
+        if module is not None:
+            shard_gpt_mlps(module, comm)
+    return lambda device: TPDevice(device, comm)
 
 
 def _batch(cfg: TrainConfig, step: int, mine: tuple[int, ...], replica: int = 0
