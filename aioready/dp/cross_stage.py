@@ -236,5 +236,12 @@ class CrossStage:
         return torch.tensor(norm, dtype=torch.float64)
 
     def close(self) -> None:
+        """Stop polling and free the world duplicate and the tie communicators (once)."""
         if self._requests is not None:
             self._requests.close()
+        comms = [c for c in [self._world] + [t.comm for t in self.ties] if c is not None]
+        if comms:
+            from mpi4py import MPI
+            for comm in comms:
+                if comm != MPI.COMM_NULL:
+                    comm.Free()

@@ -173,9 +173,11 @@ class MPIGradReducer:
         return ReduceStatistics(self.num_buckets, self.num_bytes, self.busy_s)
 
     def close(self) -> None:
+        """Stop polling and free the duplicated communicators (once)."""
         self._requests.close()
         for comm in (*self._comms, self._loss_comm):
-            comm.Free()
+            if comm != self._MPI.COMM_NULL:
+                comm.Free()
 
     def _unpack(self, chunk: int, bucket: list[Any], array: np.ndarray) -> None:
         import torch

@@ -299,6 +299,9 @@ class Pipeline:
             self.peer_monitor.close()
         for rt in self.runtimes:
             rt.device.close()
+        for part in (self.cross_stage, self.grad_reducer):  # their collectives' pollers
+            if part is not None and hasattr(part, "close"):
+                part.close()
 
     def __repr__(self) -> str:
         return (f"<Pipeline hint={self.hint.name} mode={self.mode} M={self.microbatches} "
