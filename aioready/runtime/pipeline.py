@@ -80,7 +80,14 @@ def _make_device(spec: Any, rank: int) -> Device:
 
 
 class Pipeline:
-    """A pipeline-parallel training step, readiness-first (`ready`) or in hint order (`strict`)."""
+    """A pipeline-parallel training step, readiness-first (`ready`) or in hint order (`strict`).
+
+    Under MPI with `grid=` (a ProcessGrid or its GridComms) the stages are this rank's on its
+    pipeline line, and gradients are averaged over data-parallel replicas during the step
+    (`grad_reducer=` replaces the MPI reducer). `normalize="weight"`: loss_fn returns (loss,
+    weight); `tied={name: {stage: parameter name}}`; `scaler=dp.cross_stage.GradScaler()`;
+    `autocast=dtype` (docs/architecture.md "Data parallelism").
+    """
 
     def __init__(
         self, stages: Sequence[Any], loss_fn: Callable[[Any, Any], Any] | None = None, *,
