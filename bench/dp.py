@@ -172,8 +172,10 @@ async def run_all(args: argparse.Namespace) -> None:
         "Reading it: with one chunk per rank (1f1b, zb-h1) the last stage's reduction overlaps",
         "the first stage's final backward work, but the first stage's own reduction starts when",
         "its step ends, so at most about half is hidden; with interleaved chunks a rank's later",
-        "chunk reduces while its earlier chunk still computes. The machine is shared: see its",
-        "load above; compare the columns of one row (same run), not rows of different runs."])
+        "chunk reduces while its earlier chunk still computes. Both per-rank columns include",
+        "waiting for the other replica to reach its reduction (replicas drift apart within a",
+        "step), which no overlap can hide. The machine is shared: see its load above; compare",
+        "the columns of one row (same run), not rows of different runs."])
     path = write_result("dp", body, "python -m bench.dp" + (" --quick" if args.quick else ""))
     print(body)
     print(f"wrote {path}", file=sys.stderr)
