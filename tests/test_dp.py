@@ -214,3 +214,16 @@ async def test_autocast_reaches_the_device_thread() -> None:
         assert seen == [want] * (S * M), (autocast, seen)
         assert math.isfinite(float(loss))
         assert all(p.grad.dtype == torch.float32 for s in stages for p in s.parameters())
+
+
+async def test_reductions_over_ranks_in_other_processes_need_a_grid() -> None:
+    """With a transport but no grid a rank sees only its stages: refuse, never reduce locally."""
+    from aioready.transports.inproc import InprocWorld
+    stages = make_mlp_stages(2, width=WIDTH)
+    pipe = Pipeline([stages[0]], mse_loss, microbatches=M, transport=InprocWorld(2).endpoint(0))
+    with pytest.raises(ConfigError, match="clip_grad_norm_ reduce over every rank"):
+        await pipe.clip_grad_norm_(1.0)
+    pipe.close()
+    with pytest.raises(ConfigError, match="grid=ProcessGrid"):
+        Pipeline([stages[0]], mse_loss, microbatches=M, transport=InprocWorld(2).endpoint(0),
+                 scaler=GradScaler())

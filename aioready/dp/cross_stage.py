@@ -101,16 +101,25 @@ class CrossStage:
             self._world = self.comms.world.Dup()
             self._requests = Requests(f"cross-stage all-reduce (world rank "
                                       f"{self.comms.world.Get_rank()})")
-        elif pipe.transport is not None and pipe.transport.world_size > 1 and (
-                tied or scaler is not None or self.weighted):
-            raise ConfigError("tied weights, a GradScaler and normalize='weight' reduce over "
-                              "every rank", expected="grid=ProcessGrid(...) with transport",
-                              got="a transport without grid", rank=pipe.transport.rank)
+        elif self._spread(pipe) and (tied or scaler is not None or self.weighted):
+            raise self._needs_grid(pipe, "tied weights, a GradScaler and normalize='weight'")
         self.ties = [self._tie(name, owners) for name, owners in sorted((tied or {}).items())]
         # a tied weight counts once in a norm: its lowest stage's copy (params are by stage)
         self._skip = {id(p) for t in self.ties for p in t.params[1 if t.first else 0:]}
 
     # -- construction ---------------------------------------------------------------------
+    @staticmethod
+    def _spread(pipe: Any) -> bool:
+        """The pipeline's ranks live in several processes (a transport over a world > 1)."""
+        return pipe.transport is not None and pipe.transport.world_size > 1
+
+    @staticmethod
+    def _needs_grid(pipe: Any, what: str) -> ConfigError:
+        return ConfigError(f"{what} reduce over every rank", rank=pipe.transport.rank,
+                           expected="Pipeline(..., grid=ProcessGrid(pp_size=N))",
+                           got="a transport without a grid (each rank would see only its "
+                           "own stages)")
+
     def _tie(self, name: str, owners: Mapping[int, str]) -> _Tie:
         placement = self.pipe.hint.placement
         if len(owners) < 2 or any(not 0 <= s < placement.num_stages for s in owners):
@@ -225,6 +234,8 @@ class CrossStage:
 
     async def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
         """Clip every local gradient by the global 2-norm (torch's rule); return the norm."""
+        if self._world is None and self._spread(self.pipe):
+            raise self._needs_grid(self.pipe, "clip_grad_norm_")
         with torch.no_grad():
             local = sum(float(p.grad.double().pow(2).sum()) for p in self._params()
                         if p.grad is not None and self._counted(p))
