@@ -130,7 +130,7 @@ async def measure(args: argparse.Namespace, hint: str, split: bool, steps: int
                 if mode in tail:
                     tail[mode].append(exposed)
     for pipe, _, _ in pipes.values():
-        await pipe.transport.close()
+        await pipe.grid.close()
         pipe.close()
     times.update({f"tail_{m}": v for m, v in tail.items()})
     return times

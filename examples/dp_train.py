@@ -88,7 +88,7 @@ async def main(args: argparse.Namespace) -> None:
         if last and c.dp == 0 and c.tp_rank == 0:
             print(f"step {step}: loss {float(loss):.5f}  grad norm {float(norm):.3f}  "
                   f"{(time.perf_counter() - t0) * 1e3:.1f} ms", flush=True)
-    await pipe.transport.close()
+    await pipe.grid.close()
     pipe.close()
 
 

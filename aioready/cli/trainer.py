@@ -199,6 +199,8 @@ async def train(cfg: TrainConfig, *, comm: Any = None,
             pipe.close()
             if transport is not None:
                 await transport.close()
+            if pipe.grid is not None:  # a TP group's decision transport
+                await pipe.grid.close()
     overruns = sum(d.num_overruns for d in devices)
     if world > 1:
         from ..telemetry.gather import reduce_sum

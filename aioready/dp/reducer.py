@@ -31,7 +31,7 @@ from typing import Any, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
-from ..errors import ConfigError, CoordinationError
+from ..errors import ConfigError
 
 __all__ = ["GradReducer", "MPIGradReducer", "ReduceStatistics", "DEFAULT_BUCKET_BYTES",
            "resolve_bucket_bytes", "plan_buckets"]
@@ -135,10 +135,6 @@ class MPIGradReducer:
 
     # -- GradReducer ----------------------------------------------------------------------
     def reduce_nowait(self, chunk: int) -> None:
-        if chunk in self._chunk_left:
-            raise CoordinationError("a chunk's gradients were handed to the reducer twice in "
-                                    "one step", task=f"chunk {chunk}",
-                                    expected="one reduction per chunk per step", got="two")
         buckets = self._buckets[chunk]
         if self._size == 1 or not buckets:
             return
@@ -153,10 +149,7 @@ class MPIGradReducer:
                                  nbytes=array.nbytes)
 
     async def wait_reduced(self) -> None:
-        try:
-            await self._requests.wait_all()
-        finally:
-            self._chunk_left.clear()
+        await self._requests.wait_all()
 
     async def mean(self, value: Any) -> Any:
         import torch

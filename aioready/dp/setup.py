@@ -5,12 +5,13 @@ the `GridComms` of one already split (needed when tensor-parallel layers are bui
 Pipeline, since they take the TP communicator). The pipeline's activations and gradients then
 travel on the rank's pipeline line (same replica, same TP rank: `MPITransport(comms.pp)`, made
 here unless given), a TP group in ready mode gets its decision stream (`Coordinator`), and a
-data-parallel group its gradient reducer. World rank order is grid.py's.
+data-parallel group its gradient reducer. World rank order is grid.py's. The transports made
+here are closed by `await pipe.grid.close()` after the last step.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ConfigError
@@ -26,6 +27,12 @@ class PipelineGrid:
     comms: GridComms
     transport: Any
     coordinator: Any
+    owned: list[Any] = field(default_factory=list)  # transports made here, closed by close()
+
+    async def close(self) -> None:
+        """Close the transports the grid made (after the last step; each waits for its sends)."""
+        while self.owned:
+            await self.owned.pop().close()
 
 
 def _split(grid: ProcessGrid) -> GridComms:
@@ -54,9 +61,11 @@ def setup_grid(grid: Any, *, transport: Any, coordinator: Any, mode: str) -> Pip
         raise ConfigError("grid", expected="a ProcessGrid or the GridComms of grid.split()",
                           got=type(grid).__name__)
     c, g = comms.coords, comms.grid
+    owned = []
     if transport is None:
         from ..transports.mpi import MPITransport
         transport = MPITransport(comms.pp)
+        owned.append(transport)
     elif transport.world_size != g.pp_size or transport.rank != c.pp_rank:
         raise ConfigError(
             "with grid=, the transport connects one pipeline line", rank=comms.world.Get_rank(),
@@ -68,4 +77,5 @@ def setup_grid(grid: Any, *, transport: Any, coordinator: Any, mode: str) -> Pip
         from ..tp.coordination import Coordinator
         from ..transports.mpi import MPITransport
         coordinator = Coordinator(MPITransport(comms.tp))
-    return PipelineGrid(comms, transport, coordinator)
+        owned.append(coordinator.transport)
+    return PipelineGrid(comms, transport, coordinator, owned)

@@ -172,9 +172,7 @@ async def one_case(tp: int, dp: int, case: str, seed: int) -> None:
             ref_opt.step()
         opt.zero_grad(set_to_none=True)
     reductions = pipe.grad_reducer.num_buckets if pipe.grad_reducer is not None else 0
-    await pipe.transport.close()
-    if pipe.grid.coordinator is not None:
-        await pipe.grid.coordinator.transport.close()
+    await pipe.grid.close()
     pipe.close()
     out = [all_max(world, v) for v in (gdiff, ldiff, ndiff, seen, reductions, -early,
                                        -skipped, skipped, -norm_min)]
@@ -221,7 +219,7 @@ async def checkpoints() -> None:
         opt.step()
         opt.zero_grad(set_to_none=True)
         save_checkpoint(root, pipe, opt)
-    await pipe.transport.close()
+    await pipe.grid.close()
     pipe.close()
     world.Barrier()
     files = sorted(p.name for p in (root / "step-00000002").iterdir())
@@ -231,7 +229,7 @@ async def checkpoints() -> None:
     step = load_checkpoint(root, again, fresh_opt)
     same = all(torch.equal(a, b) for a, b in zip(module.state_dict().values(),
                                                  fresh.state_dict().values()))
-    await again.transport.close()
+    await again.grid.close()
     again.close()
     other = Pipeline([make_mlp_stages(4, width=WIDTH)[world.Get_rank()]], mse_loss,
                      microbatches=4, grid=ProcessGrid(pp_size=4))
@@ -240,7 +238,7 @@ async def checkpoints() -> None:
         refused = "accepted"
     except CheckpointError as exc:
         refused = str(exc).replace(" ", "_")
-    await other.transport.close()
+    await other.grid.close()
     other.close()
     ok = all_max(world, 0.0 if same and step == 2 else 1.0) == 0.0
     if world.Get_rank() == 0:
