@@ -166,6 +166,10 @@ class CrossStage:
         total_weight = 1.0
         if self.weighted or self.scaler is not None:
             weight, bad = await self._sum([self._local_weight(), self._local_nonfinite()])
+            if self.weighted and not weight > 0:
+                raise ConfigError("the step's microbatch weights do not sum to a positive "
+                                  "number", expected="loss_fn weights with a sum > 0",
+                                  got=weight)
             total_weight = weight
             factor = self.dp_size / weight if self.weighted else 1.0
             if self.scaler is not None:
