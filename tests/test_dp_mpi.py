@@ -1,8 +1,8 @@
 """Pipeline x data parallel under mpiexec: 3 SGD steps equal one unsplit model on the whole
 batch (float64), in ready and strict modes, split and unsplit backward, with random per-rank
 delays after every task (tests/mpi_scripts/dp.py), and so do global clipping, token-weighted
-loss, tied weights and a GradScaler whose injected inf on one rank makes every rank skip; the
-grid's errors name the world size. One launch runs several cases (MPI start and torch import
+loss, tied weights, ZeRO-1 (AdamW state sharded over replicas) and a GradScaler whose injected
+inf on one rank makes every rank skip; the grid's errors name the world size. One launch runs several cases (MPI start and torch import
 dominate); the rest of the matrix and 8 ranks (PP x TP x DP) are heavy."""
 
 from __future__ import annotations
@@ -53,6 +53,8 @@ def check_exact(results: dict[str, str]) -> None:
         assert field(text, "skipped_min") == field(text, "skipped_max") == str(skipped), text
         if "clip" in case:
             assert float(field(text, "norm_min")) > 0.05, (case, text)  # the clip was active
+        if "zero" in case:  # AdamW's state sharded over the 2 replicas
+            assert 0.45 <= float(field(text, "zero_state")) <= 0.5 + 1e-3, (case, text)
         chunks = 2 if case.startswith("interleaved") else 1
         assert int(field(text, "reductions")) == STEPS * chunks, (case, text)
         if chunks == 2:  # chunk 1's reduction started while chunk 0 still had backward work
@@ -62,7 +64,7 @@ def check_exact(results: dict[str, str]) -> None:
 @pytest.mark.timeout(120)
 def test_pp2_dp2_modes_splits_and_cross_stage_reductions(tmp_path: Path) -> None:
     results = launch(4, 1, 2, ["1f1b:ready:1:clip,weight", "interleaved-1f1b:strict:0:tied",
-                               "interleaved-1f1b:ready:1", "1f1b:strict:0:scaler",
+                               "interleaved-1f1b:ready:1:zero", "1f1b:strict:0:scaler",
                                "grid_errors", "ckpt"], env={"DP_CKPT_DIR": str(tmp_path)})
     check_exact(results)
     ckpt = results["ckpt"]
@@ -80,7 +82,8 @@ def test_pp2_dp2_modes_splits_and_cross_stage_reductions(tmp_path: Path) -> None
 @pytest.mark.heavy
 @pytest.mark.timeout(200)
 def test_pp2_dp2_rest_of_the_matrix() -> None:
-    check_exact(launch(4, 1, 2, ["1f1b:ready:0", "1f1b:strict:1", "interleaved-1f1b:strict:1",
+    check_exact(launch(4, 1, 2, ["1f1b:ready:0", "1f1b:strict:1", "interleaved-1f1b:ready:1",
+                                 "interleaved-1f1b:strict:1:zero,clip",
                                  "zb-h1:ready:1:clip,tied", "interleaved-1f1b:ready:0:weight",
                                  "1f1b:ready:1:scaler"]))
 

@@ -4,7 +4,8 @@ Usage: mpiexec -n R python tests/mpi_scripts/dp.py TP DP CASE [CASE ...]
 CASE = hint:mode:split[:feature,...], features: clip (clip_grad_norm_ every step), weight
 (token-weighted loss, microbatches of different sizes), tied (a weight shared by the first and
 the last stage), scaler (a GradScaler; an inf injected on the last world rank at step 1 must make
-every rank skip that step). PP = R / (TP * DP). Every rank builds the same full model from a
+every rank skip that step), zero (AdamW through dp.zero.ZeroOptimizer, state sharded over the
+replicas, against AdamW on the unsplit model). PP = R / (TP * DP). Every rank builds the same full model from a
 fixed seed; replica d takes microbatches d*M .. d*M+M-1 of a batch of DP*M; each case trains 3
 steps with SGD, and the reference (the unsplit model, every microbatch, one process) does the
 same. Every task is followed by a random delay drawn per world rank, so replicas finish their
@@ -12,7 +13,8 @@ stages in different orders. World rank 0 prints `RESULT case loss_diff= grad_dif
 loss_seen= reductions= overlapped= skipped_min= skipped_max=`: the most buckets a rank reduced,
 the fewest chunk reductions a rank started while it still had a task of the step to start
 (interleaved placements: one per step at least), and the fewest and most skipped steps a rank
-saw, and the smallest unclipped norm (above the clip: clipping changed the gradients).
+saw, the smallest unclipped norm (above the clip: clipping changed the gradients), and with
+zero the largest share of AdamW's state a rank holds (about 1/DP).
 CASE = grid_errors: a grid that does not fit the world is refused on every rank.
 CASE = ckpt (4 ranks, directory in $DP_CKPT_DIR): PP=2 x DP=2 trains 2 steps writing checkpoints
 (replica 0 writes), a fresh pipeline on the same grid resumes from them on every replica, and a
@@ -126,8 +128,14 @@ async def one_case(tp: int, dp: int, case: str, seed: int) -> None:
                     tied={"proj": {0: "0.weight", S - 1: f"{len(ref[-1]) - 1}.weight"}}
                     if "tied" in features else None)
     model = nn.Sequential(*ref)
-    opt = torch.optim.SGD([p for s in mine for p in modules[s].parameters()], lr=LR)
-    ref_opt = torch.optim.SGD(model.parameters(), lr=LR)
+    if "zero" in features:
+        from aioready.dp.zero import ZeroOptimizer
+        zero = ZeroOptimizer(pipe, torch.optim.AdamW, lr=LR, bucket_bytes=4096)
+        ref_opt = torch.optim.AdamW(model.parameters(), lr=LR)
+    else:
+        zero = None
+        opt = torch.optim.SGD([p for s in mine for p in modules[s].parameters()], lr=LR)
+        ref_opt = torch.optim.SGD(model.parameters(), lr=LR)
     gdiff = ldiff = ndiff = 0.0
     norm_min = float("inf")
     seen = early = skipped = 0
@@ -164,23 +172,35 @@ async def one_case(tp: int, dp: int, case: str, seed: int) -> None:
             if loss is not None:
                 seen += 1
                 ldiff = max(ldiff, abs(float(loss) - ref_loss))
-            if scaler is not None:
+            if zero is not None:
+                await zero.step()
+            elif scaler is not None:
                 scaler.step(opt)
                 scaler.update()
             else:
                 opt.step()
             ref_opt.step()
-        opt.zero_grad(set_to_none=True)
+        if zero is not None:
+            zero.zero_grad()
+            pdiff = max(float((p.detach() - q.detach()).abs().max()) for s in mine
+                        for p, q in zip(modules[s].parameters(), ref[s].parameters()))
+            gdiff = max(gdiff, pdiff)  # the parameters after the sharded step, too
+        else:
+            opt.zero_grad(set_to_none=True)
     reductions = pipe.grad_reducer.num_buckets if pipe.grad_reducer is not None else 0
+    local = sum(p.numel() for s in mine for p in modules[s].parameters())
+    state = -1.0 if zero is None else zero.state_numel() / (2 * local)  # AdamW: 2 moments
+    if zero is not None:
+        zero.close()
     await pipe.grid.close()
     pipe.close()
     out = [all_max(world, v) for v in (gdiff, ldiff, ndiff, seen, reductions, -early,
-                                       -skipped, skipped, -norm_min)]
+                                       -skipped, skipped, -norm_min, state)]
     if world.Get_rank() == 0:
         say(f"RESULT {case} grad_diff={out[0]:.3e} loss_diff={out[1]:.3e} "
             f"norm_diff={out[2]:.3e} loss_seen={int(out[3])} reductions={int(out[4])} "
             f"overlapped={int(-out[5])} skipped_min={int(-out[6])} skipped_max={int(out[7])} "
-            f"norm_min={-out[8]:.3e}")
+            f"norm_min={-out[8]:.3e} zero_state={out[9]:.3f}")
 
 
 def grid_errors() -> None:
