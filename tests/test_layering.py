@@ -24,7 +24,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("in_flight", "hints", "caps", "forecast", "ready_set", "arbiter", "progress"),
     ("transports", "devices", "cuda", "schedulers", "testing", "modeling"),
     ("telemetry",),
-    ("runtime", "tp"),
+    ("runtime", "tp", "dp"),
     ("sim",),
     ("cli", "__main__"),
 )

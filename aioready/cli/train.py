@@ -19,6 +19,8 @@ EXAMPLES = """examples:
   aioready train --split-backward --csv out/spans.csv --metrics-port 9100 --steps 50
   aioready train --trace trace.csv --sleep-only --json out/replay.json
   mpiexec -n 4 python -m aioready train --stages 4 --microbatches 8 --steps 5
+  mpiexec -n 4 python -m aioready train --stages 2 --dp 2 --steps 5   # PP=2 x DP=2
+  mpiexec -n 8 python -m aioready train --stages 2 --tp 2 --dp 2       # PP=2 x TP=2 x DP=2
   aioready train --steps 50 --checkpoint-dir ckpt --resume   # rerun it after a crash
 """
 
@@ -79,6 +81,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
                    "versions, git revision, world layout, key fingerprint, start, end or error")
     p.add_argument("--on-nan", choices=("warn", "stop"), default="warn",
                    help="a loss that is not finite: warn (default) or stop the run")
+    p.add_argument("--dp", type=int, default=1,
+                   help="data-parallel replicas under mpiexec (pipeline ranks = world / dp); "
+                   "gradients are averaged over replicas while the step runs")
+    p.add_argument("--tp", type=int, default=1,
+                   help="tensor-parallel size under mpiexec: each block's MLP is split over tp "
+                   "ranks (pipeline ranks = world / (tp * dp))")
     p.set_defaults(func=run)
 
 
@@ -90,7 +98,8 @@ def config_from_args(args: argparse.Namespace) -> Any:
         split_backward=args.split_backward, task_ms=args.task_ms, batch=args.batch,
         seq=args.seq, dim=args.dim, lr=args.lr, metrics_port=args.metrics_port,
         sleep_only=args.sleep_only, checkpoint_dir=args.checkpoint_dir, resume=args.resume,
-        on_nan=args.on_nan, check_config=args.check_config, key_file=args.key_file)
+        on_nan=args.on_nan, check_config=args.check_config, key_file=args.key_file,
+        dp=args.dp, tp=args.tp)
 
 
 def mpi_comm() -> Any:

@@ -78,6 +78,10 @@ class TrainConfig:
     on_nan: str = "warn"
     """a loss that is not finite: "warn" (once, on stderr, and in the summary) or "stop" (raise
     DivergedError)"""
+    dp: int = 1
+    """data-parallel replicas under MPI (the pipeline has world / dp ranks)"""
+    tp: int = 1
+    """tensor-parallel size under MPI: each block's MLP is split (aioready.tp.layers)"""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cap", parse_cap(self.cap))  # "8" -> 8: the summary shows 8
@@ -96,7 +100,7 @@ class TrainConfig:
         if self.on_nan not in ON_NAN:
             raise ConfigError("on_nan", expected=" | ".join(ON_NAN), got=repr(self.on_nan))
         for name in ("stages", "microbatches", "steps", "batch", "seq", "dim", "heads",
-                     "layers_per_stage", "vocab"):
+                     "layers_per_stage", "vocab", "dp", "tp"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1", expected=">= 1",
                                   got=getattr(self, name))
@@ -134,7 +138,7 @@ class TrainResult:
             "transport": "mpi" if self.world_size > 1 else "inproc",
             "ranks": self.world_size, "overruns": self.overruns,
             "sleep_only": cfg.sleep_only, "diverged_at": self.diverged_at,
-            "sealed": self.key_fingerprint,
+            "sealed": self.key_fingerprint, "dp": cfg.dp, "tp": cfg.tp,
         }
 
 
@@ -154,13 +158,16 @@ async def train(cfg: TrainConfig, *, comm: Any = None,
     """Run `cfg.steps` steps; with `comm` of size > 1, as one rank of an MPI job."""
     world = comm.Get_size() if comm is not None else 1
     rank = comm.Get_rank() if comm is not None else 0
-    transport = _mpi_transport(comm) if world > 1 else None
+    grid, line = _grid(cfg, comm)
+    world, rank = (world, rank) if grid is None else (grid.grid.pp_size, grid.coords.pp_rank)
+    follower = grid is not None and (grid.coords.dp > 0 or grid.coords.tp_rank > 0)
+    transport = _mpi_transport(line) if world > 1 else None
     key_file = cfg.key_file or os.environ.get("AIOREADY_KEY_FILE") or None
     fingerprint = None
     if key_file and transport is not None:
         from ..transports.secure import SecureTransport, load_key, secure_session
         transport = SecureTransport(transport, key=load_key(key_file),
-                                    session=await secure_session(comm))
+                                    session=await secure_session(line))
         fingerprint = transport.fingerprint
     hint = make_hint(cfg.hint, num_stages=cfg.stages, num_ranks=world if world > 1 else None,
                      num_microbatches=cfg.microbatches, split_backward=cfg.split_backward)
@@ -169,22 +176,24 @@ async def train(cfg: TrainConfig, *, comm: Any = None,
                        layers_per_stage=cfg.layers_per_stage, seq=cfg.seq, seed=cfg.seed)
     mine = placement.stages_of(rank) if transport is not None else tuple(range(cfg.stages))
     modules = [None if cfg.sleep_only else model[s] for s in mine]
+    wrap = _tensor_parallel(grid, modules)
     duration, source = paced_duration(
         placement=placement, num_microbatches=cfg.microbatches,
         split_backward=cfg.split_backward, task_ms=cfg.task_ms, jitter=cfg.jitter,
         seed=cfg.seed, trace=cfg.trace, steps=cfg.steps)
     devices: list[PacedDevice] = []
 
-    def make_device(r: int) -> PacedDevice:
+    def make_device(r: int) -> Any:
         devices.append(PacedDevice(CPUDevice(f"aioready-rank{r}"), duration))
-        return devices[-1]
+        return wrap(devices[-1])
 
     pipe = Pipeline(modules, lm_loss, microbatches=cfg.microbatches, hint=hint, mode=cfg.mode,
                     transport=transport, split_backward=cfg.split_backward, cap=cfg.cap,
-                    device=make_device, num_stages=cfg.stages)
+                    device=make_device, num_stages=cfg.stages, grid=grid)
     params = [p for m in modules if m is not None for p in m.parameters()]
     opt = torch.optim.AdamW(params, lr=cfg.lr) if params else None
-    result = TrainResult(rank=rank, world_size=world, durations=source,
+    result = TrainResult(rank=rank if comm is None else comm.Get_rank(),
+                         world_size=1 if comm is None else comm.Get_size(), durations=source,
                          key_fingerprint=fingerprint)
     start = 0
     if cfg.checkpoint_dir:
@@ -200,18 +209,21 @@ async def train(cfg: TrainConfig, *, comm: Any = None,
     with _live_metrics(cfg, pipe, rank) as instruments:
         try:
             for step in range(start, cfg.steps):
-                loss = await pipe.step(*_batch(cfg, step, mine))
+                loss = await pipe.step(*_batch(cfg, step, mine,
+                                               0 if grid is None else grid.coords.dp))
                 if opt is not None:
                     opt.step()
                     opt.zero_grad(set_to_none=True)
-                if cfg.checkpoint_dir:
+                if cfg.checkpoint_dir:  # on a grid, replica 0 writes for its DP group
                     from ..runtime.checkpoint import save_checkpoint
                     # in a thread: the loop keeps beating, so a long write is not a lost rank
                     await pipe.watch(asyncio.to_thread(save_checkpoint, cfg.checkpoint_dir,
                                                        pipe, opt), what="a checkpoint write")
                 report, loss_value = await pipe.watch(
-                    _collect(pipe, comm if world > 1 else None, loss),
+                    _collect(pipe, line if world > 1 else None, loss),
                     what=f"the report gather of step {step}")
+                if follower:  # replica 0, TP rank 0 reports for the others
+                    continue
                 if instruments:
                     local = pipe.last_step
                     assert local is not None
@@ -234,6 +246,8 @@ async def train(cfg: TrainConfig, *, comm: Any = None,
                 await pipe.watch(transport.close(), what="the transport's close")
         finally:
             pipe.close()
+            if pipe.grid is not None:  # a TP group's decision transport
+                await pipe.grid.close()
     result.overruns = overruns
     return result
 
@@ -264,9 +278,37 @@ def _check_loss(cfg: TrainConfig, result: TrainResult, step: int, loss: float | 
           "--on-nan stop ends the run on it)", file=sys.stderr, flush=True)
 
 
-def _batch(cfg: TrainConfig, step: int, mine: tuple[int, ...]) -> tuple[Any, Any]:
-    pairs = [synthetic_microbatch(step, m, batch=cfg.batch, seq=cfg.seq, vocab=cfg.vocab,
-                                  seed=cfg.seed) for m in range(cfg.microbatches)]
+def _grid(cfg: TrainConfig, comm: Any) -> tuple[Any, Any]:
+    """(grid communicators or None, the pipeline line's communicator)."""
+    if cfg.dp == 1 and cfg.tp == 1:
+        return None, comm
+    if comm is None:
+        raise ConfigError("data and tensor parallelism run under MPI",
+                          expected="mpiexec -n pp*tp*dp", got=f"tp={cfg.tp}, dp={cfg.dp} in "
+                          "one process")
+    from ..tp.grid import ProcessGrid
+    grid = ProcessGrid.for_world(comm.Get_size(), tp=cfg.tp, dp=cfg.dp).split(comm)
+    return grid, grid.pp
+
+
+def _tensor_parallel(grid: Any, modules: list[Any]) -> Callable[[Any], Any]:
+    """Shard the modules' MLPs over the TP group; return the device wrapper TP needs."""
+    if grid is None or grid.grid.tp_size == 1:
+        return lambda device: device
+    from ..tp.collectives import MPITPComm, TPDevice
+    from ..tp.layers import shard_gpt_mlps
+    comm = MPITPComm(grid.tp)
+    for module in modules:
+        if module is not None:
+            shard_gpt_mlps(module, comm)
+    return lambda device: TPDevice(device, comm)
+
+
+def _batch(cfg: TrainConfig, step: int, mine: tuple[int, ...], replica: int = 0
+           ) -> tuple[Any, Any]:
+    M = cfg.microbatches  # replica r takes microbatches r*M .. r*M+M-1 of the global batch
+    pairs = [synthetic_microbatch(step, replica * M + m, batch=cfg.batch, seq=cfg.seq,
+                                  vocab=cfg.vocab, seed=cfg.seed) for m in range(M)]
     inputs = [x for x, _ in pairs] if 0 in mine else None
     targets = [y for _, y in pairs] if cfg.stages - 1 in mine else None
     return inputs, targets

@@ -7,6 +7,11 @@ fsynced, then renamed over its final name (os.replace is atomic), so a crash mid
 previous checkpoint whole; `latest(DIR)` returns the newest step directory that holds every rank's
 file. On a shared file system all ranks agree on it.
 
+On a process grid (`Pipeline(grid=...)`) the replicas of a data-parallel group hold the same
+state, so only replica 0 writes: one file per (pipeline rank, TP rank), numbered
+`pp_rank * tp + tp_rank` of `pp * tp`, and every replica reads those. The manifest records the
+grid; a checkpoint of another grid is refused (resharding is not supported).
+
 The optimizers belong to the user: pass them as `optimizers=`, either a sequence with one per
 local stage (the order of the `stages` given to the Pipeline; None where a stage has none), a
 mapping {stage index: optimizer}, each holding only its stage's parameters, or one optimizer over
@@ -137,7 +142,32 @@ def _manifest(pipe: Any, rank: int, stages: list[int], modules: dict[int, Any],
         "optimizers": {s: type(opts[s]).__name__ for s in stages if s in opts},
         "process_optimizer": (type(opts[_WHOLE]).__name__
                               if _WHOLE in opts and rank == pipe.runtimes[0].rank else None),
+        "grid": _grid_sizes(pipe),
     }
+
+
+def _grid_sizes(pipe: Any) -> list[int] | None:
+    """[pp, tp, dp] of the pipeline's process grid, or None without one."""
+    grid = getattr(pipe, "grid", None)
+    if grid is None:
+        return None
+    g = grid.comms.grid
+    return [g.pp_size, g.tp_size, g.dp_size]
+
+
+def _file_name(pipe: Any, rank: int) -> str:
+    """This rank's file: by pipeline rank, or by (pipeline rank, TP rank) on a grid."""
+    grid = getattr(pipe, "grid", None)
+    if grid is None:
+        index, total = rank, pipe.hint.placement.num_ranks
+    else:
+        c, g = grid.comms.coords, grid.comms.grid
+        index, total = c.pp_rank * g.tp_size + c.tp_rank, g.pp_size * g.tp_size
+    return f"rank-{index:05d}-of-{total:05d}.pt"
+
+
+def _grid_text(sizes: list[int] | None) -> str:
+    return "no grid" if sizes is None else "pp {} x tp {} x dp {}".format(*sizes)
 
 
 def state_dict(pipe: Any, optimizers: Any = None, *, step: int | None = None
@@ -187,6 +217,8 @@ def _validate(pipe: Any, states: Mapping[int, Any], opts: dict[int, Any], check_
                                   expected=f"{FORMAT} v{FORMAT_VERSION}",
                                   got=f"{man.get('format')} v{man.get('version')}")
         place = pipe.hint.placement
+        _differs("process grid", _grid_text(_grid_sizes(pipe)), _grid_text(man.get("grid")),
+                 rt.rank, _GRID_FIX)
         _differs("stage count", place.num_stages, man["num_stages"], rt.rank)
         _differs("rank count", place.num_ranks, man["num_ranks"], rt.rank)
         _differs("placement", place.style, man["placement"], rt.rank)
@@ -216,6 +248,9 @@ def _validate(pipe: Any, states: Mapping[int, Any], opts: dict[int, Any], check_
                 raise CheckpointError(f"stage {s}: the optimizers do not match", rank=rt.rank,
                                       expected=f"{given or 'no optimizer'} (given)",
                                       got=f"{saved_opt or 'no optimizer'} (the checkpoint)")
+
+
+_GRID_FIX = "resume on the grid that wrote it (resharding is not supported)"
 
 
 def _check_params(stage: int, module: Any, saved: Any, rank: int) -> None:
@@ -335,12 +370,14 @@ def _write_atomic(path: Path, obj: Any) -> None:
 def save_checkpoint(directory: str | Path, pipe: Any, optimizers: Any = None,
                     step: int | None = None) -> Path:
     """Write this process's ranks' files for `step` (default: steps completed); return the dir."""
+    grid = getattr(pipe, "grid", None)
+    out = step_dir(directory, pipe.step_index if step is None else step)
+    if grid is not None and grid.comms.coords.dp != 0:
+        return out  # replica 0 of the data-parallel group writes for all of them
     states = state_dict(pipe, optimizers, step=step)
-    num_ranks = pipe.hint.placement.num_ranks
-    out = step_dir(directory, next(iter(states.values()))["manifest"]["step"])
     out.mkdir(parents=True, exist_ok=True)
     for rank, st in states.items():
-        _write_atomic(out / f"rank-{rank:05d}-of-{num_ranks:05d}.pt", st)
+        _write_atomic(out / _file_name(pipe, rank), st)
     return out
 
 
@@ -408,9 +445,13 @@ def load_checkpoint(path: str | Path, pipe: Any, optimizers: Any = None, *,
     num_ranks = pipe.hint.placement.num_ranks
     states = {}
     for rt in pipe.runtimes:
-        f = p / f"rank-{rt.rank:05d}-of-{num_ranks:05d}.pt"
+        f = p / _file_name(pipe, rt.rank)
         if not f.exists():
             others = sorted(x.name for x in p.glob("rank-*.pt"))[:4]
+            if others:  # the usual cause: another grid; say so from the manifest
+                theirs = _read(p / others[0]).get("manifest", {}).get("grid")
+                _differs("process grid", _grid_text(_grid_sizes(pipe)), _grid_text(theirs),
+                         rt.rank, _GRID_FIX)
             raise CheckpointError(f"no file for rank {rt.rank} of {num_ranks} in {p}",
                                   rank=rt.rank, expected=f.name, got=others or "none",
                                   fix="the checkpoint was written for another rank count")

@@ -93,7 +93,14 @@ def _make_device(spec: Any, rank: int) -> Device:
 
 
 class Pipeline:
-    """A pipeline-parallel training step, readiness-first (`ready`) or in hint order (`strict`)."""
+    """A pipeline-parallel training step, readiness-first (`ready`) or in hint order (`strict`).
+
+    Under MPI with `grid=` (a ProcessGrid or its GridComms) the stages are this rank's on its
+    pipeline line, and gradients are averaged over data-parallel replicas during the step
+    (`grad_reducer=` replaces the MPI reducer). `normalize="weight"`: loss_fn returns (loss,
+    weight); `tied={name: {stage: parameter name}}`; `scaler=dp.cross_stage.GradScaler()`;
+    `autocast=dtype` (docs/architecture.md "Data parallelism").
+    """
 
     def __init__(
         self, stages: Sequence[Any], loss_fn: Callable[[Any, Any], Any] | None = None, *,
@@ -104,6 +111,8 @@ class Pipeline:
         stall_timeout: float | None = DEFAULT, peer_timeout: float | None = DEFAULT,
         policy: str = "reserve",
         recompute: bool | Sequence[bool] = False,
+        grid: Any = None, grad_reducer: Any = None, normalize: str = "microbatches",
+        tied: Any = None, scaler: Any = None, autocast: Any = None,
     ) -> None:
         if not isinstance(microbatches, int) or isinstance(microbatches, bool) or microbatches < 1:
             raise ConfigError("microbatches must be a positive integer", expected=">= 1",
@@ -113,6 +122,15 @@ class Pipeline:
         if not stages:
             raise ConfigError("stages is empty", expected="at least one module", got=0)
         _check_types(loss_fn, split_backward, cap, device)
+        if normalize not in ("microbatches", "weight"):
+            raise ConfigError("normalize", expected="'microbatches' or 'weight' (loss_fn "
+                              "returns (loss, weight))", got=repr(normalize))
+        self._stage_options = {"normalize": normalize, "autocast": autocast}
+        self.grid = None  # a process grid's communicators (aioready/dp/setup.py)
+        if grid is not None:
+            from ..dp.setup import setup_grid
+            self.grid = setup_grid(grid, transport=transport, coordinator=coordinator, mode=mode)
+            transport, coordinator = self.grid.transport, self.grid.coordinator
         if coordinator is not None and transport is None:
             raise ConfigError("a TP coordinator needs a transport (one rank per process)",
                               expected="transport=... with coordinator=...", got="no transport")
@@ -170,6 +188,11 @@ class Pipeline:
                 rank=rank, hint=self.hint, mode=mode, cap=caps[rank], executors=executors,
                 device=_make_device(device, rank), transport=endpoint, coordinator=coordinator,
                 policy=policy, caps=caps))
+        self.grad_reducer = self._reducer(grad_reducer)
+        self.cross_stage = None  # the end-of-step reductions (aioready/dp/cross_stage.py)
+        if any(rt.executors is not None for rt in self.runtimes):
+            from ..dp.cross_stage import CrossStage
+            self.cross_stage = CrossStage(self, tied=tied, scaler=scaler, normalize=normalize)
         self._step = 0
         self.last_step: StepReport | None = None
         self.history: list[list[StepReport]] = []
@@ -200,8 +223,24 @@ class Pipeline:
         from .stage import StageExecutor
         return [StageExecutor(modules[s], stage=s, num_stages=self.hint.placement.num_stages,
                               loss_fn=loss_fn, num_microbatches=self.microbatches,
-                              recompute=self.recompute[s])
+                              recompute=self.recompute[s], **self._stage_options)
                 for s in stages]
+
+    def _reducer(self, reducer: Any) -> Any:
+        """The data-parallel reducer (given, or made from the grid), wired to the runtime."""
+        rt = self.runtimes[0]
+        if reducer is None and self.grid is not None and self.grid.comms.grid.dp_size > 1:
+            if rt.executors is None:
+                return None
+            from ..dp.reducer import MPIGradReducer
+            reducer = MPIGradReducer(self.grid.comms.dp,
+                                     [list(ex.module.parameters()) for ex in rt.executors])
+        if reducer is not None:
+            if len(self.runtimes) != 1:
+                raise ConfigError("data parallelism runs one rank per process",
+                                  expected="transport= or grid=", got="an in-process pipeline")
+            rt.grads_ready = reducer.reduce_nowait
+        return reducer
 
     @property
     def step_index(self) -> int:
@@ -243,7 +282,7 @@ class Pipeline:
             # simulated time: the default is off
             self.stall_watchdog.enabled = virtual_clock(asyncio.get_running_loop()) is None
         try:
-            loss = await self._guard.run(run_ranks(self.runtimes, step, mbs, tgts), step)
+            loss = await self._guard.run(self._run(step, mbs, tgts), step)
         except Exception:
             if self.peer_monitor is not None:
                 await self.peer_monitor.flush()
@@ -265,11 +304,39 @@ class Pipeline:
             rt.open()
         return await self.peer_monitor.watch(awaitable, what)
 
+    async def _run(self, step: int, mbs: Any, tgts: Any) -> Any:
+        if self.cross_stage is None:
+            return await run_ranks(self.runtimes, step, mbs, tgts)
+        self.cross_stage.before_step()
+        loss = await run_ranks(self.runtimes, step, mbs, tgts)
+        return await self.cross_stage.after_step(loss)  # DP means started during the step
+
+    async def clip_grad_norm_(self, max_norm: float) -> Any:
+        """Clip the gradients by their norm over every stage, TP shard and DP replica (torch's
+        rule, `clip_coef = max_norm / (norm + 1e-6)`); return that norm. Collective: every rank
+        calls it after the same step."""
+        if self.cross_stage is None:
+            raise RuntimeError("clip_grad_norm_ needs stage modules (this pipeline has none)")
+        return await self.cross_stage.clip_grad_norm_(max_norm)
+
+    @property
+    def last_losses(self) -> list[tuple[float, float]] | None:
+        """The last step's (loss, weight) per microbatch of this replica, where the last stage
+        lives (weight 1 unless loss_fn returns (loss, weight)); None elsewhere."""
+        for rt in self.runtimes:
+            for ex in rt.executors or ():
+                if ex.is_last:
+                    return [(float(loss), float(w)) for _, (loss, w) in sorted(ex.losses.items())]
+        return None
+
     def close(self) -> None:
         if self.peer_monitor is not None:
             self.peer_monitor.close()
         for rt in self.runtimes:
             rt.device.close()
+        for part in (self.cross_stage, self.grad_reducer):  # their collectives' pollers
+            if part is not None and hasattr(part, "close"):
+                part.close()
 
     def __repr__(self) -> str:
         return (f"<Pipeline hint={self.hint.name} mode={self.mode} M={self.microbatches} "

@@ -149,6 +149,9 @@ class RankRuntime:
             if stage > 0 and rank_of(stage - 1) != self.rank:
                 out[(chunk, Kind.B)] = (rank_of(stage - 1), stage - 1, _B_NOTICE)
         return out
+        # called with a chunk once its last backward piece of the step ended (aioready/dp)
+        self.grads_ready: Callable[[int], None] | None = None
+        self._final_kind = Kind.W if self.split_backward else Kind.B
 
     # -- per-step state -------------------------------------------------------------------
     def _reset(self, step: int, inputs: Sequence[Any] | None, targets: Sequence[Any] | None
@@ -168,6 +171,7 @@ class RankRuntime:
             self._ready = self.coordinator.wrap(ready, step=step, mode=self.mode,
                                                 wakeup=self._wakeup, fail=self.fail)
         self._missing: dict[Task, int] = dict(self._needs.counts)
+        self._backward_left = [M] * n_chunks
         self._ready_at: dict[Task, float] = {}
         self._acts: dict[tuple[int, int], tuple[Any, ...]] = {}
         self._grads: dict[tuple[int, int], tuple[Any, ...]] = {}
@@ -341,6 +345,10 @@ class RankRuntime:
         self._report.spans.append(Span(self.rank, stage, task.chunk, task.microbatch, task.kind,
                                        self._ready_at.pop(task, start), start, end))
         self._ready.done(task)
+        if task.kind is self._final_kind and self.grads_ready is not None:
+            self._backward_left[task.chunk] -= 1
+            if not self._backward_left[task.chunk]:
+                self.grads_ready(task.chunk)
         heir = self._needs.unblocks.get(task)
         if heir is not None:
             self._satisfy(heir)

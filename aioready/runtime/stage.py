@@ -24,6 +24,7 @@ recomputes the forward once (runtime/recompute.py).
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -35,7 +36,9 @@ from ..modeling.context import microbatch_scope
 from ..transports.structure import flatten, is_schema, unflatten
 from .recompute import Replay, capture, replaying
 
-__all__ = ["StageExecutor", "as_tuple"]
+__all__ = ["StageExecutor", "as_tuple", "NORMALIZE"]
+
+NORMALIZE = ("microbatches", "weight")  # how the last stage scales each microbatch's loss
 
 LossFn = Callable[[Any, Any], torch.Tensor]
 
@@ -66,7 +69,8 @@ class StageExecutor:
     """F, B and W of one stage; state is kept per microbatch until its last backward piece."""
 
     def __init__(self, module: torch.nn.Module, *, stage: int, num_stages: int,
-                 loss_fn: LossFn | None, num_microbatches: int, recompute: bool = False) -> None:
+                 loss_fn: LossFn | None, num_microbatches: int, recompute: bool = False,
+                 normalize: str = "microbatches", autocast: Any = None) -> None:
         self.module = module
         self.recompute = recompute
         self.stage = stage
@@ -78,6 +82,39 @@ class StageExecutor:
         self._params = [p for p in module.parameters() if p.requires_grad]
         self._param_node_list: list[Node] | None = None
         self.num_split_fallbacks = 0
+        self.normalize = normalize
+        self.autocast = autocast  # a dtype: forward runs under torch.autocast in this thread
+        self.loss_scale = 1.0  # a GradScaler's factor on the backward root, set every step
+        self.losses: dict[int, tuple[torch.Tensor, Any]] = {}  # mb -> (loss, weight) this step
+
+    def _autocast(self) -> Any:
+        """torch.autocast for the module's device: a context opened around `step()` on the
+        loop thread does not reach the device's worker thread, so the stage opens its own."""
+        if self.autocast is None:
+            return contextlib.nullcontext()
+        kind = self._params[0].device.type if self._params else "cpu"
+        return torch.autocast(kind, dtype=self.autocast)
+
+    def _loss(self, mb: int, out: Any, target: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the backward root, the loss reported) of microbatch `mb` on the last stage.
+
+        normalize="microbatches": loss / M. normalize="weight": loss_fn returns (loss, weight)
+        and the stage reports loss * weight; the Pipeline divides the step's gradients and loss
+        by the sum of the weights once every microbatch is known (aioready/dp/cross_stage.py).
+        """
+        if self.loss_fn is None:
+            raise StageError("the last stage needs a loss_fn", expected="a callable", got=None)
+        value = self.loss_fn(out, target)
+        weighted = isinstance(value, tuple)
+        if weighted != (self.normalize == "weight"):
+            raise StageError(f"loss_fn of stage {self.stage} returned "
+                             f"{'(loss, weight)' if weighted else 'a loss'}", task=f"F{mb}",
+                             expected="(loss, weight) with normalize='weight', else a loss",
+                             got=f"normalize={self.normalize!r}")
+        loss, weight = value if weighted else (value, 1)
+        self.losses[mb] = (loss.detach(), weight)
+        total = loss * weight if weighted else loss / self.num_microbatches
+        return (total * self.loss_scale if self.loss_scale != 1.0 else total), total
 
     def _prepare_inputs(self, inputs: tuple[Any, ...]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
         """The module's arguments, and the flat inputs as kept for backward."""
@@ -93,18 +130,19 @@ class StageExecutor:
         )
         return flat, flat
 
-    def _run(self, mb: int, args: tuple[Any, ...], target: Any) -> tuple[Any, ...]:
-        """The module (and the scaled loss on the last stage) as flat outputs."""
+    def _run(self, mb: int, args: tuple[Any, ...], target: Any
+             ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+        """(flat outputs: what travels, or the loss reported on the last stage; what backward
+        starts from: the same outputs, or the scaled loss root on the last stage)."""
         try:
-            with microbatch_scope(mb):
+            with self._autocast(), microbatch_scope(mb):
                 out = self.module(*args)
-            if self.is_last:
-                if self.loss_fn is None:
-                    raise StageError("the last stage needs a loss_fn", expected="a callable",
-                                     got=None)
-                return as_tuple(self.loss_fn(out, target) / self.num_microbatches)
+                if self.is_last:
+                    root, total = self._loss(mb, out, target)
+                    return as_tuple(total), (root,)
             # without a graph (recompute's F) say which outputs will need a gradient at B
-            return flatten(out, stage=self.stage, assume_grad=not torch.is_grad_enabled())
+            flat = flatten(out, stage=self.stage, assume_grad=not torch.is_grad_enabled())
+            return flat, flat
         except StageError:
             raise
         except Exception as exc:
@@ -112,16 +150,16 @@ class StageExecutor:
                              f"{type(exc).__name__}: {exc}", task=f"F{mb}") from exc
 
     def forward(self, mb: int, inputs: tuple[Any, ...], target: Any = None) -> tuple[Any, ...]:
-        """Run F; return what travels to the next stage (the scaled loss on the last stage)."""
+        """Run F; return what travels to the next stage (the loss on the last stage)."""
         args, flat = self._prepare_inputs(inputs)
         if self.recompute:
             replay = capture(args, target, self.module, flat)
             with torch.no_grad():
-                outputs = self._run(mb, args, target)
+                outputs, _ = self._run(mb, args, target)
             self._saved[mb] = _Saved(flat, (), replay=replay)
             return outputs
-        outputs = self._run(mb, args, target)
-        self._saved[mb] = _Saved(flat, outputs)
+        outputs, roots = self._run(mb, args, target)
+        self._saved[mb] = _Saved(flat, roots)
         return tuple(o.detach() if isinstance(o, torch.Tensor) else o for o in outputs)
 
     def _saved_for_backward(self, mb: int, *, pop: bool) -> _Saved:
@@ -130,7 +168,7 @@ class StageExecutor:
         if saved.replay is not None:
             replay, saved.replay = saved.replay, None
             with replaying(replay):
-                saved.outputs = self._run(mb, replay.args, replay.target)
+                _, saved.outputs = self._run(mb, replay.args, replay.target)
         return saved
 
     def _roots(self, saved: _Saved, grads: Sequence[Any] | None) -> tuple[list, list]:

@@ -23,7 +23,7 @@ from ..testing.helpers import Block, make_mlp_stages
 from .collectives import TPComm
 
 __all__ = ["copy_to_tp", "reduce_from_tp", "ColumnParallelLinear", "RowParallelLinear",
-           "TPBlock", "make_tp_mlp_stages", "shard_stage", "max_tp_grad_diff"]
+           "TPBlock", "make_tp_mlp_stages", "shard_stage", "shard_gpt_mlps", "max_tp_grad_diff"]
 
 
 def _allreduce(t: torch.Tensor, comm: TPComm) -> torch.Tensor:
@@ -118,6 +118,17 @@ def shard_stage(stage: nn.Sequential, comm: TPComm) -> nn.Sequential:
     import copy
     layers = [TPBlock(m, comm) if isinstance(m, Block) else copy.deepcopy(m) for m in stage]
     return nn.Sequential(*layers)
+
+
+def shard_gpt_mlps(stage: nn.Module, comm: TPComm) -> nn.Module:
+    """Split the MLP of every GPT block in `stage` over the TP group, in place (up column-,
+    down row-parallel, as in TPBlock); attention, norms, embeddings and head stay replicated.
+    Parameter names do not change, so checkpoints name the same tensors (sharded)."""
+    from ..testing.models import GPTBlock
+    for block in [m for m in stage.modules() if isinstance(m, GPTBlock)]:
+        block.up = ColumnParallelLinear(block.up, comm)  # type: ignore[assignment]
+        block.down = RowParallelLinear(block.down, comm)  # type: ignore[assignment]
+    return stage
 
 
 def make_tp_mlp_stages(num_stages: int, comm: TPComm, **kwargs: Any
