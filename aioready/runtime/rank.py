@@ -137,6 +137,9 @@ class RankRuntime:
         self._control_handlers: list[Callable[[Message], None]] = []
         self.running_task: Task | None = None
         self._task_start = 0.0
+        # called with a chunk once its last backward piece of the step ended (aioready/dp)
+        self.grads_ready: Callable[[int], None] | None = None
+        self._final_kind = Kind.W if self.split_backward else Kind.B
 
     def _notice_targets(self) -> dict[tuple[int, Kind], tuple[int, int, int]]:
         """(chunk, kind) -> (peer rank, peer's stage, tag bit) for the tasks whose output feeds
@@ -149,9 +152,6 @@ class RankRuntime:
             if stage > 0 and rank_of(stage - 1) != self.rank:
                 out[(chunk, Kind.B)] = (rank_of(stage - 1), stage - 1, _B_NOTICE)
         return out
-        # called with a chunk once its last backward piece of the step ended (aioready/dp)
-        self.grads_ready: Callable[[int], None] | None = None
-        self._final_kind = Kind.W if self.split_backward else Kind.B
 
     # -- per-step state -------------------------------------------------------------------
     def _reset(self, step: int, inputs: Sequence[Any] | None, targets: Sequence[Any] | None
