@@ -1,0 +1,127 @@
+"""Completion of torch.distributed `Work` objects on the event loop, never blocking it.
+
+Two kinds of Work, two ways to learn they finished:
+
+- **gloo** (CPU tensors): the Work of a point-to-point `send`/`recv` is marked completed only by
+  `wait()`: `is_completed()` stays False after the bytes arrived, and `get_future()` is not
+  implemented (torch 2.13, checked when this was written). So each channel (peer x direction)
+  has one waiter thread that calls `wait()` on its Works in posting order (which releases the
+  GIL) and hands the result to the loop with `call_soon_threadsafe`, the `thread` wake mode of
+  cuda/events.py. One FIFO per channel is exact: gloo completes the transfers of one peer pair in
+  the order they were posted, so the thread never waits behind a Work that finished later.
+- **NCCL** (CUDA tensors): `is_completed()` queries the Work's CUDA event without blocking, so
+  these Works are polled by the loop's ProgressEngine (this is one of its CompletionSources),
+  head of each channel's FIFO only, like CUDA events.
+
+Either way the callback runs on the loop thread with the exception `wait()` raised, if any (a
+peer that died: "Connection closed by peer"), so the transport turns it into an error that names
+the peer. torch is not imported here: Works are whatever objects the transport hands in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import queue
+import threading
+from typing import Any, Callable, Hashable
+
+from ..progress import ProgressEngine
+
+__all__ = ["WorkWaiter", "Done"]
+
+Done = Callable[[BaseException | None], None]
+_STOP = None
+
+
+class _Channel(threading.Thread):
+    """One waiter thread: `wait()` on each Work in order, then call back on the loop."""
+
+    def __init__(self, name: str, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(name=name, daemon=True)  # a thread blocked in a dead peer's recv must
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()  # not keep the process up
+        self._loop = loop
+
+    def put(self, work: Any, done: Done) -> None:
+        self._queue.put((work, done))
+
+    def stop(self) -> None:
+        self._queue.put(_STOP)
+
+    def run(self) -> None:
+        get = self._queue.get
+        while True:
+            item = get()
+            if item is _STOP:
+                return
+            work, done = item
+            exc: BaseException | None = None
+            try:
+                work.wait()
+            except BaseException as err:  # handed to the loop, which names the peer
+                exc = err
+            try:
+                self._loop.call_soon_threadsafe(done, exc)
+            except RuntimeError:  # the loop closed: nobody is left to tell
+                return
+
+
+class WorkWaiter:
+    """Calls `done(exc)` on the loop when each Work completes; one FIFO per channel key."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._threads: dict[Hashable, _Channel] = {}
+        self._polled: dict[Hashable, collections.deque[tuple[Any, Done]]] = {}
+        self._num_polled = 0
+        self._engine: ProgressEngine | None = None
+
+    def add(self, channel: Hashable, work: Any, done: Done, *, pollable: bool = False) -> None:
+        """Track `work`; `pollable` Works (NCCL) are polled, the others waited on a thread."""
+        if pollable:
+            self._polled.setdefault(channel, collections.deque()).append((work, done))
+            self._num_polled += 1
+            if self._engine is None:
+                self._engine = ProgressEngine.for_loop(self._loop)
+                self._engine.add_source(self)
+            self._engine.kick()
+            return
+        thread = self._threads.get(channel)
+        if thread is None:
+            thread = self._threads[channel] = _Channel(f"aioready-work-{channel}", self._loop)
+            thread.start()
+        thread.put(work, done)
+
+    def close(self) -> None:
+        """Stop the threads once they finished what they hold; stop being polled."""
+        for thread in self._threads.values():
+            thread.stop()
+        self._threads.clear()
+        if self._engine is not None:
+            self._engine.remove_source(self)
+            self._engine = None
+
+    # -- CompletionSource (NCCL Works) ------------------------------------------------------
+    def poll(self) -> int:
+        n = 0
+        for fifo in self._polled.values():
+            while fifo and fifo[0][0].is_completed():
+                work, done = fifo.popleft()
+                self._num_polled -= 1
+                n += 1
+                exc: BaseException | None = None
+                try:
+                    work.wait()  # completed: only orders the current stream after it
+                except Exception as err:
+                    exc = err
+                done(exc)
+        return n
+
+    def num_pending(self) -> int:
+        return self._num_polled
+
+    def wants_hot(self) -> bool:
+        return False  # NCCL progresses on the GPU without being polled
+
+    def __repr__(self) -> str:
+        return f"<WorkWaiter threads={len(self._threads)} polled={self._num_polled}>"
