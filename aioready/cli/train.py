@@ -95,13 +95,25 @@ def mpi_comm() -> Any:
     return comm if comm.Get_size() > 1 else None
 
 
+def job_comm() -> Any:
+    """The job's communicator: a torch.distributed one (telemetry/torch_comm.py) under torchrun,
+    else `mpi_comm()`. Without it torchrun started N independent single-process pipelines."""
+    from ..launch import launcher
+    if launcher() != "torchrun" or int(os.environ["WORLD_SIZE"]) <= 1:
+        return mpi_comm()
+    from ..telemetry.torch_comm import TorchComm
+    from ..transports.torchdist import resolve_group
+    resolve_group()  # initialise the world group from torchrun's variables
+    return TorchComm()
+
+
 def run(args: argparse.Namespace) -> int:
     from ..launch import run as run_loop  # under mpirun: any error aborts every rank
     from .trainer import train, write_outputs
     cfg = config_from_args(args)
     import torch
     torch.set_num_threads(1)  # a tiny model: one thread per rank's worker, no oversubscription
-    comm = mpi_comm()
+    comm = job_comm()
     rank = comm.Get_rank() if comm is not None else 0
     with _Progress(cfg.steps if rank == 0 and not args.no_progress and cfg.steps > 1 else 0
                    ) as on_step:
@@ -117,7 +129,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print_summary(result: Any, cfg: Any) -> None:
-    where = f"{result.world_size} MPI ranks" if result.world_size > 1 else "in-process"
+    where = (f"{result.world_size} {'torch.distributed' if result.transport else 'MPI'} ranks"
+             if result.world_size > 1 else "in-process")
     print(f"{cfg.mode} {cfg.hint}, S={cfg.stages} M={cfg.microbatches}, {where}, "
           f"{result.durations}")
     for m, loss in zip(result.metrics, result.losses):

@@ -92,6 +92,7 @@ class TrainResult:
     world_size: int = 1
     durations: str = ""
     overruns: int = 0
+    transport: str = ""  # "mpi" or "torch" for a multi-rank job
 
     def summary(self, cfg: TrainConfig) -> dict[str, Any]:
         """The `--json` summary: lists per step, times in ms."""
@@ -106,7 +107,7 @@ class TrainResult:
             "stages": cfg.stages, "microbatches": cfg.microbatches, "cap": cfg.cap,
             "split_backward": cfg.split_backward, "jitter": cfg.jitter, "seed": cfg.seed,
             "trace": cfg.trace, "task_ms": cfg.task_ms, "durations": self.durations,
-            "transport": "mpi" if self.world_size > 1 else "inproc",
+            "transport": self.transport or ("mpi" if self.world_size > 1 else "inproc"),
             "ranks": self.world_size, "overruns": self.overruns,
             "sleep_only": cfg.sleep_only,
         }
@@ -151,7 +152,9 @@ async def train(cfg: TrainConfig, *, comm: Any = None,
                     device=make_device, num_stages=cfg.stages)
     params = [p for m in modules if m is not None for p in m.parameters()]
     opt = torch.optim.AdamW(params, lr=cfg.lr) if params else None
-    result = TrainResult(rank=rank, world_size=world, durations=source)
+    result = TrainResult(rank=rank, world_size=world, durations=source,
+                         transport="torch" if type(transport).__name__ == "TorchDistTransport"
+                         else "")
     start = 0
     if cfg.resume:
         from ..runtime.checkpoint import resume
@@ -234,6 +237,10 @@ def _live_metrics(cfg: TrainConfig, pipe: Pipeline, rank: int) -> Iterator[Instr
 
 
 def _mpi_transport(comm: Any) -> Any:
+    from ..telemetry.torch_comm import TorchComm
+    if isinstance(comm, TorchComm):  # a torchrun job (cli/train.py job_comm)
+        from ..transports.torchdist import TorchDistTransport
+        return TorchDistTransport(comm.group)
     try:
         from ..transports.mpi import MPITransport  # type: ignore[import-not-found]
     except ImportError:
