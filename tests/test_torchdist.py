@@ -131,3 +131,21 @@ def test_cli_train_under_torchrun_is_one_job() -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "2 torch.distributed ranks" in proc.stdout, proc.stdout
     assert len(re.findall(r"^step 1: loss", proc.stdout, re.M)) == 1, proc.stdout
+
+
+def test_pp2_tp2_exact_then_uncoordinated_members_are_an_error_not_a_hang() -> None:
+    """TP all-reduces through torch.distributed: PP=2 x TP=2 trains exactly in ready mode (the
+    leader's decisions over TorchDistTransport) and strict mode; then, without a Coordinator,
+    members run different tasks and the tagged collectives end the job naming both tasks."""
+    proc = run_torchrun(4, [str(HERE / "torch_scripts" / "tp_grid.py"), "ready", "strict",
+                            "nocoord"], timeout=150)
+    out = proc.stdout + proc.stderr
+    results = dict(re.findall(r"^RESULT (\w+) (.*)$", proc.stdout, re.M))
+    assert sorted(results) == ["ready", "strict"], out[-3000:]
+    for mode, text in results.items():
+        assert float(_field(text, "grad_diff")) <= TOL, (mode, text)
+        assert float(_field(text, "loss_diff")) <= TOL, (mode, text)
+        assert _field(text, "orders_equal") == "1" and int(_field(text, "collectives")) > 0
+    assert proc.returncode != 0, out[-3000:]
+    assert re.search(r"CoordinationError: .*tensor-parallel members are in different "
+                     r"collectives.*got members \{\d: '[FB]\d of stage", out), out[-3000:]
