@@ -33,7 +33,7 @@ def subset(n: int) -> list[str]:
         split = int(needs) if needs is not None else (i // 2) % 2
         mode = ("ready", "strict")[i % 2]
         out.append(f"{name}:{mode}:{split}:{(i + n) % 2}")
-    return out
+    return out + ["mesh/1f1b:ready:0:1"]  # TorchDistTransport(DeviceMesh)
 
 
 _RUNS: dict[tuple[int, bool], tuple[subprocess.CompletedProcess, dict[str, str]]] = {}

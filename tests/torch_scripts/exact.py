@@ -4,7 +4,8 @@ Usage: torchrun --nproc-per-node R tests/torch_scripts/exact.py CASE [CASE ...]
 CASE = hint:mode:split:varlen as in tests/mpi_scripts/exact.py, or `ooo` (2 ranks): rank 0 runs
 stage 0 by hand and sends microbatch 3 first, the others 0.3 s later; rank 1 runs stage 1 in
 ready mode and must run F3 first. Rank 0 (rank 1 for ooo) prints one RESULT line per case.
-The transport comes from `job_transport()`: torchrun's environment must select torch.distributed.
+The transport comes from `job_transport()`: torchrun's environment must select torch.distributed;
+a case written `mesh/CASE` instead builds TorchDistTransport from a 1-D DeviceMesh named "pp".
 """
 
 import asyncio
@@ -43,8 +44,16 @@ def grad_diff(full, ref, stages) -> float:
                 for p, q in zip(full[s].parameters(), ref[s].parameters())), default=0.0)
 
 
+def mesh_transport():
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from aioready.transports.torchdist import TorchDistTransport
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),), mesh_dim_names=("pp",))
+    return TorchDistTransport(mesh)
+
+
 async def one_case(case: str, seed: int) -> None:
-    hint_name, mode, split, varlen = case.split(":")
+    hint_name, mode, split, varlen = case.removeprefix("mesh/").split(":")
     split_b, var = split == "1", varlen == "1"
     size, rank = dist.get_world_size(), dist.get_rank()
     S = size * HINTS[hint_name].chunks
@@ -54,7 +63,7 @@ async def one_case(case: str, seed: int) -> None:
     mine = hint.placement.stages_of(rank)
     full = make_mlp_stages(S, width=WIDTH, seed=seed)
     xs, ys = batch(M, var, seed + 1)
-    transport = job_transport()
+    transport = mesh_transport() if case.startswith("mesh/") else job_transport()
     pipe = Pipeline([full[s] for s in mine], mse_loss, microbatches=M, hint=hint, mode=mode,
                     transport=transport, split_backward=split_b)
     loss = await pipe.step(xs, ys)
