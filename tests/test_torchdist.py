@@ -124,6 +124,7 @@ def test_killed_rank_ends_the_job_naming_it() -> None:
     assert peers and all(lost == "2" for _, lost, _ in peers), peers
 
 
+@pytest.mark.heavy  # one more launch (~15-30 s here); the transport choice is tested above
 def test_cli_train_under_torchrun_is_one_job() -> None:
     """`torchrun -m aioready train`: one pipeline over 2 ranks, not two independent ones."""
     proc = run_torchrun(2, ["-m", "aioready", "train", "--stages", "2", "--microbatches", "4",

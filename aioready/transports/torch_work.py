@@ -41,6 +41,7 @@ class _Channel(threading.Thread):
         super().__init__(name=name, daemon=True)  # a thread blocked in a dead peer's recv must
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()  # not keep the process up
         self._loop = loop
+        self.stopped: asyncio.Future[None] = loop.create_future()
 
     def put(self, work: Any, done: Done) -> None:
         self._queue.put((work, done))
@@ -53,6 +54,10 @@ class _Channel(threading.Thread):
         while True:
             item = get()
             if item is _STOP:
+                try:
+                    self._loop.call_soon_threadsafe(_resolve, self.stopped)
+                except RuntimeError:  # the loop closed
+                    pass
                 return
             work, done = item
             exc: BaseException | None = None
@@ -92,14 +97,22 @@ class WorkWaiter:
             thread.start()
         thread.put(work, done)
 
-    def close(self) -> None:
-        """Stop the threads once they finished what they hold; stop being polled."""
-        for thread in self._threads.values():
-            thread.stop()
+    async def aclose(self, timeout: float) -> None:
+        """Stop the threads once they finished what they hold, and wait (at most `timeout`)
+        until they have: torch's `destroy_process_group` aborts the process (std::terminate)
+        while a thread that waited on one of its Works is still running."""
+        threads = list(self._threads.values())
         self._threads.clear()
+        for thread in threads:
+            thread.stop()
         if self._engine is not None:
             self._engine.remove_source(self)
             self._engine = None
+        if threads:
+            await asyncio.wait([t.stopped for t in threads], timeout=timeout)
+        for thread in threads:
+            if thread.stopped.done():
+                thread.join()  # it returned right after resolving `stopped`
 
     # -- CompletionSource (NCCL Works) ------------------------------------------------------
     def poll(self) -> int:
@@ -125,3 +138,8 @@ class WorkWaiter:
 
     def __repr__(self) -> str:
         return f"<WorkWaiter threads={len(self._threads)} polled={self._num_polled}>"
+
+
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)

@@ -5,10 +5,13 @@ has a CUDA backend, e.g. `init_process_group("cpu:gloo,cuda:nccl")`) moves CUDA 
 NCCL has no probe and matches sends and receives per peer in posting order (gloo matches per
 peer and tag, in order), so readiness needs a framing of its own (docs/torchrun.md):
 
-- a *header slot* of `slot_bytes` (4 KiB) per message, on the header tag. Each rank keeps one
-  slot receive posted ahead per peer, so whichever peer sends first is received first. The slot
-  holds the header of transports/header.py (as wire.py encodes it) and, when the whole message
-  fits, the CPU payload right after it (one transfer per stage boundary for small messages).
+- a *header slot* per message, on the header tag, through the group's CPU backend (gloo). Each
+  rank keeps one slot receive of `slot_bytes` (68 KiB) posted ahead per peer, so whichever peer
+  sends first is received first. The slot holds the header of transports/header.py (as wire.py
+  encodes it) and, when the whole message fits, the CPU payload right after it: one transfer per
+  stage boundary up to 64 KiB. Gloo lets a send be shorter than the receive it matches, so only
+  the used bytes travel (bench: 64 KiB one-way 281 -> see bench/results/transport_torch.md with
+  a 4 KiB slot and a separate payload transfer, where each transfer costs two thread wake-ups).
 - larger or CUDA payloads follow as one transfer per non-empty tensor, on the payload tag (gloo)
   or through the group's CUDA backend (flag in the slot). The receiver posts them, into tensors
   of the advertised dtype and shape (variable per microbatch), when their header arrived, then
@@ -45,7 +48,7 @@ __all__ = ["TorchDistTransport", "SLOT_BYTES", "HEADER_TAG", "PAYLOAD_TAG", "res
 
 log = logging.getLogger(__name__)
 
-SLOT_BYTES = int(os.environ.get("AIOREADY_TORCH_SLOT_BYTES", 4096))
+SLOT_BYTES = int(os.environ.get("AIOREADY_TORCH_SLOT_BYTES", 68 << 10))
 HEADER_TAG, PAYLOAD_TAG = 0x6A10, 0x6A11  # unlikely to meet a user's own point-to-point tags
 CLOSE_TIMEOUT_S = 10.0
 _PREFIX = struct.Struct("<IB")  # content length (0: goodbye), flags
@@ -99,6 +102,10 @@ class TorchDistTransport:
         self._device = None if device is None else torch.device(device)
         self._cuda_device = self._device is not None and self._device.type == "cuda"
         self.device_backend = _device_backend(self._group)
+        if not _cpu_backend(self._group):
+            raise ConfigError("TorchDistTransport needs a CPU backend for its headers",
+                              expected="gloo in the group", got=str(self._group),
+                              fix="init_process_group('cpu:gloo,cuda:nccl')")
         if slot_bytes < 256 or slot_bytes % 16:
             raise ConfigError("slot_bytes", expected=">= 256 and a multiple of 16",
                               got=slot_bytes)
@@ -181,7 +188,7 @@ class TorchDistTransport:
                 for peer in self._peers():
                     self._send_slot(peer, b"", 0)
                 await self._wait_goodbyes()
-                self._waiter.close()
+                await self._waiter.aclose(CLOSE_TIMEOUT_S)
                 self._waiter = None
 
     # -- sending --------------------------------------------------------------------------
@@ -198,7 +205,7 @@ class TorchDistTransport:
 
     def _send_slot(self, dest: int, content: bytes, flags: int) -> None:
         torch = torch_module()
-        slot = np.zeros(self.slot_bytes, np.uint8)
+        slot = np.empty(_CONTENT + len(content), np.uint8)  # the posted receive is larger
         _PREFIX.pack_into(slot, 0, len(content), flags)
         slot[_CONTENT:_CONTENT + len(content)] = np.frombuffer(content, np.uint8)
         buf = torch.from_numpy(slot)
@@ -398,6 +405,18 @@ class TorchDistTransport:
     def __repr__(self) -> str:
         return (f"<TorchDistTransport rank={self._rank}/{self._size} sending="
                 f"{self._num_sending} device_backend={self.device_backend}>")
+
+
+def _cpu_backend(group: Any) -> bool:
+    """Whether `group` moves CPU tensors (gloo); a bare gloo Backend object does."""
+    get = getattr(group, "_get_backend", None)
+    if get is None:
+        return True
+    try:
+        get(torch_module().device("cpu"))
+    except Exception:  # an NCCL-only group
+        return False
+    return True
 
 
 def _device_backend(group: Any) -> bool:

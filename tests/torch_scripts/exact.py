@@ -129,3 +129,4 @@ if __name__ == "__main__":
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     run(main())
+    dist.destroy_process_group()  # aborted the process while a transport thread was exiting
