@@ -150,3 +150,15 @@ def test_pp2_tp2_exact_then_uncoordinated_members_are_an_error_not_a_hang() -> N
     assert proc.returncode != 0, out[-3000:]
     assert re.search(r"CoordinationError: .*tensor-parallel members are in different "
                      r"collectives.*got members \{\d: '[FB]\d of stage", out), out[-3000:]
+
+
+@pytest.mark.gpu
+def test_cuda_tensors_over_nccl() -> None:
+    """CUDA payloads (every kind of layout) between 2 ranks on 2 GPUs arrive intact over NCCL,
+    and a tagged all-reduce of a CUDA tensor sums on the device."""
+    import torch
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 CUDA GPUs (NCCL refuses two ranks on one GPU)")
+    proc = run_torchrun(2, [str(HERE / "torch_scripts" / "cuda_roundtrip.py")], timeout=150)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "CUDA OK" in proc.stdout, proc.stdout
