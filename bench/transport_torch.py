@@ -135,9 +135,12 @@ def report(args: argparse.Namespace, rows: list, version: str) -> None:
         lines.append(f"| {label} | {raw * 1e6:.1f} us | {aio * 1e6:.1f} us | {aio / raw:.2f} | "
                      f"{size / raw / 1e9:.2f} | {size / aio / 1e9:.2f} | {n} x {rep} |")
     lines += ["", "Reading it: one-way = median over repeats of each repeat's median RTT/2. The "
-              "transport sends a 4 KiB header slot per message (payloads that fit ride in it) "
-              "and wakes the loop from a waiter thread (gloo's point-to-point Works only complete "
-              "in `wait()`), the raw column blocks in `wait()` on the calling thread.", ""]
+              "transport sends one slot per message into a 68 KiB receive posted ahead (payloads "
+              "up to 64 KiB ride in it, larger ones follow as a second transfer) and learns of "
+              "each arrival from a waiter thread that wakes the loop (gloo's point-to-point Works "
+              "only complete in `wait()`); the raw column blocks in `wait()` on the calling "
+              "thread. With many more runnable threads than cores (see the load average) each "
+              "of those wake-ups waits for a core, which dominates small messages.", ""]
     text = "\n".join(lines)
     print(text, flush=True)
     if not args.no_write:

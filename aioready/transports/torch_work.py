@@ -15,7 +15,10 @@ Two kinds of Work, two ways to learn they finished:
 
 Either way the callback runs on the loop thread with the exception `wait()` raised, if any (a
 peer that died: "Connection closed by peer"), so the transport turns it into an error that names
-the peer. torch is not imported here: Works are whatever objects the transport hands in.
+the peer. A *lazy* channel (sends: nobody waits for each one) does not wake the loop for a
+success: the completion waits in a queue that `drain()` empties (the transport drains on its
+next send, and asks for wake-ups with `eager` while it waits for its sends). On 2 busy cores a
+loop wake-up is tens of microseconds, and each message had one for its send. torch is not imported here: Works are whatever objects the transport hands in.
 """
 
 from __future__ import annotations
@@ -37,11 +40,13 @@ _STOP = None
 class _Channel(threading.Thread):
     """One waiter thread: `wait()` on each Work in order, then call back on the loop."""
 
-    def __init__(self, name: str, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, name: str, owner: "WorkWaiter", lazy: bool) -> None:
         super().__init__(name=name, daemon=True)  # a thread blocked in a dead peer's recv must
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()  # not keep the process up
-        self._loop = loop
-        self.stopped: asyncio.Future[None] = loop.create_future()
+        self._owner = owner
+        self._loop = owner.loop
+        self._lazy = lazy
+        self.stopped: asyncio.Future[None] = owner.loop.create_future()
 
     def put(self, work: Any, done: Done) -> None:
         self._queue.put((work, done))
@@ -66,7 +71,12 @@ class _Channel(threading.Thread):
             except BaseException as err:  # handed to the loop, which names the peer
                 exc = err
             try:
-                self._loop.call_soon_threadsafe(done, exc)
+                if self._lazy and exc is None:
+                    self._owner.ready.append(done)  # appended before `eager` is read: see drain
+                    if self._owner.eager:
+                        self._loop.call_soon_threadsafe(self._owner.drain)
+                else:
+                    self._loop.call_soon_threadsafe(done, exc)
             except RuntimeError:  # the loop closed: nobody is left to tell
                 return
 
@@ -75,27 +85,44 @@ class WorkWaiter:
     """Calls `done(exc)` on the loop when each Work completes; one FIFO per channel key."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
+        self.loop = loop
+        self.ready: collections.deque[Done] = collections.deque()  # lazy successes
+        self.eager = False  # wake the loop for lazy completions too (someone is waiting)
         self._threads: dict[Hashable, _Channel] = {}
         self._polled: dict[Hashable, collections.deque[tuple[Any, Done]]] = {}
         self._num_polled = 0
         self._engine: ProgressEngine | None = None
 
-    def add(self, channel: Hashable, work: Any, done: Done, *, pollable: bool = False) -> None:
-        """Track `work`; `pollable` Works (NCCL) are polled, the others waited on a thread."""
+    def add(self, channel: Hashable, work: Any, done: Done, *, pollable: bool = False,
+            lazy: bool = False) -> None:
+        """Track `work`; `pollable` Works (NCCL) are polled, the others waited on a thread
+        (`lazy`: that channel's successes wait for `drain()` unless `eager` is set)."""
         if pollable:
             self._polled.setdefault(channel, collections.deque()).append((work, done))
             self._num_polled += 1
             if self._engine is None:
-                self._engine = ProgressEngine.for_loop(self._loop)
+                self._engine = ProgressEngine.for_loop(self.loop)
                 self._engine.add_source(self)
             self._engine.kick()
             return
         thread = self._threads.get(channel)
         if thread is None:
-            thread = self._threads[channel] = _Channel(f"aioready-work-{channel}", self._loop)
+            thread = self._threads[channel] = _Channel(f"aioready-work-{channel}", self, lazy)
             thread.start()
         thread.put(work, done)
+
+    def drain(self) -> int:
+        """Run the callbacks of lazy completions that arrived; return how many.
+
+        Set `eager` before a final drain: a thread appends before it reads `eager`, so each
+        completion is either seen by that drain or followed by a drain it schedules itself.
+        """
+        n = 0
+        ready = self.ready
+        while ready:
+            ready.popleft()(None)
+            n += 1
+        return n
 
     async def aclose(self, timeout: float) -> None:
         """Stop the threads once they finished what they hold, and wait (at most `timeout`)

@@ -151,6 +151,7 @@ class TorchDistTransport:
             raise ProtocolError("send to a rank outside the group", rank=self._rank,
                                 expected=f"0..{self._size - 1}", got=dest)
         self._start()
+        self._waiter.drain()  # type: ignore[union-attr]  # sends that completed meanwhile
         self.num_sent += 1
         if dest == self._rank:
             self._num_local += 1
@@ -171,10 +172,18 @@ class TorchDistTransport:
                 self._send_payload(dest, t, on_cuda)
 
     async def wait_sent(self) -> None:
-        while self._num_sending or self._num_local:
-            fut = asyncio.get_running_loop().create_future()
-            self._sent_waiters.append(fut)
-            await fut
+        waiter = self._waiter
+        if waiter is not None:
+            waiter.eager = True  # then drain: see WorkWaiter.drain
+            waiter.drain()
+        try:
+            while self._num_sending or self._num_local:
+                fut = asyncio.get_running_loop().create_future()
+                self._sent_waiters.append(fut)
+                await fut
+        finally:
+            if waiter is not None:
+                waiter.eager = False
         if self._error is not None:
             raise self._error
 
@@ -232,7 +241,8 @@ class TorchDistTransport:
         self._num_sending += 1
         assert self._waiter is not None
         channel = (dest, "dev-send" if polled else "send")
-        self._waiter.add(channel, work, partial(self._sent, dest, buf), pollable=polled)
+        self._waiter.add(channel, work, partial(self._sent, dest, buf), pollable=polled,
+                         lazy=True)
 
     def _sent(self, dest: int, buf: Any, exc: BaseException | None) -> None:
         self._num_sending -= 1  # `buf` was kept alive until here by this partial
