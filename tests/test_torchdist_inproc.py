@@ -66,3 +66,28 @@ def test_every_hint_mode_split_exact_over_torch_distributed(n: int) -> None:
         return [(case, *await run_case(n, case)) for case in cases(n)]
     for case, ldiff, gdiff in asyncio.run(main()):
         assert ldiff <= TOL and gdiff <= TOL, (case, ldiff, gdiff)
+
+
+def test_a_malformed_slot_is_a_protocol_error_naming_the_sender() -> None:
+    """Bytes that are not an aioready header reach the receiver's on_failure as ProtocolError,
+    with the sending rank; the transport raises it again from its later calls."""
+    from aioready.errors import ProtocolError
+    from aioready.transports.torchdist import HEADER_TAG
+
+    async def main() -> list[BaseException]:
+        a, b = (TorchDistTransport(g) for g in groups(2))
+        failures: list[BaseException] = []
+        b.open(lambda msg: None, on_failure=failures.append)
+        a.open(lambda msg: None)
+        junk = torch.zeros(64, dtype=torch.uint8)
+        junk[:5] = torch.tensor([40, 0, 0, 0, 0], dtype=torch.uint8)  # 40 bytes of zeros
+        groups(2)[0].send([junk], 1, HEADER_TAG).wait()
+        while not failures:
+            await asyncio.sleep(0.001)
+        closed = await asyncio.gather(a.close(), b.close(), return_exceptions=True)
+        assert closed[0] is None and closed[1] is failures[0], closed
+        return failures
+    (failure,) = asyncio.run(main())
+    assert isinstance(failure, ProtocolError)
+    assert str(failure).startswith("rank 1: header from rank 0 is not an aioready header "
+                                   "(expected magic 0xa10d"), str(failure)

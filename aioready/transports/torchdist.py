@@ -118,6 +118,7 @@ class TorchDistTransport:
         self._num_sending = self._num_local = 0
         self._sent_waiters: list[asyncio.Future[None]] = []
         self._goodbyes: set[int] = set()
+        self._slots_posted: set[int] = set()  # peers with a slot receive outstanding
         self._closing = False
         self._goodbye_waiter: asyncio.Future[None] | None = None
         self._deliver: Deliver | None = None
@@ -197,6 +198,8 @@ class TorchDistTransport:
             if self._waiter is not None:
                 for peer in self._peers():
                     self._send_slot(peer, b"", 0)
+                    if peer not in self._slots_posted and peer not in self._goodbyes:
+                        self._post_slot(peer)  # not reposted after an error: take its goodbye
                 await self._wait_goodbyes()
                 await self._waiter.aclose(CLOSE_TIMEOUT_S)
                 self._waiter = None
@@ -267,10 +270,12 @@ class TorchDistTransport:
         torch = torch_module()
         slot = np.empty(self.slot_bytes, np.uint8)  # fresh: inline tensors keep viewing it
         work = self._group.recv([torch.from_numpy(slot)], peer, HEADER_TAG)
+        self._slots_posted.add(peer)
         assert self._waiter is not None
         self._waiter.add((peer, "recv"), work, partial(self._on_slot, peer, slot))
 
     def _on_slot(self, peer: int, slot: np.ndarray, exc: BaseException | None) -> None:
+        self._slots_posted.discard(peer)
         if exc is not None:
             self._peer_failed(peer, exc)
             return
