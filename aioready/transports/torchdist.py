@@ -52,6 +52,7 @@ log = logging.getLogger(__name__)
 SLOT_BYTES = int(os.environ.get("AIOREADY_TORCH_SLOT_BYTES", 68 << 10))
 HEADER_TAG, PAYLOAD_TAG = 0x6A10, 0x6A11  # unlikely to meet a user's own point-to-point tags
 CLOSE_TIMEOUT_S = 10.0
+SEND_BATCH = 64  # sends handed to their waiter thread together (see _flush_sends)
 _PREFIX = struct.Struct("<IB")  # content length (0: goodbye), flags
 _CONTENT = 16  # content offset: keeps inline tensors 16-byte aligned (wire.ALIGN)
 _ON_DEVICE = 1  # flag: the payload travels through the group's CUDA backend
@@ -117,6 +118,7 @@ class TorchDistTransport:
         self._posted = False
         self._num_sending = self._num_local = 0
         self._sent_waiters: list[asyncio.Future[None]] = []
+        self._unwaited: list[tuple[int, Any, Any]] = []  # sends not yet handed to a thread
         self._goodbyes: set[int] = set()
         self._slots_posted: set[int] = set()  # peers with a slot receive outstanding
         self._closing = False
@@ -175,6 +177,7 @@ class TorchDistTransport:
     async def wait_sent(self) -> None:
         waiter = self._waiter
         if waiter is not None:
+            self._flush_sends()
             waiter.eager = True  # then drain: see WorkWaiter.drain
             waiter.drain()
         try:
@@ -198,6 +201,8 @@ class TorchDistTransport:
             if self._waiter is not None:
                 for peer in self._peers():
                     self._send_slot(peer, b"", 0)
+                self._flush_sends()
+                for peer in self._peers():
                     if peer not in self._slots_posted and peer not in self._goodbyes:
                         self._post_slot(peer)  # not reposted after an error: take its goodbye
                 await self._wait_goodbyes()
@@ -243,9 +248,27 @@ class TorchDistTransport:
     def _track_send(self, dest: int, work: Any, buf: Any, polled: bool) -> None:
         self._num_sending += 1
         assert self._waiter is not None
-        channel = (dest, "dev-send" if polled else "send")
-        self._waiter.add(channel, work, partial(self._sent, dest, buf), pollable=polled,
-                         lazy=True)
+        done = partial(self._sent, dest, buf)
+        if polled:
+            self._waiter.add((dest, "dev-send"), work, done, pollable=True)
+            return
+        self._unwaited.append((dest, work, done))  # see _flush_sends
+        if len(self._unwaited) >= SEND_BATCH or self._waiter.eager:  # eager: wait_sent waits
+            self._flush_sends()
+
+    def _flush_sends(self) -> None:
+        """Hand the sends made since the last flush to their waiter threads.
+
+        A gloo send completes on its own (in gloo's threads); the waiter only learns it, to free
+        the buffer and count it for `wait_sent`. Waking a waiter thread per send cost about as
+        much as the send itself on a busy host, so sends are handed over in batches, and at
+        once while `wait_sent` waits and by `close`. A send to a dead peer is thus noticed late,
+        but its receives fail at once (PeerLostError).
+        """
+        batch, self._unwaited = self._unwaited, []
+        assert self._waiter is not None or not batch
+        for dest, work, done in batch:
+            self._waiter.add((dest, "send"), work, done, lazy=True)  # type: ignore[union-attr]
 
     def _sent(self, dest: int, buf: Any, exc: BaseException | None) -> None:
         self._num_sending -= 1  # `buf` was kept alive until here by this partial

@@ -3,7 +3,8 @@
 Usage: torchrun --nproc-per-node 4 tests/torch_scripts/tp_grid.py MODE [MODE ...]
 MODE = ready (members follow the leader's decisions, sent over TorchDistTransport on the TP
 decision group) | strict | nocoord (ready without a Coordinator: members pick different tasks,
-which the tagged collectives must report as a CoordinationError, not a hang).
+which the tagged collectives must report as a CoordinationError, not a hang: 8 microbatches
+and a 100 ms straggler make the divergence certain, not a matter of timing).
 Random per-task delays, different on every rank, make members see readiness at different times.
 World rank 0 prints `RESULT mode grad_diff=... loss_diff=... orders_equal=... collectives=...`.
 """
@@ -28,7 +29,7 @@ from aioready.tp.layers import make_tp_mlp_stages, max_tp_grad_diff
 from aioready.tp.torch_collectives import TorchTPComm
 from aioready.transports.torchdist import TorchDistTransport
 
-M, STEPS, WIDTH = 4, 2, 16
+STEPS, WIDTH = 2, 16
 
 
 def max_all(value: float, group=None) -> float:
@@ -47,7 +48,11 @@ async def one_mode(groups, mode: str) -> None:
     coord = (Coordinator(TorchDistTransport(groups.tp_decisions), record=True)
              if mode == "ready" else None)
     rng = random.Random(f"{rank}/{mode}")
-    slow = 0.03 * (c.tp_rank == 1 and c.pp_rank == pp - 1)  # one member holds its gradients
+    M = 8 if mode == "nocoord" else 4
+    # One member of the last stage holds its gradients: its partner on stage 0 receives B0's
+    # input long after the other member of stage 0 did, while forwards are still to run. With
+    # a Coordinator both follow the leader; without one they must pick different tasks.
+    slow = (0.1 if mode == "nocoord" else 0.03) * (c.tp_rank == 1 and c.pp_rank == pp - 1)
 
     def delay(info) -> float:
         return c.tp_rank * 0.002 + rng.uniform(0.0, 0.004) + (slow if info.kind is Kind.B else 0)
