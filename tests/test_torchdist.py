@@ -148,8 +148,11 @@ def test_pp2_tp2_exact_then_uncoordinated_members_are_an_error_not_a_hang() -> N
         assert float(_field(text, "loss_diff")) <= TOL, (mode, text)
         assert _field(text, "orders_equal") == "1" and int(_field(text, "collectives")) > 0
     assert proc.returncode != 0, out[-3000:]
-    assert re.search(r"CoordinationError: .*tensor-parallel members are in different "
-                     r"collectives.*got members \{\d: '[FB]\d of stage", out), out[-3000:]
+    # members caught in different tasks' collectives, or one waiting in a collective that the
+    # other (waiting for a message) never joins: the deadline names it (as over MPI)
+    assert re.search(r"CoordinationError: .*(tensor-parallel members are in different "
+                     r"collectives.*got members \{\d: '[FB]\d of stage|all-reduce did not "
+                     r"complete within|tag exchange did not complete within)", out), out[-3000:]
 
 
 @pytest.mark.gpu
