@@ -102,7 +102,7 @@ def job_comm() -> Any:
     if launcher() != "torchrun" or int(os.environ["WORLD_SIZE"]) <= 1:
         return mpi_comm()
     from ..telemetry.torch_comm import TorchComm
-    from ..transports.torchdist import resolve_group
+    from ..transports.torch_groups import resolve_group
     resolve_group()  # initialise the world group from torchrun's variables
     return TorchComm()
 

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError, CoordinationError
+from ..transports.torch_groups import cpu_backend
 from .collectives import DEFAULT_TIMEOUT, _tag_text, _Tagged
 
 __all__ = ["TorchTPComm"]
@@ -74,20 +75,13 @@ class TorchTPComm(_Tagged):
 
     def _exchange(self, tag: np.ndarray, device: Any) -> np.ndarray:
         torch = self._torch
-        where = device if device.type != "cpu" and not self._cpu_backend() else "cpu"
+        group = self.group or self._dist.distributed_c10d._get_default_group()
+        where = device if device.type != "cpu" and not cpu_backend(group) else "cpu"
         mine = torch.from_numpy(tag).to(where)
         parts = [torch.empty_like(mine) for _ in range(self._size)]
         self._wait(self._dist.all_gather(parts, mine, group=self.group, async_op=True),
                    "tag exchange")
         return torch.stack(parts).cpu().numpy()
-
-    def _cpu_backend(self) -> bool:
-        group = self.group or self._dist.distributed_c10d._get_default_group()
-        try:
-            group._get_backend(self._torch.device("cpu"))
-        except Exception:  # an NCCL-only group: tags travel on the device
-            return False
-        return True
 
     def _wait(self, work: Any, what: str) -> None:
         """Poll with a backoff (spin briefly, then sleep up to 200 us) until the deadline."""

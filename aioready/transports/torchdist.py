@@ -42,10 +42,11 @@ from ..errors import AioreadyError, ConfigError, InternalError, PeerLostError, P
 from .base import Deliver, Message, OnFailure
 from .receive_pool import ReceivePool
 from .tensor_bytes import from_bytes, host_bytes, torch_dtype, torch_module
+from .torch_groups import cpu_backend, device_backend, resolve_group
 from .torch_work import WorkWaiter
 from .wire import Header, WireCodec
 
-__all__ = ["TorchDistTransport", "SLOT_BYTES", "HEADER_TAG", "PAYLOAD_TAG", "resolve_group"]
+__all__ = ["TorchDistTransport", "SLOT_BYTES", "HEADER_TAG", "PAYLOAD_TAG"]
 
 log = logging.getLogger(__name__)
 
@@ -56,31 +57,6 @@ SEND_BATCH = 64  # sends handed to their waiter thread together (see _flush_send
 _PREFIX = struct.Struct("<IB")  # content length (0: goodbye), flags
 _CONTENT = 16  # content offset: keeps inline tensors 16-byte aligned (wire.ALIGN)
 _ON_DEVICE = 1  # flag: the payload travels through the group's CUDA backend
-
-
-def resolve_group(group: Any = None) -> Any:
-    """The process group to use: the world (initialised from the torchrun environment when
-    nobody did), a DeviceMesh's "pp" dimension (or its only one), or `group` itself."""
-    import torch.distributed as dist
-    if group is None:
-        if not dist.is_initialized():
-            if "MASTER_ADDR" not in os.environ or "WORLD_SIZE" not in os.environ:
-                raise ConfigError("torch.distributed is not initialised and this is not a "
-                                  "torchrun job", expected="MASTER_ADDR and WORLD_SIZE set, "
-                                  "or init_process_group() called", got="neither",
-                                  fix="launch with torchrun or pass group=")
-            cuda = torch_module().cuda.is_available()
-            dist.init_process_group("cpu:gloo,cuda:nccl" if cuda else "gloo")
-        return dist.distributed_c10d._get_default_group()
-    if hasattr(group, "mesh_dim_names") and hasattr(group, "get_group"):  # a DeviceMesh
-        names = group.mesh_dim_names or ()
-        if "pp" in names:
-            return group.get_group("pp")
-        if group.ndim == 1:
-            return group.get_group()
-        raise ConfigError("a DeviceMesh transport needs a 'pp' dimension",
-                          expected="mesh_dim_names with 'pp', or a 1-D mesh", got=names)
-    return group
 
 
 class _Inbound:
@@ -103,8 +79,8 @@ class TorchDistTransport:
         self._size = self._group.size()
         self._device = None if device is None else torch.device(device)
         self._cuda_device = self._device is not None and self._device.type == "cuda"
-        self.device_backend = _device_backend(self._group)
-        if not _cpu_backend(self._group):
+        self.device_backend = device_backend(self._group)
+        if not cpu_backend(self._group):
             raise ConfigError("TorchDistTransport needs a CPU backend for its headers",
                               expected="gloo in the group", got=str(self._group),
                               fix="init_process_group('cpu:gloo,cuda:nccl')")
@@ -150,6 +126,9 @@ class TorchDistTransport:
     def send_nowait(self, dest: int, msg: Message) -> None:
         if self._error is not None:
             raise self._error
+        if self._closing:
+            raise RuntimeError(f"rank {self._rank}: send of {msg.describe()} after the "
+                               "transport was closed")
         if not 0 <= dest < self._size:
             raise ProtocolError("send to a rank outside the group", rank=self._rank,
                                 expected=f"0..{self._size - 1}", got=dest)
@@ -444,28 +423,3 @@ class TorchDistTransport:
     def __repr__(self) -> str:
         return (f"<TorchDistTransport rank={self._rank}/{self._size} sending="
                 f"{self._num_sending} device_backend={self.device_backend}>")
-
-
-def _cpu_backend(group: Any) -> bool:
-    """Whether `group` moves CPU tensors (gloo); a bare gloo Backend object does."""
-    get = getattr(group, "_get_backend", None)
-    if get is None:
-        return True
-    try:
-        get(torch_module().device("cpu"))
-    except Exception:  # an NCCL-only group
-        return False
-    return True
-
-
-def _device_backend(group: Any) -> bool:
-    """Whether `group` moves CUDA tensors itself (an NCCL backend for the cuda device)."""
-    torch = torch_module()
-    get = getattr(group, "_get_backend", None)
-    if get is None or not torch.cuda.is_available():
-        return False
-    try:
-        get(torch.device("cuda"))
-    except Exception:  # no backend registered for CUDA
-        return False
-    return True
