@@ -1,7 +1,8 @@
-"""Running aioready scripts under mpirun: one rank's error must stop every rank, not hang them.
+"""Running aioready scripts under mpirun or torchrun: one rank's error must stop every rank, not
+hang them.
 
 An exception that ends one rank's script leaves its peers waiting forever for messages that will
-never come. `python -m aioready ...` already aborts the MPI job on an error; for your own scripts
+never come. `python -m aioready ...` already aborts the job on an error; for your own scripts
 either run them as `mpiexec -n 4 python -m mpi4py script.py` (mpi4py aborts on any unhandled
 exception), or wrap the entry point:
 
@@ -10,6 +11,15 @@ exception), or wrap the entry point:
 
     with abort_on_error():           # or around any block
         ...
+
+Under MPI the abort is MPI_Abort. Under torchrun (torch.distributed initialised, mpi4py not
+loaded) the failing rank prints the error and leaves at once with `os._exit`: a normal exit would
+wait in gloo/NCCL teardown for peers that are themselves waiting, and torchrun ends the other
+ranks as soon as one exits with an error. The runtime has already sent the error to every peer
+(runtime/faults.py), so each of them fails with it too rather than with a transport timeout.
+
+`launcher()` says how this process was started (from the environment only, importing nothing);
+`aioready.transports.select.job_transport` builds the matching transport from it.
 """
 
 from __future__ import annotations
@@ -20,9 +30,13 @@ import socket
 import sys
 import traceback
 from contextlib import contextmanager
-from typing import Any, Awaitable, Iterator, TypeVar
+from typing import Any, Awaitable, Iterator, Mapping, TypeVar
 
-__all__ = ["abort_on_error", "run", "run_loop", "say", "world"]
+__all__ = ["abort_on_error", "launcher", "run", "run_loop", "say", "world", "TORCHRUN_VARS",
+           "MPI_VARS"]
+
+TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR")
+MPI_VARS = ("PMI_SIZE", "PMI_RANK", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK")
 
 T = TypeVar("T")
 
@@ -34,20 +48,38 @@ def say(*parts: object) -> None:
     os.write(sys.stdout.fileno(), (" ".join(str(p) for p in parts) + "\n").encode())
 
 
+def launcher(environ: Mapping[str, str] | None = None) -> str | None:
+    """"torchrun" (torchrun/srun+torchrun variables set), "mpi" (an MPI launcher's), else None.
+
+    torchrun wins when both are present: torchrun inside an MPI allocation sets its own ranks.
+    """
+    env = os.environ if environ is None else environ
+    if all(k in env for k in TORCHRUN_VARS):
+        return "torchrun"
+    if any(k in env for k in MPI_VARS):
+        return "mpi"
+    return None
+
+
 def world() -> tuple[int, int]:
-    """(rank, size) of MPI_COMM_WORLD if mpi4py is loaded, else (0, 1); never imports mpi4py."""
+    """(rank, size) of MPI_COMM_WORLD if mpi4py is loaded, else of the torch.distributed world if
+    it is initialised, else (0, 1); never imports mpi4py or torch."""
     mpi = sys.modules.get("mpi4py.MPI")
-    if mpi is None:
-        return 0, 1
-    comm = mpi.COMM_WORLD  # type: ignore[attr-defined]
-    return comm.Get_rank(), comm.Get_size()
+    if mpi is not None:
+        comm = mpi.COMM_WORLD  # type: ignore[attr-defined]
+        return comm.Get_rank(), comm.Get_size()
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():  # type: ignore
+        return dist.get_rank(), dist.get_world_size()  # type: ignore[attr-defined]
+    return 0, 1
 
 
 @contextmanager
 def abort_on_error(exit_code: int = 1) -> Iterator[None]:
-    """On any exception, print it as "rank r of n on host: ..." and MPI_Abort the whole job.
+    """On any exception, print it as "rank r of n on host: ..." and end the whole job: MPI_Abort
+    under MPI, `os._exit(exit_code)` under torch.distributed (see the module's docstring).
 
-    Outside MPI (or with one rank) the exception propagates unchanged.
+    Outside a job (or with one rank) the exception propagates unchanged.
     """
     try:
         yield
@@ -58,7 +90,11 @@ def abort_on_error(exit_code: int = 1) -> Iterator[None]:
         tb = "".join(traceback.format_exception(exc))
         print(f"rank {rank} of {size} on {socket.gethostname()}: "
               f"{type(exc).__name__}: {exc}\n{tb}", file=sys.stderr, flush=True)
-        sys.modules["mpi4py.MPI"].COMM_WORLD.Abort(exit_code)  # type: ignore[attr-defined]
+        mpi = sys.modules.get("mpi4py.MPI")
+        if mpi is None:
+            sys.stdout.flush()
+            os._exit(exit_code)
+        mpi.COMM_WORLD.Abort(exit_code)  # type: ignore[attr-defined]
         raise
 
 
@@ -77,6 +113,7 @@ def run_loop(main: Awaitable[T], *, debug: bool | None = None) -> T:
 
 
 def run(main: Awaitable[T], *, debug: bool | None = None) -> T:
-    """`aioready.run(main)` (uvloop when installed) that aborts the MPI job on an error."""
+    """`aioready.run(main)` (uvloop when installed) that ends the MPI or torchrun job on an
+    error."""
     with abort_on_error():
         return run_loop(main, debug=debug)

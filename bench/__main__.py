@@ -334,7 +334,11 @@ def main(argv: list[str] | None = None) -> int:
                     + ", ".join(discover()))
     ap.add_argument("--quick", action="store_true", help="the small size of every benchmark")
     ap.add_argument("--timeout", type=float, default=None, help="seconds per benchmark")
+    ap.add_argument("--backend", choices=("mpi", "gloo"), default="mpi",
+                    help="transport benchmark over MPI (default) or torch.distributed gloo")
     args = ap.parse_args(argv)
+    if args.backend == "gloo":  # the torch.distributed twin of `transport`
+        args.names = ["transport_torch" if n == "transport" else n for n in args.names]
     known = discover()
     if args.names == ["report"]:
         print(write_report(quick=args.quick))

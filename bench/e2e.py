@@ -110,7 +110,8 @@ def run_scenario(spec: str, *, workdir: Path, ranks: int = 4, groups: int = 8,
                  microbatches: int = 8, task_ms: float = 20.0, warmup: int = 1, steps: int = 5,
                  seed: int = 0, aioready_configs: list[str], torch_configs: list[str],
                  model_args: list[str] | None = None, timeout: float = 900.0,
-                 one_launch: bool = False) -> dict[str, Any]:
+                 one_launch: bool = False, backends: tuple[str, ...] = ("mpi",)
+                 ) -> dict[str, Any]:
     """Run both sides on one scenario; return the raw records and the trace path.
 
     Normally aioready runs under mpiexec and torch under torchrun, in separate processes;
@@ -135,11 +136,12 @@ def run_scenario(spec: str, *, workdir: Path, ranks: int = 4, groups: int = 8,
                 workdir / f"both-{tag}.log")
         out["records"] = json.loads(dest.read_text())["records"]
         return out
-    if aioready_configs:
-        dest = workdir / f"aioready-{tag}.json"
+    for backend in backends if aioready_configs else ():
+        dest = workdir / f"aioready-{backend}-{tag}.json"
         _launch([mpiexec(), "-n", str(ranks), sys.executable, "-m", "bench.e2e_worker",
                  "aioready", *common, "--configs", ",".join(aioready_configs), "--out",
-                 str(dest)], timeout, workdir / f"aioready-{tag}.log")
+                 str(dest), "--aioready-backend", backend], timeout,
+                workdir / f"aioready-{backend}-{tag}.log")
         out["records"] += json.loads(dest.read_text())["records"]
     if torch_configs:
         dest = workdir / f"torch-{tag}.json"
@@ -241,6 +243,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--task-ms", type=float, default=20.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per launch")
+    ap.add_argument("--backend", choices=("mpi", "gloo", "both"), default="mpi",
+                    help="aioready's transport: MPI, torch.distributed gloo (rows '+gloo'), or "
+                    "both side by side")
     ap.add_argument("--one-launch", action="store_true",
                     help="run torch in the aioready mpiexec processes instead of under torchrun")
     args = ap.parse_args(argv)
@@ -261,7 +266,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                warmup=args.warmup, steps=steps, seed=args.seed,
                                aioready_configs=[c for c in a_cfg if c],
                                torch_configs=[c for c in t_cfg if c], timeout=args.timeout,
-                               one_launch=args.one_launch)
+                               one_launch=args.one_launch,
+                               backends=("mpi", "gloo") if args.backend == "both"
+                               else (args.backend,))
             summaries.append(summarize(run, groups=groups, microbatches=args.microbatches,
                                        warmup=args.warmup, ranks=ranks))
     RESULTS.mkdir(parents=True, exist_ok=True)

@@ -194,6 +194,14 @@ def run_aioready(args: argparse.Namespace, trace: Any, configs: list[str]
 
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
+    gloo = args.aioready_backend == "gloo"  # TorchDistTransport; MPI still gathers the results
+    if gloo:
+        import torch.distributed as dist
+
+        from aioready.transports.torchdist import TorchDistTransport
+        _gloo_env_from_mpi()
+        if not dist.is_initialized():
+            dist.init_process_group("gloo")
     x, y, tags = _data(args)
     M, b = args.microbatches, args.mb_size
     inputs = [(x[m * b:(m + 1) * b], tags[m * b:(m + 1) * b]) for m in range(M)]
@@ -207,7 +215,7 @@ def run_aioready(args: argparse.Namespace, trace: Any, configs: list[str]
         shape = RunShape(Placement(size * spec.chunks, size, spec.style), args.groups, split)
         mine = shape.placement.stages_of(rank)
         stages, injector = _build(args, shape, mine, trace, straggler)
-        transport = MPITransport(comm)
+        transport = TorchDistTransport() if gloo else MPITransport(comm)
         pipe = Pipeline(stages, lm_loss, microbatches=M, hint=hint, mode=mode,
                         transport=transport, split_backward=split, device=DEVICE,
                         num_stages=shape.placement.num_stages, cap=cap)
@@ -234,7 +242,7 @@ def run_aioready(args: argparse.Namespace, trace: Any, configs: list[str]
         if rank != 0:
             return {}
         the_loss = next(v for v in losses if v is not None)
-        name = f"{hint}/{mode}" + (f"@{cap}" if cap else "")
+        name = f"{hint}/{mode}" + (f"@{cap}" if cap else "") + ("+gloo" if gloo else "")
         return _record(name, shape, all_times, the_loss, grad_sq, slept, counts,
                        cpus)
 
@@ -283,7 +291,8 @@ def run_torch(args: argparse.Namespace, trace: Any, configs: list[str]
 
     from aioready.testing.models import lm_loss
 
-    dist.init_process_group("gloo")
+    if not dist.is_initialized():  # an aioready run over gloo in this process did already
+        dist.init_process_group("gloo")
     rank, size = dist.get_rank(), dist.get_world_size()
     torch.set_num_threads(1)
     x, y, tags = _data(args)
@@ -376,6 +385,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--aioready-backend", choices=("mpi", "gloo"), default="mpi",
+                    help="aioready's transport: MPITransport, or TorchDistTransport over gloo")
     args = ap.parse_args(argv)
     from aioready.sim.traces import read_trace
     trace = read_trace(args.trace, placement=Placement(args.groups, args.groups, "linear"))
@@ -384,7 +395,7 @@ def main(argv: list[str] | None = None) -> None:
     records: list[dict[str, Any]] | None = None
     if args.side in ("aioready", "both") and a_cfg:
         records = [dict(r, side="aioready") for r in run_aioready(args, trace, a_cfg) or []]
-    if args.side == "both" and t_cfg:
+    if args.side == "both" and t_cfg and "MASTER_ADDR" not in os.environ:
         _gloo_env_from_mpi()
     if args.side in ("torch", "both") and t_cfg:
         records = (records or []) + [dict(r, side="torch")

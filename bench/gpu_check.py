@@ -8,6 +8,8 @@
    (interleaved repeats, medians) and GPU busy fraction (union of per-task GPU intervals);
 4. CUDA-aware MPI detection, the pinned-host staging round trip, and MPI ranks sharing the GPU
    (bench/gpu_mpi_check.py under mpiexec: MPITransport + CUDADevice, exactness);
+5. torch.distributed NCCL under torchrun (tests/torch_scripts/cuda_roundtrip.py): a 1-rank NCCL
+   group for the code paths, and CUDA tensors between 2 ranks when there are 2 GPUs;
 and writes everything as JSON (--out). Usage: python3 bench/gpu_check.py --out gpu_check.json
 [--quick]. Runs without pytest-asyncio: everything is driven by aioready.run.
 """
@@ -398,6 +400,33 @@ def check_mpi_ranks(quick: bool) -> None:
     RESULTS["mpi_ranks"] = res
 
 
+def check_torch_nccl(quick: bool) -> None:
+    """tests/torch_scripts/cuda_roundtrip.py under torchrun: a 1-rank NCCL group (the NCCL Work
+    paths of the transport and TorchTPComm) and, with 2+ GPUs, CUDA tensors over NCCL."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(here)
+    script = os.path.join(root, "tests", "torch_scripts", "cuda_roundtrip.py")
+    env = dict(os.environ, PYTHONPATH=root)
+    res: dict = {"runs": []}
+    for n in sorted({1, min(2, torch.cuda.device_count())}):
+        t0 = time.perf_counter()
+        try:
+            done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                   f"--nproc-per-node={n}", script], env=env, cwd=root,
+                                  capture_output=True, text=True, timeout=150)
+            run = {"ranks": n, "rc": done.returncode, "ok": "CUDA OK" in done.stdout}
+            if not run["ok"]:
+                run["output"] = (done.stdout + done.stderr)[-3000:]
+        except subprocess.TimeoutExpired as exc:
+            run = {"ranks": n, "error": "timeout", "output": str(exc.stderr)[-2000:]}
+        run["seconds"] = time.perf_counter() - t0
+        res["runs"].append(run)
+        log("torch nccl", n, {k: v for k, v in run.items() if k != "output"})
+    res["unverified"] = ("NCCL between ranks on different GPUs"
+                         if torch.cuda.device_count() < 2 else "")
+    RESULTS["torch_nccl"] = res
+
+
 async def check_staging() -> None:
     from aioready.cuda.mpi import HostStager
     stager = HostStager(torch.device("cuda", 0))
@@ -430,7 +459,8 @@ async def check_staging() -> None:
 async def main(args: argparse.Namespace) -> None:
     steps = [("exactness", check_exactness), ("event_cost", check_event_cost),
              ("gpt_pipeline", check_gpt), ("staging", lambda q: check_staging())]
-    steps += [("mpi_ranks", lambda q: asyncio.to_thread(check_mpi_ranks, q))]
+    steps += [("mpi_ranks", lambda q: asyncio.to_thread(check_mpi_ranks, q)),
+              ("torch_nccl", lambda q: asyncio.to_thread(check_torch_nccl, q))]
     if not args.quick:
         steps += [("event_cost_again", check_event_cost_again),
                   ("gpt_pipeline_b32", lambda q: check_gpt(q, 32, "gpt_pipeline_b32"))]

@@ -117,23 +117,38 @@ def mpi_comm() -> Any:
 
 
 def refuse_unserved_launch() -> None:
-    """A launcher that starts several processes that aioready would not connect (torchrun sets
-    WORLD_SIZE): each would silently train its own single-process pipeline. Say so and stop."""
+    """Several processes that aioready cannot connect (WORLD_SIZE > 1, but neither torchrun's
+    full set of variables nor an MPI launcher's): each would silently train its own
+    single-process pipeline. Say so and stop."""
     size = os.environ.get("WORLD_SIZE", "1").strip()
     if size.isdigit() and int(size) > 1:
         from ..errors import ConfigError
-        raise ConfigError(f"launched as one of {size} processes (WORLD_SIZE={size}, e.g. by "
-                          "torchrun), which aioready train does not connect: each would train "
-                          "its own copy", expected="mpiexec/mpirun, or one process",
-                          got=f"WORLD_SIZE={size} without MPI",
-                          fix=f"mpiexec -n {size} python -m aioready train ...")
+        raise ConfigError(f"launched as one of {size} processes (WORLD_SIZE={size}) without the "
+                          "variables aioready connects by (torchrun's RANK, WORLD_SIZE, "
+                          "LOCAL_RANK, MASTER_ADDR, or an MPI launcher's): each would train its "
+                          "own copy", expected="mpiexec/mpirun, torchrun, or one process",
+                          got=f"WORLD_SIZE={size} alone",
+                          fix=f"mpiexec -n {size} python -m aioready train ... (or torchrun "
+                          f"--nproc-per-node {size} -m aioready train ...)")
+
+
+def job_comm() -> Any:
+    """The job's communicator: a torch.distributed one (telemetry/torch_comm.py) under torchrun,
+    else `mpi_comm()`. Without it torchrun started N independent single-process pipelines."""
+    from ..launch import launcher
+    if launcher() != "torchrun" or int(os.environ["WORLD_SIZE"]) <= 1:
+        return mpi_comm()
+    from ..telemetry.torch_comm import TorchComm
+    from ..transports.torch_groups import resolve_group
+    resolve_group()  # initialise the world group from torchrun's variables
+    return TorchComm()
 
 
 def run(args: argparse.Namespace) -> int:
     from ..launch import run as run_loop  # under mpirun: any error aborts every rank
     from .trainer import train, write_outputs
     cfg = config_from_args(args)
-    comm = mpi_comm()
+    comm = job_comm()
     if comm is None:
         refuse_unserved_launch()
     import torch
@@ -187,7 +202,8 @@ async def _recorded(record: Any, main: Any) -> Any:
 
 
 def _print_summary(result: Any, cfg: Any) -> None:
-    where = f"{result.world_size} MPI ranks" if result.world_size > 1 else "in-process"
+    where = (f"{result.world_size} {'torch.distributed' if result.transport else 'MPI'} ranks"
+             if result.world_size > 1 else "in-process")
     if result.key_fingerprint:
         where += f", sealed with key {result.key_fingerprint}"
     print(f"{cfg.mode} {cfg.hint}, S={cfg.stages} M={cfg.microbatches}, {where}, "

@@ -121,6 +121,7 @@ class TrainResult:
     """the first step whose loss was not finite (None: none)"""
     key_fingerprint: str | None = None
     """the sealing key's fingerprint when messages were sealed (None: plain)"""
+    transport: str = ""  # "mpi" or "torch" for a multi-rank job
 
     def summary(self, cfg: TrainConfig) -> dict[str, Any]:
         """The `--json` summary: lists per step, times in ms."""
@@ -135,7 +136,7 @@ class TrainResult:
             "stages": cfg.stages, "microbatches": cfg.microbatches, "cap": cfg.cap,
             "split_backward": cfg.split_backward, "jitter": cfg.jitter, "seed": cfg.seed,
             "trace": cfg.trace, "task_ms": cfg.task_ms, "durations": self.durations,
-            "transport": "mpi" if self.world_size > 1 else "inproc",
+            "transport": self.transport or ("mpi" if self.world_size > 1 else "inproc"),
             "ranks": self.world_size, "overruns": self.overruns,
             "sleep_only": cfg.sleep_only, "diverged_at": self.diverged_at,
             "sealed": self.key_fingerprint, "dp": cfg.dp, "tp": cfg.tp,
@@ -162,6 +163,7 @@ async def train(cfg: TrainConfig, *, comm: Any = None,
     world, rank = (world, rank) if grid is None else (grid.grid.pp_size, grid.coords.pp_rank)
     follower = grid is not None and (grid.coords.dp > 0 or grid.coords.tp_rank > 0)
     transport = _mpi_transport(line) if world > 1 else None
+    kind = "torch" if type(transport).__name__ == "TorchDistTransport" else ""
     key_file = cfg.key_file or os.environ.get("AIOREADY_KEY_FILE") or None
     fingerprint = None
     if key_file and transport is not None:
@@ -194,7 +196,8 @@ async def train(cfg: TrainConfig, *, comm: Any = None,
     opt = torch.optim.AdamW(params, lr=cfg.lr) if params else None
     result = TrainResult(rank=rank if comm is None else comm.Get_rank(),
                          world_size=1 if comm is None else comm.Get_size(), durations=source,
-                         key_fingerprint=fingerprint)
+                         key_fingerprint=fingerprint,
+                         transport=kind)
     start = 0
     if cfg.checkpoint_dir:
         _check_writable(Path(cfg.checkpoint_dir))
@@ -345,6 +348,10 @@ def _live_metrics(cfg: TrainConfig, pipe: Pipeline, rank: int) -> Iterator[Instr
 
 
 def _mpi_transport(comm: Any) -> Any:
+    from ..telemetry.torch_comm import TorchComm
+    if isinstance(comm, TorchComm):  # a torchrun job (cli/train.py job_comm)
+        from ..transports.torchdist import TorchDistTransport
+        return TorchDistTransport(comm.group)
     try:
         from ..transports.mpi import MPITransport  # type: ignore[import-not-found]
     except ImportError:

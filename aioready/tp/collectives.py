@@ -120,15 +120,19 @@ class _Tagged:
         return buf, key
 
     def _unpack(self, buf: np.ndarray, key: float, array: np.ndarray) -> None:
+        self._check_inline(float(buf[0]), float(buf[1]), key)
+        array.reshape(-1)[...] = buf[2:]
+
+    def _check_inline(self, sum_k: float, sum_kk: float, key: float) -> None:
+        """The sums of k and k*k over the members say whether all ran this collective."""
         n = float(self._size)
-        if buf[0] != n * key or buf[1] != n * key * key:
+        if sum_k != n * key or sum_kk != n * key * key:
             raise CoordinationError(
                 f"tensor-parallel members are in different collectives (TP member {self._rank}"
                 f" of {self._size}; inline tag check)", task=_tag_text(self._tag_now()),
                 expected="every TP member in this task and collective",
                 got="another task on some member (verify='exchange' names it)",
                 fix="run TP groups with a Coordinator (mode='ready') or in mode='strict'")
-        array.reshape(-1)[...] = buf[2:]
 
     def _timeout(self, what: str) -> CoordinationError:
         return CoordinationError(

@@ -11,7 +11,9 @@ Each rank needs two communicators (docs/architecture.md "Tensor-parallel coordin
 - its PP line (same dp, same tp_rank): activations and gradients travel TP rank to TP rank,
   member t of pipeline rank p talks only to member t of p-1 and p+1.
 The arithmetic is pure (testable without MPI); `split` makes the mpi4py communicators and
-imports mpi4py lazily, so this module is safe to import anywhere.
+imports mpi4py lazily, so this module is safe to import anywhere; `torch_groups` makes the same
+groups with torch.distributed (torchrun jobs), plus a second TP group for the leader's decisions:
+torch has no communicator duplication to keep decisions and collectives apart.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any
 
 from ..errors import ConfigError
 
-__all__ = ["ProcessGrid", "Coords", "GridComms"]
+__all__ = ["ProcessGrid", "Coords", "GridComms", "GridGroups"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +120,33 @@ class ProcessGrid:
         dp = comm.Split(color=c.pp_rank * self.tp_size + c.tp_rank, key=c.dp)
         return GridComms(self, c, comm, tp, pp, dp)
 
+    def torch_groups(self) -> "GridGroups":
+        """This rank's TP, TP-decision, PP and DP groups over the torch.distributed world.
+
+        Collective over the world: every rank creates every group, in the same order (torch's
+        `new_group` rule), and keeps its own.
+        """
+        import torch.distributed as dist
+        rank = dist.get_rank()
+        if dist.get_world_size() != self.world_size:
+            raise ConfigError("the torch.distributed world does not match the grid",
+                              expected=f"{self.world_size} ranks "
+                              f"(pp {self.pp_size} x tp {self.tp_size} x dp {self.dp_size})",
+                              got=f"{dist.get_world_size()} ranks")
+        mine: dict[str, Any] = {}
+        for name, members in (("tp", self.tp_group), ("tp_decisions", self.tp_group),
+                              ("pp", self.pp_group), ("dp", self.dp_group)):
+            seen: set[tuple[int, ...]] = set()
+            for r in range(self.world_size):
+                ranks = tuple(members(r))
+                if ranks in seen:
+                    continue
+                seen.add(ranks)
+                group = dist.new_group(list(ranks))
+                if rank in ranks:
+                    mine[name] = group
+        return GridGroups(self, self.coords(rank), **mine)
+
 
 @dataclass(frozen=True, slots=True)
 class GridComms:
@@ -133,3 +162,15 @@ class GridComms:
     def free(self) -> None:
         for comm in (self.tp, self.pp, self.dp):
             comm.Free()
+
+
+@dataclass(frozen=True, slots=True)
+class GridGroups:
+    """One rank's place in the grid and its torch.distributed groups."""
+
+    grid: ProcessGrid
+    coords: Coords
+    tp: Any
+    tp_decisions: Any
+    pp: Any
+    dp: Any

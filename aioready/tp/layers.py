@@ -28,7 +28,11 @@ __all__ = ["copy_to_tp", "reduce_from_tp", "ColumnParallelLinear", "RowParallelL
 
 def _allreduce(t: torch.Tensor, comm: TPComm) -> torch.Tensor:
     out = t.detach().contiguous().clone()
-    comm.allreduce_(out.numpy())
+    on_device = getattr(comm, "allreduce_tensor_", None)  # TorchTPComm: CUDA tensors stay put
+    if on_device is not None:
+        on_device(out)
+    else:
+        comm.allreduce_(out.numpy())
     return out
 
 

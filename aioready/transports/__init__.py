@@ -1,4 +1,5 @@
-"""Transports: how messages move between ranks. `inproc` always; `mpi` needs the mpi extra."""
+"""Transports: how messages move between ranks. `inproc` always; `mpi` needs the mpi extra;
+`torchdist` (torch.distributed: gloo, NCCL; jobs launched by torchrun) needs only torch."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from .base import Message, MessageKind, Transport
 from .inproc import InprocTransport, InprocWorld
 
 __all__ = ["Transport", "Message", "MessageKind", "InprocWorld", "InprocTransport",
-           "MPITransport"]
+           "MPITransport", "TorchDistTransport"]
 
 
 def __getattr__(name: str) -> Any:
@@ -19,4 +20,7 @@ def __getattr__(name: str) -> Any:
             raise ImportError(
                 f"MPITransport needs mpi4py: pip install 'aioready[mpi]' ({exc})") from exc
         return MPITransport
+    if name == "TorchDistTransport":
+        from .torchdist import TorchDistTransport
+        return TorchDistTransport
     raise AttributeError(name)

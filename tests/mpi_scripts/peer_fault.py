@@ -1,27 +1,27 @@
-"""A 4-rank training run with one injected fault, for tests/test_faults_mpi.py and bench/faults.
+"""A 4-rank training run with one injected fault, for tests/test_faults_mpi.py, bench/faults and
+tests/test_torchdist.py (the same script under torchrun: the transport is the launch's).
 
 Usage: mpiexec -n 4 python tests/mpi_scripts/peer_fault.py FAULT VICTIM STEP
+   or: torchrun --nproc-per-node 4 tests/mpi_scripts/peer_fault.py FAULT VICTIM STEP
 FAULT = kill (SIGKILL) | stop (SIGSTOP) | raise (ValueError in the victim's forward) | none.
 The victim injects it in its forward of microbatch 1 of step STEP, after printing
 `FAULT rank=R t=<unix time>`; a rank whose step fails prints `DETECTED rank=R t=... type=... msg=...`
 (and `PEER rank=R lost=... remote=...` for the errors that name a peer), then
-aioready.launch aborts the job.
+aioready.launch ends the job.
 """
 
-import asyncio
 import os
 import signal
 import sys
 import time
 
 import torch
-from mpi4py import MPI
 
 from aioready import AioreadyError, PeerLostError, StageError
 from aioready.launch import run, say
 from aioready.runtime.pipeline import Pipeline
 from aioready.testing.helpers import make_mlp_stages, mse_loss
-from aioready.transports.mpi import MPITransport
+from aioready.transports.select import job_transport
 
 FAULT, VICTIM, AT_STEP = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 STEPS = 4
@@ -49,11 +49,10 @@ class Faulty(torch.nn.Module):
 
 
 async def main() -> None:
-    comm = MPI.COMM_WORLD
-    rank = comm.Get_rank()
+    transport = job_transport()
+    rank = transport.rank
     stage = Faulty(make_mlp_stages(4, seed=3)[rank], armed=rank == VICTIM)
-    pipe = Pipeline([stage], mse_loss, microbatches=8, hint="1f1b",
-                    transport=MPITransport(comm))
+    pipe = Pipeline([stage], mse_loss, microbatches=8, hint="1f1b", transport=transport)
     gen = torch.Generator().manual_seed(0)
     try:
         for step in range(STEPS):
