@@ -94,10 +94,10 @@ async def out_of_order(comm, seed: int) -> None:
         for m in range(M):
             outs[m].backward(grads[m][0])
     else:
-        # greedy: first arrival first; the reserving default would hold the device for F0
-        # (the 1F1B order's next task) at the last stage's cap of one microbatch
+        # memory for every microbatch: F3 may run ahead of F0, which the 1F1B order names
+        # first (at the last stage's own cap of one, the reservation keeps the device for F0)
         pipe = Pipeline([full[1]], mse_loss, microbatches=M, hint="1f1b", mode="ready",
-                        transport=transport, policy="greedy")
+                        transport=transport, cap=M)
         await pipe.step(None, ys)
         pipe.close()
         spans = sorted((s for s in pipe.last_step.spans if s.kind.name == "F"),

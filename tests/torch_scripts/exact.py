@@ -86,7 +86,8 @@ async def out_of_order(seed: int) -> None:
     order = ""
     if rank == 0:
         grads: dict[int, tuple] = {}
-        transport.open(lambda msg: grads.__setitem__(msg.microbatch, msg.tensors))
+        transport.open(lambda msg: msg.kind is MessageKind.GRADIENT
+                       and grads.__setitem__(msg.microbatch, msg.tensors))
         outs = {m: full[0](xs[m]) for m in range(M)}
         for m in (3, 2, 1, 0):
             transport.send_nowait(1, Message(0, MessageKind.ACTIVATION, 1, m,
@@ -99,8 +100,10 @@ async def out_of_order(seed: int) -> None:
         for m in range(M):
             outs[m].backward(grads[m][0])
     else:
+        # memory for every microbatch: F3 may run ahead of F0, which the 1F1B order names
+        # first (at the last stage's own cap of one, the reservation keeps the device for F0)
         pipe = Pipeline([full[1]], mse_loss, microbatches=M, hint="1f1b", mode="ready",
-                        transport=transport)
+                        transport=transport, cap=M)
         await pipe.step(None, ys)
         pipe.close()
         spans = sorted((s for s in pipe.last_step.spans if s.kind.name == "F"),
