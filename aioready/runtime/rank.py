@@ -77,18 +77,7 @@ class RankRuntime:
         self._senders = {task: self.placement.rank_of(self.stages[task.chunk] +
                                                       (1 if need is Need.GRAD else -1))
                          for task, need in self._needs.messages.items()}
-        default_cap = hint.default_caps[rank]  # type: ignore[index]
-        self.cap = default_cap if cap is None else cap
-        if self.cap < 1:
-            raise ConfigError("cap must admit at least one microbatch", expected=">= 1",
-                              got=self.cap, rank=rank)
-        if mode == "strict":
-            hint.check_sequence(only_rank=rank)
-            if self.cap < hint.peak(rank):
-                raise ConfigError(
-                    f"strict mode cannot run hint {hint.name!r} under this cap", rank=rank,
-                    expected=f"cap >= the hint's peak in-flight ({hint.peak(rank)})",
-                    got=self.cap, fix="raise the cap or use mode='ready'")
+        self._configure(hint, mode, cap)
         if executors is not None and len(executors) != len(self.stages):
             raise ConfigError("wrong number of stage modules for this rank", rank=rank,
                               expected=len(self.stages), got=len(executors))
@@ -108,6 +97,40 @@ class RankRuntime:
         self.num_events = 0  # messages in, tasks started and ended: the watchdogs' progress count
         self._control_handlers: list[Callable[[Message], None]] = []
         self.running_task: Task | None = None
+
+    def _configure(self, hint: HintOrder, mode: str, cap: int | None) -> None:
+        rank = self.rank
+        default_cap = hint.default_caps[rank]  # type: ignore[index]
+        cap = default_cap if cap is None else cap
+        if cap < 1:
+            raise ConfigError("cap must admit at least one microbatch", expected=">= 1",
+                              got=cap, rank=rank)
+        if mode == "strict":
+            hint.check_sequence(only_rank=rank)
+            if cap < hint.peak(rank):
+                raise ConfigError(
+                    f"strict mode cannot run hint {hint.name!r} under this cap", rank=rank,
+                    expected=f"cap >= the hint's peak in-flight ({hint.peak(rank)})",
+                    got=cap, fix="raise the cap or use mode='ready'")
+        self.hint, self.mode, self.cap = hint, mode, cap
+
+    def reschedule(self, hint: HintOrder, mode: str, cap: int | None) -> None:
+        """Run the next steps under another hint, mode or cap (what hint="auto" switches).
+
+        Between steps only, and to a hint of the same placement and step shape: the tabulated
+        needs and senders depend on nothing else, and a step's ReadySet is built at its start.
+        """
+        if self._active:
+            raise RuntimeError(f"rank {self.rank}: cannot reschedule during step "
+                               f"{self.step_index}")
+        if mode not in MODES:
+            raise ConfigError("unknown mode", expected=" | ".join(MODES), got=repr(mode))
+        mine = (self.placement, self.num_microbatches, self.split_backward)
+        if (hint.placement, hint.num_microbatches, hint.split_backward) != mine:
+            raise ConfigError(f"hint {hint.name!r} has another placement or step shape",
+                              rank=self.rank, expected=f"{mine}", got=f"{hint.placement}, "
+                              f"{hint.num_microbatches}, {hint.split_backward}")
+        self._configure(hint, mode, cap)
 
     # -- per-step state -------------------------------------------------------------------
     def _reset(self, step: int, inputs: Sequence[Any] | None, targets: Sequence[Any] | None

@@ -18,7 +18,7 @@ import asyncio
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Coroutine
 
@@ -29,12 +29,14 @@ from ..clock import run_virtual
 from ..devices.sim import SimDevice
 from ..errors import ConfigError
 from ..hints import HintOrder
+from ..runtime.autotune import parse_auto
 from ..runtime.driver import run_ranks
 from ..runtime.rank import MODES, RankRuntime
 from ..schedulers import make_hint
 from ..telemetry.bounds import lower_bound_table
 from ..telemetry.spans import StepReport
 from ..transports.inproc import InprocWorld
+from .choice import choose_auto
 from .durations import Durations, device_duration
 from .traces import Trace, read_trace
 from .variability import BaseDurations, JitterModel, parse_jitter
@@ -73,6 +75,8 @@ class SimResult:
     num_messages: int
     wall_s: float = field(default=0.0, compare=False)
     """real seconds the simulation took (not part of to_json: it is not deterministic)"""
+    tuning: Any = field(default=None, compare=False)
+    """hint="auto": the sim.choice.Tuning it chose from (`.table()`); None otherwise"""
 
     @property
     def step_time(self) -> float:
@@ -201,13 +205,29 @@ def simulate(*, stages: int, microbatches: int, hint: str | HintOrder = "1f1b",
 
     Durations come from `trace` (a CSV path or a Trace; `jitter` may then add only comm terms)
     or from the seeded `jitter` model over `base` durations. `cap`: any form of aioready.caps
-    (None: the hint's peak per rank, an int, 'Nx' N times that, one per rank). It runs its own
+    (None: the hint's peak per rank, an int, 'Nx' N times that, one per rank). `hint="auto"`
+    (or "auto:<hint>", which fixes the placement) simulates the candidate hints, modes and caps
+    within `cap` and returns the fastest, named "auto:<hint>", with `.tuning` (the table it
+    chose from; `mode` is then chosen too, see sim/choice.py). It runs its own
     virtual-clock loop and blocks until done (from async code: in a helper thread).
     """
     _check_int("stages", stages)
     _check_int("microbatches", microbatches)
     _check_int("steps", steps)
     _check_int("seed", seed, 0)
+    if parse_auto(hint) is not None:  # choose by simulating the candidates (sim/choice.py)
+        def run(order: HintOrder, mode: str, caps: tuple[int, ...]) -> SimResult:
+            return simulate(stages=stages, microbatches=microbatches, hint=order, mode=mode,
+                            jitter=jitter, seed=seed, trace=trace, cap=list(caps),
+                            split_backward=split_backward, steps=steps, base=base)
+        tuning = choose_auto(run, hint, num_stages=stages, num_ranks=ranks,
+                             num_microbatches=microbatches, split_backward=split_backward,
+                             budget=cap)
+        best = tuning.best.candidate.choice
+        chosen = run(best.build(num_stages=stages, num_ranks=len(best.cap),
+                                num_microbatches=microbatches, split_backward=split_backward),
+                     best.mode, best.cap)
+        return replace(chosen, hint=f"auto:{best.label}", tuning=tuning)
     if mode not in MODES:
         raise ConfigError("mode", expected=" | ".join(MODES), got=repr(mode))
     order = make_hint(hint, num_stages=stages, num_ranks=ranks, num_microbatches=microbatches,
