@@ -22,6 +22,7 @@ from ..caps import CapSpec, parse_cap
 from ..devices.cpu import CPUDevice
 from ..devices.paced import PacedDevice
 from ..errors import ConfigError
+from ..runtime.autotune import AutoHint, parse_auto, start_hint
 from ..runtime.pipeline import Pipeline
 from ..schedulers import make_hint
 from ..sim.durations import paced_duration
@@ -92,6 +93,7 @@ class TrainResult:
     world_size: int = 1
     durations: str = ""
     overruns: int = 0
+    choices: list[Any] = field(default_factory=list)  # hint="auto": (first step, Choice)
 
     def summary(self, cfg: TrainConfig) -> dict[str, Any]:
         """The `--json` summary: lists per step, times in ms."""
@@ -129,7 +131,10 @@ async def train(cfg: TrainConfig, *, comm: Any = None,
     world = comm.Get_size() if comm is not None else 1
     rank = comm.Get_rank() if comm is not None else 0
     transport = _mpi_transport(comm) if world > 1 else None
-    hint = make_hint(cfg.hint, num_stages=cfg.stages, num_ranks=world if world > 1 else None,
+    auto = parse_auto(cfg.hint)  # "auto": start from its start hint, then choose
+    hint = make_hint(cfg.hint if auto is None else auto or start_hint("linear",
+                                                                       cfg.split_backward),
+                     num_stages=cfg.stages, num_ranks=world if world > 1 else None,
                      num_microbatches=cfg.microbatches, split_backward=cfg.split_backward)
     placement = hint.placement
     model = gpt_stages(cfg.stages, vocab=cfg.vocab, dim=cfg.dim, heads=cfg.heads,
@@ -146,7 +151,8 @@ async def train(cfg: TrainConfig, *, comm: Any = None,
         devices.append(PacedDevice(CPUDevice(f"aioready-rank{r}"), duration))
         return devices[-1]
 
-    pipe = Pipeline(modules, lm_loss, microbatches=cfg.microbatches, hint=hint, mode=cfg.mode,
+    pipe = Pipeline(modules, lm_loss, microbatches=cfg.microbatches, mode=cfg.mode,
+                    hint=hint if auto is None else AutoHint(start=hint.name, comm=comm),
                     transport=transport, split_backward=cfg.split_backward, cap=cfg.cap,
                     device=make_device, num_stages=cfg.stages)
     params = [p for m in modules if m is not None for p in m.parameters()]
@@ -192,6 +198,7 @@ async def train(cfg: TrainConfig, *, comm: Any = None,
         from ..telemetry.gather import reduce_sum
         overruns = await reduce_sum(comm, overruns) or 0
     result.overruns = overruns
+    result.choices = [] if pipe.auto is None else list(pipe.auto.choices)
     return result
 
 

@@ -127,8 +127,14 @@ class AutoTuning:
                              num_ranks=pipe.hint.num_ranks,
                              num_microbatches=pipe.microbatches,
                              split_backward=pipe.hint.split_backward)
-        for rt in pipe.runtimes:
-            rt.reschedule(order, choice.mode, choice.cap[rt.rank])
+        before = [(rt.hint, rt.mode, rt.cap) for rt in pipe.runtimes]
+        try:
+            for rt in pipe.runtimes:
+                rt.reschedule(order, choice.mode, choice.cap[rt.rank])
+        except Exception:  # all ranks of this process switch, or none
+            for rt, old in zip(pipe.runtimes, before):
+                rt.reschedule(*old)
+            raise
         pipe.hint, pipe.mode = order, choice.mode
         self.choices.append((pipe.step_index, choice))
         if choice.table:
