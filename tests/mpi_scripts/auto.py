@@ -7,7 +7,6 @@ unsplit model's for that step's batch; rank 0 chooses from the gathered spans an
 Every rank prints "RESULT rank=r choices=... grad_diff=... loss_diff=...".
 """
 
-import asyncio
 import sys
 
 import numpy as np
