@@ -177,7 +177,7 @@ class Cycling:
 
     def choose(self, reports, *, hint, budget, unit_ms):  # type: ignore[no-untyped-def]
         self.calls += 1
-        assert len(reports) == 1 and len(reports[0].spans) == 4 * 4 * 3
+        assert len(reports) == 1 and len(reports[0].spans) == hint.placement.num_stages * 4 * 3
         return next(self.choices)
 
 
@@ -239,6 +239,27 @@ async def test_a_choice_that_cannot_run_leaves_the_pipeline_as_it_was() -> None:
     assert {(rt.hint.name, rt.mode) for rt in pipe.runtimes} == {("1f1b", "ready")}
     assert [rt.cap for rt in pipe.runtimes] == [4, 3, 2, 1]
     pipe.close()
+
+
+async def test_an_auto_pipeline_resumes_from_a_checkpoint_of_a_switched_hint() -> None:
+    plan = [Choice("bfw", "linear", "ready", (4, 2))]
+    stages = make_mlp_stages(2, seed=2)
+    xs = [torch.zeros(3, 16, dtype=torch.float64)] * 4
+    pipe = aioready.Pipeline(stages, mse_loss, microbatches=4, split_backward=True,
+                             hint=AutoHint(chooser=Cycling(plan)))
+    await pipe.step(xs, xs)
+    state = pipe.state_dict()
+    pipe.close()
+    assert pipe.hint.name == "bfw"
+    again = aioready.Pipeline(make_mlp_stages(2, seed=3), mse_loss, microbatches=4,
+                              split_backward=True, hint=AutoHint(chooser=Cycling(plan)))
+    assert again.load_state_dict(state) == 1
+    again.close()
+    fixed = aioready.Pipeline(make_mlp_stages(2, seed=3), mse_loss, microbatches=4,
+                              split_backward=True, hint="1f1b")
+    with pytest.raises(aioready.CheckpointError, match="hint"):
+        fixed.load_state_dict(state)
+    fixed.close()
 
 
 def test_auto_needs_a_placement_when_ranks_hold_several_stages() -> None:
