@@ -18,11 +18,13 @@ the unsplit model (tests/test_autotune.py checks them across switches).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass
 from typing import Any
 
 from ..caps import CapSpec
+from ..clock import virtual_clock
 from ..errors import ConfigError
 from ..hints import HintOrder
 from ..telemetry.spans import StepReport, merge_reports
@@ -127,6 +129,7 @@ class AutoTuning:
                              num_ranks=pipe.hint.num_ranks,
                              num_microbatches=pipe.microbatches,
                              split_backward=pipe.hint.split_backward)
+        _check_every_rank(choice, order)
         before = [(rt.hint, rt.mode, rt.cap) for rt in pipe.runtimes]
         try:
             for rt in pipe.runtimes:
@@ -142,9 +145,6 @@ class AutoTuning:
                      choice.label, choice.mode, list(choice.cap), choice.table)
 
     def _unit_ms(self) -> float:
-        import asyncio
-
-        from ..clock import virtual_clock
         return 1.0 if virtual_clock(asyncio.get_running_loop()) is not None else 1000.0
 
     async def _agree(self, pipe: Any) -> Choice:
@@ -189,3 +189,18 @@ class AutoTuning:
                               got="its error (see rank 0's output)")
         return choice if choice is not None else Choice.decode(values)
 
+
+def _check_every_rank(choice: Choice, order: HintOrder) -> None:
+    """Refuse a choice that some rank could not run, on every rank alike (under MPI a process
+    checks all ranks' caps, not only its own, so no rank switches while another fails)."""
+    n = order.num_ranks
+    if len(choice.cap) != n or min(choice.cap) < 1:
+        raise ConfigError("hint='auto': a choice needs one cap >= 1 per rank",
+                          expected=f"{n} caps >= 1", got=f"{list(choice.cap)}")
+    if choice.mode == "strict":
+        low = [r for r in range(n) if choice.cap[r] < order.peak(r)]
+        if low:
+            raise ConfigError(f"strict mode cannot run hint {order.name!r} under this cap",
+                              rank=low[0], expected=f"cap >= the hint's peak in-flight "
+                              f"({order.peak(low[0])})", got=choice.cap[low[0]],
+                              fix="a chooser must pick ready mode under a cap below the peak")
