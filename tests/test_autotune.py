@@ -313,3 +313,13 @@ def test_every_rank_switches_identically_over_mpi(n: int) -> None:
     for line in results:
         assert float(re.search(r"grad_diff=(\S+)", line).group(1)) <= 1e-10
         assert float(re.search(r"loss_diff=(\S+)", line).group(1)) <= 1e-10
+
+
+def test_cli_train_auto_prints_its_choice(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", "--stages", "2", "--microbatches", "4", "--steps", "2",
+                 "--split-backward", "--hint", "auto", "--cap", "2x", "--sleep-only",
+                 "--task-ms", "2", "--jitter", "multimodal:0.5:2", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^hint=auto: \S+ (ready|strict) from step 1, caps \[\d+, \d+\]$", out,
+                     re.M)
+    assert "budget per rank: [4, 2]; chosen:" in out
