@@ -40,14 +40,18 @@ def lognormal_trace(seed: int = 1, stages: int = 4, microbatches: int = 8) -> Tr
 
 def test_the_tuner_picks_the_brute_force_best() -> None:
     trace = lognormal_trace()
-    tuning = tune(trace)
+    tuning = tune(trace, budget="4x")  # 4 x 1f1b's peak is bfw's 2x
+    assert tuning.limit == (16, 12, 8, 4)
     best = tuning.best.candidate.choice
     assert (best.hint, best.mode, tuning.best.candidate.factor) == ("bfw", "ready", 2.0)
     brute = {}
     for order in candidate_hints(num_stages=4, num_ranks=4, num_microbatches=8,
                                  split_backward=True):
         for mode, factor in [("strict", 1.0), ("ready", 1.0), ("ready", 1.5), ("ready", 2.0)]:
-            cap = resolve_caps(f"{factor:g}x", order)
+            cap = [min(c, m) for c, m in zip(resolve_caps(f"{factor:g}x", order),
+                                             tuning.limit)]
+            if mode == "strict" and any(c < order.peak(r) for r, c in enumerate(cap)):
+                continue  # strict cannot run below its own peak
             result = aioready.simulate(stages=4, microbatches=8, hint=order.name, mode=mode,
                                        trace=trace, cap=cap, split_backward=True)
             brute[(order.name, mode, tuple(cap))] = result.step_time
@@ -66,13 +70,14 @@ def test_the_budget_is_respected() -> None:
     for row in tuning.rows:
         assert all(c <= b for c, b in zip(row.candidate.choice.cap, budget))
         assert all(p <= b for p, b in zip(row.peak_in_flight, budget))
-    unlimited = tune(trace)
-    assert tuning.best.step_time > unlimited.best.step_time  # the budget cost something
+    roomy = tune(trace, budget="4x")
+    assert tuning.best.step_time > roomy.best.step_time  # the budget cost something
 
 
 def test_relative_budget_is_measured_against_the_start_hint() -> None:
     tuning = tune(lognormal_trace(), budget="1x")  # 1f1b's own peak per rank
     assert tuning.limit == (4, 3, 2, 1)
+    assert tune(lognormal_trace()).limit == (4, 3, 2, 1)  # no budget: what 1f1b would hold
     assert all(p <= c for p, c in zip(tuning.best.peak_in_flight, (4, 3, 2, 1)))
 
 
@@ -109,7 +114,7 @@ def test_a_candidate_over_budget_is_never_chosen() -> None:
 
 def test_simulate_auto_is_deterministic_and_names_its_choice() -> None:
     kw = dict(stages=4, microbatches=8, hint="auto", jitter="lognormal:0.5", seed=1,
-              split_backward=True)
+              split_backward=True, cap="4x")
     a, b = aioready.simulate(**kw), aioready.simulate(**kw)
     assert a.to_json() == b.to_json()
     assert a.hint == "auto:bfw" and a.tuning.table() == b.tuning.table()
@@ -289,7 +294,7 @@ def test_cli_tune_prints_the_table_and_the_command(tmp_path: Path,
 def test_cli_simulate_auto_compares_with_strict_start(capsys: pytest.CaptureFixture[str]
                                                       ) -> None:
     assert main(["simulate", "--stages", "4", "--microbatches", "8", "--split-backward",
-                 "--jitter", "lognormal:0.5", "--seed", "1", "--hint", "auto",
+                 "--jitter", "lognormal:0.5", "--seed", "1", "--hint", "auto", "--cap", "4x",
                  "--compare"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("1f1b strict:") and "auto:bfw ready:" in out

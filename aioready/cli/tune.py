@@ -18,12 +18,12 @@ fastest whose peak in-flight fits the budget is printed with the command that ru
 
 budget: an integer, one per rank (comma-separated), or 'Nx' = N times the peak in-flight count
 of the hint an auto pipeline starts from (1f1b on one chunk per rank; with --hint auto:<hint>,
-that hint's).
+that hint's); the default is 1x, what a pipeline without auto holds.
 
 examples:
   aioready simulate --stages 4 --microbatches 8 --split-backward --jitter lognormal:0.5 \\
       --write-trace t.csv
-  aioready tune --trace t.csv --budget 2x
+  aioready tune --trace t.csv --budget 4x
   aioready tune --trace t.csv --hint auto:zbv --json out/tune.json
 """
 
@@ -38,7 +38,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--stages", type=int, default=None, help="check: the trace's stages S")
     p.add_argument("--microbatches", type=int, default=None,
                    help="check: the trace's microbatches per step M")
-    p.add_argument("--budget", default=None, help="in-flight limit: N, N0,N1,... or Nx")
+    p.add_argument("--budget", default=None, help="in-flight limit: N, N0,N1,... or Nx (default 1x: the start hint's peak)")
     p.add_argument("--hint", default="auto",
                    help="auto (any placement for the trace's ranks) or auto:<hint> (its "
                    "placement)")

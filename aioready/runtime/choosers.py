@@ -68,7 +68,8 @@ class Chooser(Protocol):
     `reports`: merged step reports (every rank's spans) of the last steps, times on the loop
     clock (`unit_ms` ms per unit); `hint`: the hint the pipeline started from (its placement
     is fixed; a relative budget like '2x' is measured against its peak); `budget`: the
-    caller's limit, any form of aioready.caps (None: none).
+    caller's limit, any form of aioready.caps (None: the start hint's own peak, the memory
+    the pipeline would hold without auto).
     """
 
     def choose(self, reports: Sequence[StepReport], *, hint: HintOrder, budget: CapSpec,

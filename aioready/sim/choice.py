@@ -3,7 +3,8 @@
 The candidates are every library hint valid for the pipeline's shape (stages, ranks, microbatches,
 split backward; a fixed placement style when the caller fixed one), each in strict mode at its
 own peak and in ready mode at 1x, 1.5x and 2x its own peak in-flight count per rank, each cap
-clipped to the caller's budget. Each is simulated by `run` with the same durations: the real
+clipped to the caller's budget (by default the peak of the hint an auto pipeline starts from:
+the memory a pipeline holds without auto). Each is simulated by `run` with the same durations: the real
 runtime on the virtual clock, so the step time is exact for those durations, not a model of it.
 The fastest whose peak in-flight fits the budget wins; ties go to the smaller peak, then strict
 (the more predictable), then the hint's name, so the choice is a pure function of the durations.
@@ -69,7 +70,7 @@ class Tuning:
     """What the tuner simulated, best first, and what it chose."""
 
     rows: tuple[Row, ...]
-    limit: tuple[int, ...] | None  # the caller's budget per rank (None: unlimited)
+    limit: tuple[int, ...]  # the caller's budget per rank
     best: Row
 
     @property
@@ -89,8 +90,7 @@ class Tuning:
                          f"{row.step_time:>10.4g} {row.step_time / base:>7.3f} "
                          f"{row.efficiency:>5.3f}  {list(row.peak_in_flight)} "
                          f"({list(c.cap)})")
-        limit = "none" if self.limit is None else str(list(self.limit))
-        lines.append(f"budget per rank: {limit}; chosen: {self.best.candidate.choice.label} "
+        lines.append(f"budget per rank: {list(self.limit)}; chosen: {self.best.candidate.choice.label} "
                      f"{self.best.candidate.choice.mode} at {self.best.candidate.factor:g}x")
         return "\n".join(lines)
 
@@ -119,21 +119,22 @@ def candidate_hints(*, num_stages: int, num_ranks: int, num_microbatches: int,
     return out
 
 
-def _limit(budget: CapSpec, reference: HintOrder) -> tuple[int, ...] | None:
-    """The caller's budget per rank ('Nx' and None entries relative to `reference`)."""
-    return None if budget is None else tuple(resolve_caps(budget, reference))
+def _limit(budget: CapSpec, reference: HintOrder) -> tuple[int, ...]:
+    """The caller's budget per rank, relative to `reference` like a Pipeline's `cap`: None is
+    its own peak (what the pipeline would hold without auto), 'Nx' N times that."""
+    return tuple(resolve_caps(budget, reference))
 
 
-def _caps(order: HintOrder, factor: float, limit: tuple[int, ...] | None) -> tuple[int, ...]:
+def _caps(order: HintOrder, factor: float, limit: tuple[int, ...]) -> tuple[int, ...]:
     own = resolve_caps(f"{factor:g}x", order)
-    return tuple(own if limit is None else (min(c, m) for c, m in zip(own, limit)))
+    return tuple(min(c, m) for c, m in zip(own, limit))
 
 
-def _fits(peak: Sequence[int], limit: tuple[int, ...] | None) -> bool:
-    return limit is None or all(p <= m for p, m in zip(peak, limit))
+def _fits(peak: Sequence[int], limit: tuple[int, ...]) -> bool:
+    return all(p <= m for p, m in zip(peak, limit))
 
 
-def candidates(orders: Iterable[HintOrder], limit: tuple[int, ...] | None,
+def candidates(orders: Iterable[HintOrder], limit: tuple[int, ...],
                modes: Sequence[str] = MODES, factors: Sequence[float] = FACTORS
                ) -> list[tuple[HintOrder, Candidate]]:
     """Each hint in strict mode at its own peak (where the budget allows it) and in ready mode at
@@ -204,7 +205,7 @@ def choose_schedule(run: Run, orders: Sequence[HintOrder], *, budget: CapSpec = 
         tried = ", ".join(sorted({f"{r.candidate.choice.label} {r.candidate.choice.mode}"
                                   for r in rows})) or "nothing (no mode allowed under it)"
         raise ConfigError("no candidate schedule fits the budget",
-                          expected=f"peak in-flight <= {list(limit or ())} per rank",
+                          expected=f"peak in-flight <= {list(limit)} per rank",
                           got=f"every candidate over it; tried {tried}",
                           fix="raise the budget, or allow mode 'ready' (it runs under any cap)")
     return Tuning(tuple(rows), limit, best)

@@ -41,7 +41,7 @@ def tune(trace: str | Path | Trace, *, hint: str = "auto", stages: int | None = 
 
     `hint`: "auto" (any placement style for the trace's ranks) or "auto:<hint>" (that hint's
     placement, and a relative budget measured against its peak); `stages`, `microbatches`:
-    checked against the trace when given; `budget`: any form of aioready.caps (None: none);
+    checked against the trace when given; `budget`: any form of aioready.caps (None: the start hint's own peak);
     `jitter`: comm terms only ('comm:0.1'), added to every candidate alike.
     """
     loaded = trace if isinstance(trace, Trace) else read_trace(trace)
