@@ -3,7 +3,9 @@ a Pipeline that switches between steps (exact gradients, the predicted step time
 
 from __future__ import annotations
 
+import asyncio
 import re
+import time
 from dataclasses import dataclass
 from itertools import cycle
 from pathlib import Path
@@ -233,6 +235,34 @@ async def test_pipeline_auto_with_the_default_chooser_trains_exactly() -> None:
     [(step, choice)] = pipe.auto.choices
     assert step == 1 and "budget per rank: [4, 2]" in choice.table
     assert all(c <= b for c, b in zip(choice.cap, (4, 2)))
+
+
+async def test_the_loop_keeps_serving_while_a_real_pipeline_chooses() -> None:
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0.001)
+
+    class Slow(Cycling):
+        def choose(self, reports, *, hint, budget, unit_ms):  # type: ignore[no-untyped-def]
+            self.before = ticks
+            time.sleep(0.2)  # a long simulation, off the loop thread
+            self.after = ticks
+            return super().choose(reports, hint=hint, budget=budget, unit_ms=unit_ms)
+
+    chooser = Slow([Choice("1f1b", "linear", "ready", (4, 3, 2, 1))])
+    pipe = aioready.Pipeline([None] * 4, None, microbatches=4, split_backward=True,
+                             hint=AutoHint(chooser=chooser), device="inline")
+    task = asyncio.create_task(ticker())
+    try:
+        await pipe.step()
+    finally:
+        task.cancel()
+        pipe.close()
+    assert chooser.calls == 1 and chooser.after > chooser.before
 
 
 async def test_a_choice_that_cannot_run_leaves_the_pipeline_as_it_was() -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from ..caps import CapSpec
@@ -144,20 +145,22 @@ class AutoTuning:
             log.info("hint=auto after step %d: %s %s, caps %s\n%s", pipe.step_index - 1,
                      choice.label, choice.mode, list(choice.cap), choice.table)
 
-    def _unit_ms(self) -> float:
-        return 1.0 if virtual_clock(asyncio.get_running_loop()) is not None else 1000.0
-
     async def _agree(self, pipe: Any) -> Choice:
         recent = pipe.history[-self.auto.window:]
         transport = pipe.transport
         if transport is None or transport.world_size == 1:
-            return self._choose([merge_reports(r) for r in recent], pipe)
+            return await self._choose([merge_reports(r) for r in recent], pipe)
         return await self._agree_mpi(pipe, [r[0] for r in recent])
 
-    def _choose(self, reports: list[StepReport], pipe: Any) -> Choice:
+    async def _choose(self, reports: list[StepReport], pipe: Any) -> Choice:
+        """On a real loop in a worker thread: simulating the candidates takes a while, and the
+        loop must keep serving (heartbeats to peers, a service's requests) meanwhile. A virtual
+        clock cannot wait for a thread (it would see nothing scheduled): there, inline."""
         assert self.reference is not None
-        return self.chooser.choose(reports, hint=self.reference, budget=self.budget,
-                                   unit_ms=self._unit_ms())
+        virtual = virtual_clock(asyncio.get_running_loop()) is not None
+        choose = partial(self.chooser.choose, reports, hint=self.reference, budget=self.budget,
+                         unit_ms=1.0 if virtual else 1000.0)
+        return choose() if virtual else await asyncio.to_thread(choose)
 
     async def _agree_mpi(self, pipe: Any, mine: list[StepReport]) -> Choice:
         from ..telemetry.gather import broadcast_ints, gather_reports
@@ -175,7 +178,7 @@ class AutoTuning:
         error: BaseException | None = None
         if gathered is not None:  # the root decides
             try:
-                choice = self._choose([report for report, _ in gathered], pipe)
+                choice = await self._choose([report for report, _ in gathered], pipe)
             except Exception as exc:  # the others must not wait for a choice that never comes
                 error = exc
         values = await broadcast_ints(
