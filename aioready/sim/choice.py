@@ -22,7 +22,7 @@ three and nothing else.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Protocol, Sequence
 
 from ..caps import CapSpec, resolve_caps
 from ..errors import AioreadyError, ConfigError
@@ -38,8 +38,21 @@ __all__ = ["FACTORS", "Candidate", "Row", "Tuning", "candidate_hints", "candidat
 FACTORS = (1.0, 1.5, 2.0)
 """Ready-mode budgets tried, as multiples of each hint's own peak in-flight count."""
 
-Run = Callable[[HintOrder, str, tuple[int, ...]], "object"]
-"""run(hint, mode, caps) -> a SimResult (step_time, efficiency, peak_in_flight)."""
+class Simulated(Protocol):
+    """What the ranking reads of a simulation (a SimResult has it)."""
+
+    @property
+    def step_time(self) -> float: ...
+
+    @property
+    def efficiency(self) -> float: ...
+
+    @property
+    def peak_in_flight(self) -> Sequence[int]: ...
+
+
+Run = Callable[[HintOrder, str, tuple[int, ...]], Simulated]
+"""run(hint, mode, caps): one candidate simulated on the durations being tuned for."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,9 +209,8 @@ def choose_schedule(run: Run, orders: Sequence[HintOrder], *, budget: CapSpec = 
     rows = []
     for order, cand in candidates(orders, limit, modes, factors):
         result = run(order, cand.choice.mode, cand.choice.cap)
-        peak = tuple(result.peak_in_flight)  # type: ignore[attr-defined]
-        rows.append(Row(cand, result.step_time, result.efficiency,  # type: ignore[attr-defined]
-                        peak, _fits(peak, limit)))
+        peak = tuple(result.peak_in_flight)
+        rows.append(Row(cand, result.step_time, result.efficiency, peak, _fits(peak, limit)))
     rows.sort(key=lambda r: r.key)
     best = next((r for r in rows if r.fits), None)
     if best is None:

@@ -17,14 +17,14 @@ from ..hints import HintOrder
 from ..runtime.choosers import Choice
 from ..runtime.rank import MODES
 from ..telemetry.spans import StepReport
-from .choice import FACTORS, Tuning, candidate_hints, choose_auto, choose_schedule
+from .choice import FACTORS, Run, Tuning, candidate_hints, choose_auto, choose_schedule
 from .simulator import SimResult, simulate
 from .traces import Trace, read_trace, trace_from_reports
 
 __all__ = ["tune", "SimChooser"]
 
 
-def _runner(trace: Trace, jitter: str):  # type: ignore[no-untyped-def]
+def _runner(trace: Trace, jitter: str) -> Run:
     stages, split = trace.placement.num_stages, trace.split_backward
 
     def run(order: HintOrder, mode: str, caps: tuple[int, ...]) -> SimResult:
