@@ -15,13 +15,14 @@ from typing import Sequence
 
 __all__ = ["main", "build_parser", "COMMANDS"]
 
-COMMANDS = ("train", "simulate", "plot", "hints")
+COMMANDS = ("train", "simulate", "tune", "plot", "hints")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="aioready",
-        description="Readiness-first pipeline-parallel training: train, simulate, plot, hints.",
+        description="Readiness-first pipeline-parallel training: train, simulate, tune, plot, "
+        "hints.",
         epilog="Run 'aioready <command> --help' for each command's options and examples.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

@@ -32,6 +32,8 @@ examples:
       --jitter multimodal:0.3:3 --seed 0 --cap 48 --compare
   aioready simulate --stages 4 --microbatches 8 --trace durations.csv --mode ready
   aioready simulate --stages 4 --microbatches 8 --jitter lognormal:0.5 --write-trace t.csv
+  aioready simulate --stages 8 --microbatches 32 --split-backward --jitter lognormal:0.5 \
+      --hint auto --cap 2x --compare
 """
 
 
@@ -44,8 +46,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--stages", type=int, required=True, help="number of pipeline stages S")
     p.add_argument("--microbatches", type=int, required=True, help="microbatches per step M")
-    p.add_argument("--hint", default="1f1b", help=f"one of {', '.join(hint_names())} or a file")
+    p.add_argument("--hint", default="1f1b", help=f"one of {', '.join(hint_names())}, a file, "
+                   "or auto (choose by simulating them, see 'aioready tune')")
     p.add_argument("--mode", default="ready", choices=("ready", "strict"))
+    p.add_argument("--policy", default="reserve", choices=("reserve", "greedy"),
+                   help="ready mode's rule: reserve (default: keep the hint's next task's place, "
+                   "backfill what ends in time) or greedy (best-ranked ready task at once)")
     p.add_argument("--jitter", default="none", help="jitter spec (see below)")
     p.add_argument("--seed", type=int, default=0, help="seed of the jitter model")
     p.add_argument("--cap", default=None, help="in-flight cap: N, N0,N1,... or Nx (see below)")
@@ -66,12 +72,15 @@ def run(args: argparse.Namespace) -> int:
     from ..sim.variability import JitterModel
     common = dict(stages=args.stages, microbatches=args.microbatches, hint=args.hint,
                   jitter=args.jitter, seed=args.seed, cap=args.cap,
-                  split_backward=args.split_backward, steps=args.steps,
+                  split_backward=args.split_backward, steps=args.steps, policy=args.policy,
                   trace=read_trace(args.trace) if args.trace else None)
     modes = ("strict", "ready") if args.compare else (args.mode,)
-    results = {mode: simulate(mode=mode, **common) for mode in modes}  # type: ignore[arg-type]
+    results = {mode: simulate(mode=mode, **_baseline(common, mode))  # type: ignore[arg-type]
+               for mode in modes}
     for result in results.values():
         print(result.summary())
+        if result.tuning is not None:
+            print(result.tuning.table())
     out: dict[str, object] = {m: r.as_dict() for m, r in results.items()}
     if args.compare:
         speedup = results["strict"].step_time / results["ready"].step_time
@@ -92,7 +101,24 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _start(hint: str, split_backward: bool) -> str:
+    """The hint itself, or for auto the hint it starts from (placement, baseline)."""
+    from ..runtime.autotune import parse_auto, start_hint
+    auto = parse_auto(hint)
+    return hint if auto is None else auto or start_hint("linear", split_backward)
+
+
+def _baseline(common: dict[str, object], mode: str) -> dict[str, object]:
+    """With --hint auto the mode is chosen; --compare's strict run is the start hint, strict,
+    at its own cap."""
+    hint = _start(str(common["hint"]), bool(common["split_backward"]))
+    if mode != "strict" or hint == common["hint"]:
+        return common
+    return {**common, "hint": hint, "cap": None}
+
+
 def _placement(args: argparse.Namespace) -> Placement:
     from ..schedulers import make_hint
-    return make_hint(args.hint, num_stages=args.stages, num_microbatches=args.microbatches,
+    return make_hint(_start(args.hint, args.split_backward), num_stages=args.stages,
+                     num_microbatches=args.microbatches,
                      split_backward=args.split_backward).placement

@@ -16,6 +16,7 @@ EXAMPLES = """examples:
   aioready train --jitter multimodal:0.3:3 --seed 1 --mode strict --json out/strict.json
   aioready train --hint 1f1b --cap 8 --png out/ready.png --chrome-trace out/ready.json
   aioready train --cap 2x --jitter lognormal:0.5
+  aioready train --hint auto --cap 2x --split-backward --jitter multimodal:0.3:3 --steps 4
   aioready train --split-backward --csv out/spans.csv --metrics-port 9100 --steps 50
   aioready train --trace trace.csv --sleep-only --json out/replay.json
   mpiexec -n 4 python -m aioready train --stages 4 --microbatches 8 --steps 5
@@ -36,8 +37,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--stages", type=int, default=4, help="pipeline stages S (default 4)")
     p.add_argument("--microbatches", type=int, default=8, help="microbatches per step M")
-    p.add_argument("--hint", default="1f1b", help=f"{' | '.join(hint_names())} or a hint file")
+    p.add_argument("--hint", default="1f1b", help=f"{' | '.join(hint_names())}, a hint file, or "
+                   "auto (measure the first step, then run the fastest schedule within --cap)")
     p.add_argument("--mode", choices=("ready", "strict"), default="ready")
+    p.add_argument("--policy", default="reserve", choices=("reserve", "greedy"),
+                   help="ready mode's rule: reserve (default: keep the hint's next task's place, "
+                   "backfill what ends in time) or greedy (best-ranked ready task at once)")
     p.add_argument("--cap", default=None,
                    help="in-flight microbatches per rank: N, N0,N1,... or Nx (N times the "
                    "hint's peak); default: the hint's peak")
@@ -98,7 +103,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
         split_backward=args.split_backward, task_ms=args.task_ms, batch=args.batch,
         seq=args.seq, dim=args.dim, lr=args.lr, metrics_port=args.metrics_port,
         sleep_only=args.sleep_only, checkpoint_dir=args.checkpoint_dir, resume=args.resume,
-        on_nan=args.on_nan, check_config=args.check_config, key_file=args.key_file,
+        policy=args.policy, on_nan=args.on_nan, check_config=args.check_config, key_file=args.key_file,
         dp=args.dp, tp=args.tp)
 
 
@@ -208,6 +213,9 @@ def _print_summary(result: Any, cfg: Any) -> None:
         where += f", sealed with key {result.key_fingerprint}"
     print(f"{cfg.mode} {cfg.hint}, S={cfg.stages} M={cfg.microbatches}, {where}, "
           f"{result.durations}")
+    for step, choice in result.choices:
+        print(f"hint=auto: {choice.label} {choice.how} from step {step}, caps "
+              f"{list(choice.cap)}\n{choice.table}")
     for m, loss in zip(result.metrics, result.losses):
         lv = "-" if loss is None else f"{loss:.4f}"
         print(f"step {m.step}: loss {lv}  step {m.step_time * 1e3:8.1f} ms  lower bound "

@@ -25,6 +25,7 @@ from ..caps import CapSpec, parse_cap
 from ..devices.cpu import CPUDevice
 from ..devices.paced import PacedDevice
 from ..errors import ConfigError, DivergedError
+from ..runtime.autotune import AutoHint, parse_auto, start_hint
 from ..runtime.pipeline import Pipeline
 from ..schedulers import make_hint
 from ..sim.durations import paced_duration
@@ -46,6 +47,8 @@ class TrainConfig:
     microbatches: int = 8
     hint: str = "1f1b"
     mode: str = "ready"
+    policy: str = "reserve"
+    """ready mode's rule (aioready.runtime.rank.POLICIES)"""
     cap: CapSpec = None
     """in-flight microbatches per rank, any form of aioready.caps; None: the hint's own peak"""
     jitter: str | None = None
@@ -122,6 +125,7 @@ class TrainResult:
     key_fingerprint: str | None = None
     """the sealing key's fingerprint when messages were sealed (None: plain)"""
     transport: str = ""  # "mpi" or "torch" for a multi-rank job
+    choices: list[Any] = field(default_factory=list)  # hint="auto": (first step, Choice)
 
     def summary(self, cfg: TrainConfig) -> dict[str, Any]:
         """The `--json` summary: lists per step, times in ms."""
@@ -132,7 +136,7 @@ class TrainResult:
             "bubble_fraction": [m.bubble_fraction for m in self.metrics],
             "busy_fraction": [list(m.busy_fraction) for m in self.metrics],
             "peak_in_flight": [list(m.peak_in_flight) for m in self.metrics],
-            "loss": list(self.losses), "unit": "ms", "mode": cfg.mode, "hint": cfg.hint,
+            "loss": list(self.losses), "unit": "ms", "mode": cfg.mode, "policy": cfg.policy, "hint": cfg.hint,
             "stages": cfg.stages, "microbatches": cfg.microbatches, "cap": cfg.cap,
             "split_backward": cfg.split_backward, "jitter": cfg.jitter, "seed": cfg.seed,
             "trace": cfg.trace, "task_ms": cfg.task_ms, "durations": self.durations,
@@ -171,7 +175,10 @@ async def train(cfg: TrainConfig, *, comm: Any = None,
         transport = SecureTransport(transport, key=load_key(key_file),
                                     session=await secure_session(line))
         fingerprint = transport.fingerprint
-    hint = make_hint(cfg.hint, num_stages=cfg.stages, num_ranks=world if world > 1 else None,
+    auto = parse_auto(cfg.hint)  # "auto": start from its start hint, then choose
+    hint = make_hint(cfg.hint if auto is None else auto or start_hint("linear",
+                                                                       cfg.split_backward),
+                     num_stages=cfg.stages, num_ranks=world if world > 1 else None,
                      num_microbatches=cfg.microbatches, split_backward=cfg.split_backward)
     placement = hint.placement
     model = gpt_stages(cfg.stages, vocab=cfg.vocab, dim=cfg.dim, heads=cfg.heads,
@@ -189,7 +196,9 @@ async def train(cfg: TrainConfig, *, comm: Any = None,
         devices.append(PacedDevice(CPUDevice(f"aioready-rank{r}"), duration))
         return wrap(devices[-1])
 
-    pipe = Pipeline(modules, lm_loss, microbatches=cfg.microbatches, hint=hint, mode=cfg.mode,
+    pipe = Pipeline(modules, lm_loss, microbatches=cfg.microbatches, mode=cfg.mode,
+                    policy=cfg.policy,
+                    hint=hint if auto is None else AutoHint(start=hint.name, comm=line),
                     transport=transport, split_backward=cfg.split_backward, cap=cfg.cap,
                     device=make_device, num_stages=cfg.stages, grid=grid)
     params = [p for m in modules if m is not None for p in m.parameters()]
@@ -252,6 +261,7 @@ async def train(cfg: TrainConfig, *, comm: Any = None,
             if pipe.grid is not None:  # a TP group's decision transport
                 await pipe.grid.close()
     result.overruns = overruns
+    result.choices = [] if pipe.auto is None else list(pipe.auto.choices)
     return result
 
 

@@ -226,7 +226,8 @@ def _validate(pipe: Any, states: Mapping[int, Any], opts: dict[int, Any], check_
         if check_config:
             fix = ("pass check_config=False (aioready train --no-check-config) to resume "
                    "with another schedule")
-            _differs("hint", pipe.hint.name, man["hint"], rt.rank, fix)
+            if pipe.auto is None:  # hint="auto" switches hints: its checkpoints hold any
+                _differs("hint", pipe.hint.name, man["hint"], rt.rank, fix)
             _differs("microbatch count", pipe.microbatches, man["microbatches"], rt.rank, fix)
             _differs("split_backward", pipe.hint.split_backward, man["split_backward"],
                      rt.rank, fix)

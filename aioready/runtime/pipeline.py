@@ -17,9 +17,10 @@ from ..devices.base import Device
 from ..errors import ConfigError
 from ..hints import HintOrder
 from ..schedulers import make_hint
-from ..telemetry.spans import StepReport
+from ..telemetry.spans import StepReport, merge_reports
 from ..transports.base import Transport
 from ..transports.inproc import InprocWorld
+from .autotune import AutoHint, AutoTuning, parse_auto
 from .driver import run_ranks
 from .rank import MODES, RankRuntime
 from .watchdog import DEFAULT, STALL_TIMEOUT_S, StallWatchdog, StepGuard, resolve_timeout
@@ -104,7 +105,7 @@ class Pipeline:
 
     def __init__(
         self, stages: Sequence[Any], loss_fn: Callable[[Any, Any], Any] | None = None, *,
-        microbatches: int = 8, hint: str | HintOrder = "1f1b", mode: str = "ready",
+        microbatches: int = 8, hint: str | HintOrder | AutoHint = "1f1b", mode: str = "ready",
         transport: Transport | None = None, split_backward: bool = False,
         cap: CapSpec = None, device: Any = "cpu",
         num_stages: int | None = None, coordinator: Any = None,
@@ -142,6 +143,12 @@ class Pipeline:
             total = num_local if num_stages is None else num_stages
         else:
             total = num_stages or transport.world_size * num_local
+        self.auto: AutoTuning | None = None  # hint="auto": the chooser and its choices
+        if parse_auto(hint) is not None:
+            self.auto, hint = AutoTuning.for_pipeline(
+                hint, budget=cap, num_stages=total, split_backward=split_backward,
+                world_size=None if transport is None else transport.world_size,
+                coordinator=coordinator)
         try:
             self.hint = make_hint(hint, num_stages=total, num_microbatches=microbatches,
                                   split_backward=split_backward,
@@ -290,7 +297,9 @@ class Pipeline:
         self._step += 1
         reports = [rt.reports[-1] for rt in self.runtimes]
         self.history.append(reports)
-        self.last_step = _merge(reports)
+        self.last_step = merge_reports(reports)
+        if self.auto is not None:
+            await self.auto.after_step(self)
         return loss
 
     async def watch(self, awaitable: Awaitable[T], *, what: str) -> T:
@@ -341,14 +350,4 @@ class Pipeline:
     def __repr__(self) -> str:
         return (f"<Pipeline hint={self.hint.name} mode={self.mode} M={self.microbatches} "
                 f"ranks={[rt.rank for rt in self.runtimes]}>")
-
-
-def _merge(reports: list[StepReport]) -> StepReport:
-    merged = StepReport(reports[0].step, num_ranks=reports[0].num_ranks)
-    merged.start = min(r.start for r in reports)
-    merged.end = max(r.end for r in reports)
-    for r in reports:
-        merged.spans.extend(r.spans)
-        merged.peak_in_flight.update(r.peak_in_flight)
-    return merged
 

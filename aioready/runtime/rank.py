@@ -81,9 +81,6 @@ class RankRuntime:
     ) -> None:
         if mode not in MODES:
             raise ConfigError("unknown mode", expected=" | ".join(MODES), got=repr(mode))
-        if policy not in POLICIES:
-            raise ConfigError("unknown ready-mode policy", expected=" | ".join(POLICIES),
-                              got=repr(policy))
         self.rank = rank
         self.hint = hint
         self.mode = mode
@@ -98,28 +95,11 @@ class RankRuntime:
         self._senders = {task: self.placement.rank_of(self.stages[task.chunk] +
                                                       (1 if need is Need.GRAD else -1))
                          for task, need in self._needs.messages.items()}
-        default_cap = hint.default_caps[rank]  # type: ignore[index]
-        self.cap = default_cap if cap is None else cap
-        if self.cap < 1:
-            raise ConfigError("cap must admit at least one microbatch", expected=">= 1",
-                              got=self.cap, rank=rank)
-        if mode == "strict":
-            hint.check_sequence(only_rank=rank)
-            if self.cap < hint.peak(rank):
-                raise ConfigError(
-                    f"strict mode cannot run hint {hint.name!r} under this cap", rank=rank,
-                    expected=f"cap >= the hint's peak in-flight ({hint.peak(rank)})",
-                    got=self.cap, fix="raise the cap or use mode='ready'")
+        self.forecast: Forecast | None = None
+        self._configure(hint, mode, cap, policy, caps)
         if executors is not None and len(executors) != len(self.stages):
             raise ConfigError("wrong number of stage modules for this rank", rank=rank,
                               expected=len(self.stages), got=len(executors))
-        reserving = (mode == "ready" and policy == "reserve" and caps is not None
-                     and reservation_holds(hint, caps))
-        self.policy = policy if mode == "ready" else "strict"
-        self.forecast = Forecast() if reserving else None
-        self._hint_peak = hint.peak(rank) if reserving else 0
-        self._notify = self._notice_targets() if reserving else {}
-        self._factor_tag = 0
         self.executors = executors
         self.device = device
         self.transport = transport
@@ -152,6 +132,57 @@ class RankRuntime:
             if stage > 0 and rank_of(stage - 1) != self.rank:
                 out[(chunk, Kind.B)] = (rank_of(stage - 1), stage - 1, _B_NOTICE)
         return out
+
+    def _configure(self, hint: HintOrder, mode: str, cap: int | None, policy: str,
+                   caps: Sequence[int] | None) -> None:
+        rank = self.rank
+        if policy not in POLICIES:
+            raise ConfigError("unknown ready-mode policy", expected=" | ".join(POLICIES),
+                              got=repr(policy))
+        default_cap = hint.default_caps[rank]  # type: ignore[index]
+        cap = default_cap if cap is None else cap
+        if cap < 1:
+            raise ConfigError("cap must admit at least one microbatch", expected=">= 1",
+                              got=cap, rank=rank)
+        if mode == "strict":
+            hint.check_sequence(only_rank=rank)
+            if cap < hint.peak(rank):
+                raise ConfigError(
+                    f"strict mode cannot run hint {hint.name!r} under this cap", rank=rank,
+                    expected=f"cap >= the hint's peak in-flight ({hint.peak(rank)})",
+                    got=cap, fix="raise the cap or use mode='ready'")
+        self.hint, self.mode, self.cap = hint, mode, cap
+        self._policy, self._caps = policy, None if caps is None else list(caps)
+        reserving = (mode == "ready" and policy == "reserve" and caps is not None
+                     and reservation_holds(hint, caps))
+        self.policy = policy if mode == "ready" else "strict"
+        if not reserving:
+            self.forecast = None
+        elif self.forecast is None:  # a new hint keeps the durations learnt so far
+            self.forecast = Forecast()
+        self._hint_peak = hint.peak(rank) if reserving else 0
+        self._notify = self._notice_targets() if reserving else {}
+
+    def reschedule(self, hint: HintOrder, mode: str, cap: int | None, *,
+                   caps: Sequence[int] | None = None, policy: str | None = None) -> None:
+        """Run the next steps under another hint, mode or cap (what hint="auto" switches).
+
+        Between steps only, and to a hint of the same placement and step shape: the tabulated
+        needs and senders depend on nothing else, and a step's ReadySet is built at its start.
+        `caps` (every rank's) and `policy` decide the reservation as in the constructor; the
+        policy stays as it was unless given.
+        """
+        if self._active:
+            raise RuntimeError(f"rank {self.rank}: cannot reschedule during step "
+                               f"{self.step_index}")
+        if mode not in MODES:
+            raise ConfigError("unknown mode", expected=" | ".join(MODES), got=repr(mode))
+        mine = (self.placement, self.num_microbatches, self.split_backward)
+        if (hint.placement, hint.num_microbatches, hint.split_backward) != mine:
+            raise ConfigError(f"hint {hint.name!r} has another placement or step shape",
+                              rank=self.rank, expected=f"{mine}", got=f"{hint.placement}, "
+                              f"{hint.num_microbatches}, {hint.split_backward}")
+        self._configure(hint, mode, cap, self._policy if policy is None else policy, caps)
 
     # -- per-step state -------------------------------------------------------------------
     def _reset(self, step: int, inputs: Sequence[Any] | None, targets: Sequence[Any] | None

@@ -18,7 +18,7 @@ import asyncio
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Coroutine
 
@@ -29,12 +29,14 @@ from ..clock import run_virtual
 from ..devices.sim import SimDevice
 from ..errors import ConfigError
 from ..hints import HintOrder
+from ..runtime.autotune import parse_auto
 from ..runtime.driver import run_ranks
 from ..runtime.rank import MODES, RankRuntime
 from ..schedulers import make_hint
 from ..telemetry.bounds import lower_bound_table
 from ..telemetry.spans import StepReport
 from ..transports.inproc import InprocWorld
+from .choice import choose_auto
 from .durations import Durations, device_duration
 from .traces import Trace, read_trace
 from .variability import BaseDurations, JitterModel, parse_jitter
@@ -68,6 +70,7 @@ class SimResult:
     trace: str | None
     split_backward: bool
     cap: tuple[int, ...]
+    policy: str
     per_step: tuple[StepStats, ...]
     num_tasks: int
     num_messages: int
@@ -75,6 +78,8 @@ class SimResult:
     """header-only forecast notices of the reserving policy (forecast.py), beside num_messages"""
     wall_s: float = field(default=0.0, compare=False)
     """real seconds the simulation took (not part of to_json: it is not deterministic)"""
+    tuning: Any = field(default=None, compare=False)
+    """hint="auto": the sim.choice.Tuning it chose from (`.table()`); None otherwise"""
 
     @property
     def step_time(self) -> float:
@@ -118,6 +123,7 @@ class SimResult:
             "microbatches": self.microbatches, "hint": self.hint, "mode": self.mode,
             "jitter": self.jitter, "seed": self.seed, "trace": self.trace,
             "split_backward": self.split_backward, "cap": list(self.cap),
+            "policy": self.policy,
             "steps": len(self.per_step), "step_time": value("step_time"),
             "lower_bound": value("lower_bound"), "efficiency": value("efficiency"),
             "busy_fraction": list(self.busy_fraction), "bubble_fraction": self.bubble_fraction,
@@ -203,13 +209,30 @@ def simulate(*, stages: int, microbatches: int, hint: str | HintOrder = "1f1b",
 
     Durations come from `trace` (a CSV path or a Trace; `jitter` may then add only comm terms)
     or from the seeded `jitter` model over `base` durations. `cap`: any form of aioready.caps
-    (None: the hint's peak per rank, an int, 'Nx' N times that, one per rank). It runs its own
+    (None: the hint's peak per rank, an int, 'Nx' N times that, one per rank). `hint="auto"`
+    (or "auto:<hint>", which fixes the placement) simulates the candidate hints, modes and caps
+    within `cap` and returns the fastest, named "auto:<hint>", with `.tuning` (the table it
+    chose from; `mode` is then chosen too, see sim/choice.py). It runs its own
     virtual-clock loop and blocks until done (from async code: in a helper thread).
     """
     _check_int("stages", stages)
     _check_int("microbatches", microbatches)
     _check_int("steps", steps)
     _check_int("seed", seed, 0)
+    if parse_auto(hint) is not None:  # choose by simulating the candidates (sim/choice.py)
+        def run(order: HintOrder, mode: str, caps: tuple[int, ...], policy: str) -> SimResult:
+            return simulate(stages=stages, microbatches=microbatches, hint=order, mode=mode,
+                            jitter=jitter, seed=seed, trace=trace, cap=list(caps),
+                            split_backward=split_backward, steps=steps, base=base,
+                            policy=policy)
+        tuning = choose_auto(run, hint, num_stages=stages, num_ranks=ranks,
+                             num_microbatches=microbatches, split_backward=split_backward,
+                             budget=cap)
+        best = tuning.best.candidate.choice
+        chosen = run(best.build(num_stages=stages, num_ranks=len(best.cap),
+                                num_microbatches=microbatches, split_backward=split_backward),
+                     best.mode, best.cap, best.policy)
+        return replace(chosen, hint=f"auto:{best.label}", tuning=tuning)
     if mode not in MODES:
         raise ConfigError("mode", expected=" | ".join(MODES), got=repr(mode))
     order = make_hint(hint, num_stages=stages, num_ranks=ranks, num_microbatches=microbatches,
@@ -238,7 +261,7 @@ def simulate(*, stages: int, microbatches: int, hint: str | HintOrder = "1f1b",
     return SimResult(
         stages=stages, microbatches=microbatches, ranks=order.num_ranks, hint=order.name,
         mode=mode, jitter=str(parse_jitter(jitter)), seed=seed,
-        trace=source, split_backward=split_backward,
+        trace=source, split_backward=split_backward, policy=policy if mode == "ready" else "-",
         cap=tuple(rt.cap for rt in runtimes), per_step=per_step,
         num_tasks=sum(len(rt.reports[0].spans) for rt in runtimes) * steps,
         num_messages=world.num_messages, num_notices=world.num_notices, wall_s=wall)

@@ -15,7 +15,8 @@ from typing import Any, Sequence
 
 from .spans import SPAN_COLUMNS, StepReport, spans_from_array, spans_to_array
 
-__all__ = ["gather_reports", "merge_rows", "reduce_sum", "barrier", "STEP_COLUMNS"]
+__all__ = ["gather_reports", "merge_rows", "reduce_sum", "broadcast_ints", "barrier",
+           "STEP_COLUMNS"]
 
 STEP_COLUMNS = ("step", "start", "end", "peak_in_flight", "loss", "num_ranks", "rank",
                 "has_loss")
@@ -83,6 +84,19 @@ async def reduce_sum(comm: Any, value: int, *, root: int = 0) -> int | None:
     recv = np.zeros(1, dtype=np.int64) if comm.Get_rank() == root else None
     await _wait(comm.Ireduce(send, recv, root=root))
     return None if recv is None else int(recv[0])
+
+
+async def broadcast_ints(comm: Any, values: Sequence[int] | None, count: int, *,
+                         root: int = 0) -> list[int]:
+    """`count` integers from `root` (which passes them; the others pass None) to every rank:
+    a buffer broadcast, no pickle."""
+    import numpy as np
+    buf = (np.array(values, dtype=np.int64) if comm.Get_rank() == root
+           else np.zeros(count, dtype=np.int64))
+    if buf.shape != (count,):
+        raise ValueError(f"broadcast_ints: {buf.shape[0]} values, expected {count}")
+    await _wait(comm.Ibcast(buf, root=root))
+    return [int(v) for v in buf]
 
 
 def merge_rows(span_rows: Any, step_rows: Any) -> list[tuple[StepReport, float | None]]:

@@ -16,7 +16,8 @@ from ..tasks import Kind
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["Span", "StepReport", "spans_to_array", "spans_from_array", "SPAN_COLUMNS"]
+__all__ = ["Span", "StepReport", "merge_reports", "spans_to_array", "spans_from_array",
+           "SPAN_COLUMNS"]
 
 
 class Span(NamedTuple):
@@ -66,6 +67,17 @@ class StepReport:
     def order(self, rank: int) -> list[str]:
         """The task order rank `rank` ran, as text."""
         return [s.label for s in sorted(self.spans, key=lambda s: s.start) if s.rank == rank]
+
+
+def merge_reports(reports: list[StepReport]) -> StepReport:
+    """One report of a step from the reports of its ranks (in one process)."""
+    merged = StepReport(reports[0].step, num_ranks=reports[0].num_ranks)
+    merged.start = min(r.start for r in reports)
+    merged.end = max(r.end for r in reports)
+    for r in reports:
+        merged.spans.extend(r.spans)
+        merged.peak_in_flight.update(r.peak_in_flight)
+    return merged
 
 
 SPAN_COLUMNS = ("step", "rank", "stage", "chunk", "microbatch", "kind", "ready", "start", "end")

@@ -1,0 +1,82 @@
+"""The tuner: from measured durations (a trace file, or the spans of a run's last steps) to the
+fastest schedule within a budget, by simulating the candidates (sim/choice.py).
+
+`tune` is `aioready tune` and the library call; `SimChooser` is the chooser a Pipeline with
+hint="auto" uses (runtime/autotune.py defines what it must do; the root package registers this
+one, since the runtime may not import the simulator).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+from ..caps import CapSpec
+from ..errors import ConfigError
+from ..hints import HintOrder
+from ..runtime.choosers import Choice
+from ..runtime.rank import MODES
+from ..telemetry.spans import StepReport
+from .choice import FACTORS, Run, Tuning, candidate_hints, choose_auto, choose_schedule
+from .simulator import SimResult, simulate
+from .traces import Trace, read_trace, trace_from_reports
+
+__all__ = ["tune", "SimChooser"]
+
+
+def _runner(trace: Trace, jitter: str) -> Run:
+    stages, split = trace.placement.num_stages, trace.split_backward
+
+    def run(order: HintOrder, mode: str, caps: tuple[int, ...], policy: str) -> SimResult:
+        return simulate(stages=stages, microbatches=trace.num_microbatches, hint=order,
+                        mode=mode, trace=trace, jitter=jitter, cap=list(caps),
+                        split_backward=split, steps=trace.num_steps, policy=policy)
+    return run
+
+
+def tune(trace: str | Path | Trace, *, hint: str = "auto", stages: int | None = None,
+         microbatches: int | None = None, budget: CapSpec = None, jitter: str = "none",
+         modes: Sequence[str] = MODES, factors: Sequence[float] = FACTORS) -> Tuning:
+    """Rank the candidate schedules on the durations of `trace` (every step of it, replayed).
+
+    `hint`: "auto" (any placement style for the trace's ranks) or "auto:<hint>" (that hint's
+    placement, and a relative budget measured against its peak); `stages`, `microbatches`:
+    checked against the trace when given; `budget`: any form of aioready.caps (None: the start hint's own peak);
+    `jitter`: comm terms only ('comm:0.1'), added to every candidate alike.
+    """
+    loaded = trace if isinstance(trace, Trace) else read_trace(trace)
+    place = loaded.placement
+    for name, given, got in (("stages", stages, place.num_stages),
+                             ("microbatches", microbatches, loaded.num_microbatches)):
+        if given is not None and given != got:
+            raise ConfigError(f"{loaded.source}: the trace is for another {name}",
+                              expected=f"{name}={given}", got=f"{name}={got} in the trace")
+    return choose_auto(_runner(loaded, jitter), hint, num_stages=place.num_stages,
+                       num_ranks=place.num_ranks, num_microbatches=loaded.num_microbatches,
+                       split_backward=loaded.split_backward, budget=budget, modes=modes,
+                       factors=factors)
+
+
+class SimChooser:
+    """The default chooser of hint="auto": the pipeline's last steps replayed as a trace, every
+    candidate of its placement simulated on them."""
+
+    def __init__(self, *, modes: Sequence[str] = MODES,
+                 factors: Sequence[float] = FACTORS) -> None:
+        self.modes = tuple(modes)
+        self.factors = tuple(factors)
+        self.last: Tuning | None = None  # the latest table, for whoever wants to look
+
+    def choose(self, reports: Sequence[StepReport], *, hint: HintOrder, budget: CapSpec,
+               unit_ms: float) -> Choice:
+        trace = trace_from_reports(reports, placement=hint.placement,
+                                   num_microbatches=hint.num_microbatches,
+                                   split_backward=hint.split_backward, unit_ms=unit_ms)
+        orders = candidate_hints(num_stages=hint.placement.num_stages,
+                                 num_ranks=hint.num_ranks,
+                                 num_microbatches=hint.num_microbatches,
+                                 split_backward=hint.split_backward,
+                                 placement=hint.placement.style)
+        self.last = choose_schedule(_runner(trace, "none"), orders, budget=budget,
+                                    reference=hint, modes=self.modes, factors=self.factors)
+        return self.last.choice

@@ -1,0 +1,69 @@
+"""hint="auto" over MPITransport: every rank switches identically, gradients stay exact.
+
+Usage: mpiexec -n R python tests/mpi_scripts/auto.py STEPS
+Each rank runs STEPS steps of Pipeline(hint=AutoHint(retune_every=1)) on its stage of a float64
+MLP (split backward, M = 2R), zeroing gradients between steps and comparing them with the
+unsplit model's for that step's batch; rank 0 chooses from the gathered spans and broadcasts.
+Every rank prints "RESULT rank=r choices=... grad_diff=... loss_diff=...".
+"""
+
+import sys
+
+import numpy as np
+import torch
+from mpi4py import MPI
+
+from aioready.launch import run, say
+from aioready.runtime.autotune import AutoHint
+from aioready.runtime.pipeline import Pipeline
+from aioready.testing.helpers import make_mlp_stages, mse_loss, reference_step
+from aioready.transports.mpi import MPITransport
+
+WIDTH = 16
+
+
+def batch(M: int, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    xs = [torch.randn(2, 4, WIDTH, generator=gen, dtype=torch.float64) for _ in range(M)]
+    ys = [torch.randn(2, 4, WIDTH, generator=gen, dtype=torch.float64) for _ in range(M)]
+    return xs, ys
+
+
+def max_all(comm, value: float) -> float:
+    out = np.zeros(1)
+    comm.Allreduce(np.array([value]), out, op=MPI.MAX)
+    return float(out[0])
+
+
+async def main() -> None:
+    comm = MPI.COMM_WORLD
+    size, rank = comm.Get_size(), comm.Get_rank()
+    steps, S, M = int(sys.argv[1]), size, 2 * size
+    full = make_mlp_stages(S, width=WIDTH, seed=7)
+    transport = MPITransport(comm)
+    pipe = Pipeline([full[rank]], mse_loss, microbatches=M, transport=transport,
+                    split_backward=True, cap="2x", hint=AutoHint(retune_every=1, comm=comm))
+    gdiff = ldiff = 0.0
+    names = []
+    for step in range(steps):
+        xs, ys = batch(M, seed=step)
+        for p in full[rank].parameters():
+            p.grad = None
+        loss = await pipe.step(xs if rank == 0 else None, ys if rank == S - 1 else None)
+        names.append(f"{pipe.hint.name}:{pipe.mode}:{','.join(str(rt.cap) for rt in pipe.runtimes)}")
+        ref_loss, ref = reference_step(make_mlp_stages(S, width=WIDTH, seed=7), mse_loss, xs, ys)
+        for p, q in zip(full[rank].parameters(), ref[rank].parameters()):
+            gdiff = max(gdiff, float((p.grad - q.grad).abs().max()))
+        if loss is not None:
+            ldiff = max(ldiff, abs(float(loss) - float(ref_loss)))
+    await transport.close()
+    pipe.close()
+    choices = "|".join(f"{s}:{c.hint}:{c.mode}:{','.join(map(str, c.cap))}"
+                       for s, c in pipe.auto.choices)
+    gdiff, ldiff = max_all(comm, gdiff), max_all(comm, ldiff)
+    say(f"RESULT rank={rank} choices={choices} caps={'/'.join(names)} "
+        f"grad_diff={gdiff:.3e} loss_diff={ldiff:.3e}")
+
+
+if __name__ == "__main__":
+    run(main())
