@@ -24,6 +24,7 @@ from aioready.errors import ConfigError
 from aioready.placement import Placement
 from aioready.runtime.autotune import AutoHint, AutoTuning
 from aioready.runtime.choosers import Choice
+from aioready.runtime.rank import POLICIES
 from aioready.sim.choice import candidate_hints, choose_schedule
 from aioready.sim.traces import Trace, write_trace
 from aioready.sim.tune import SimChooser, tune
@@ -54,11 +55,13 @@ def test_the_tuner_picks_the_brute_force_best() -> None:
                                              tuning.limit)]
             if mode == "strict" and any(c < order.peak(r) for r, c in enumerate(cap)):
                 continue  # strict cannot run below its own peak
-            result = aioready.simulate(stages=4, microbatches=8, hint=order.name, mode=mode,
-                                       trace=trace, cap=cap, split_backward=True)
-            brute[(order.name, mode, tuple(cap))] = result.step_time
+            for policy in ("reserve",) if mode == "strict" else POLICIES:
+                result = aioready.simulate(stages=4, microbatches=8, hint=order.name, mode=mode,
+                                           trace=trace, cap=cap, split_backward=True,
+                                           policy=policy)
+                brute[(order.name, mode, tuple(cap), policy)] = result.step_time
     assert min(brute.values()) == tuning.best.step_time
-    assert brute[(best.hint, best.mode, best.cap)] == tuning.best.step_time
+    assert brute[(best.hint, best.mode, best.cap, best.policy)] == tuning.best.step_time
     assert sorted(brute.values())[1] > tuning.best.step_time  # unique: no tie decided it
     assert len(tuning.rows) == len(set(brute))  # every distinct candidate was simulated
     assert "*" in tuning.table() and "bfw" in tuning.table().splitlines()[1]
@@ -108,7 +111,8 @@ def test_a_candidate_over_budget_is_never_chosen() -> None:
 
     tuning = choose_schedule(run, orders, budget=4)
     assert tuning.best.candidate.choice.hint != "gpipe"
-    assert [r.fits for r in tuning.rows if r.candidate.choice.hint == "gpipe"] == [False] * 2
+    # strict, and ready under each policy (its ready caps clip to the same budget)
+    assert [r.fits for r in tuning.rows if r.candidate.choice.hint == "gpipe"] == [False] * 3
     assert "- gpipe" in tuning.table()
     with pytest.raises(ConfigError, match="no candidate"):
         choose_schedule(run, [o for o in orders if o.name == "gpipe"], budget=4)
@@ -313,10 +317,12 @@ def test_cli_tune_prints_the_table_and_the_command(tmp_path: Path,
     assert main(["tune", "--trace", str(path), "--budget", "2x", "--json",
                  str(tmp_path / "out.json")]) == 0
     out = capsys.readouterr().out
-    assert re.search(r"^\* bfw +ready +1x", out, re.M)  # bfw's own peak is 1f1b's 2x
-    assert "budget per rank: [8, 6, 4, 2]; chosen: bfw ready at 1x" in out
+    # bfw's own peak is 1f1b's 2x; on this trace greedy beats the reservation (deferred W)
+    assert re.search(r"^\* bfw +ready/greedy +1x", out, re.M)
+    assert re.search(r"^  bfw +ready +1x", out, re.M)  # the reserving policy, a row below
+    assert "budget per rank: [8, 6, 4, 2]; chosen: bfw ready/greedy at 1x" in out
     assert (f"run it: aioready simulate --stages 4 --microbatches 8 --trace {path} --hint bfw "
-            "--mode ready --cap 8,6,4,2 --split-backward") in out
+            "--mode ready --policy greedy --cap 8,6,4,2 --split-backward") in out
     assert main(["tune", "--trace", str(path), "--budget", "1", "--modes", "strict"]) == 1
     assert "no candidate schedule fits" in capsys.readouterr().err
 

@@ -174,7 +174,7 @@ class AutoTuning:
                               expected=f"{pipe.hint.num_ranks} ranks",
                               got=f"{comm.Get_size()}", fix="pass AutoHint(comm=...)")
         gathered = await gather_reports(mine, comm)
-        width = 3 + pipe.hint.num_ranks
+        width = 4 + pipe.hint.num_ranks  # Choice.encode: hint, placement, mode, policy, caps
         choice: Choice | None = None
         error: BaseException | None = None
         if gathered is not None:  # the root decides
