@@ -117,3 +117,10 @@ def test_checker_rejects_broken_schedules() -> None:
     tight = instance(inst.table_ms(), placement=inst.placement, split_backward=False,
                      caps=(1, 1, 1))
     assert any("in flight" in p for p in check(tight, wide))
+
+
+def test_policy_bench_runs_in_make_bench_and_optimum_is_a_helper() -> None:
+    import bench.__main__ as runner
+    names = runner.discover()
+    assert "policy" in names and "optimum" not in names
+    assert names.index("scaling") < names.index("policy")
