@@ -207,7 +207,8 @@ def solve(inst: Instance, *, time_limit_s: float = 10.0, workers: int = 1, seed:
 
     The search starts from the shortest valid schedule of `start_from` (say, the spans of
     simulated runs, `schedule_of`), or `greedy(inst)` if none is valid; its makespan also bounds
-    the horizon, so the answer is never worse than a valid schedule it was given.
+    the horizon, so the answer is never worse than a valid schedule it was given. A solver that
+    runs out of time before its first solution returns that start schedule, as FEASIBLE.
     """
     from ortools.sat.python import cp_model
 
@@ -246,9 +247,12 @@ def solve(inst: Instance, *, time_limit_s: float = 10.0, workers: int = 1, seed:
     began = time.perf_counter()
     code = solver.solve(model)
     wall = time.perf_counter() - began
+    if code == cp_model.INFEASIBLE or code == cp_model.MODEL_INVALID:
+        raise RuntimeError(f"CP-SAT: {solver.status_name(code)} (the start schedule was valid)")
+    if code == cp_model.UNKNOWN:  # out of time before its first solution: the start is one
+        bound = max(0, int(np.ceil(solver.best_objective_bound - 1e-6)))
+        return Optimum("FEASIBLE", horizon, min(bound, horizon), inst.unit_ms, wall, first)
     status = solver.status_name(code)
-    if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        raise RuntimeError(f"CP-SAT found no schedule in {time_limit_s} s: status {status}")
     schedule = {k: (solver.value(start[k]), solver.value(end[k])) for k in inst.tasks()}
     problems = check(inst, schedule)
     if problems:

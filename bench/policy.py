@@ -108,11 +108,12 @@ def sim_unit(S: int, jitter: str, seed: int) -> dict[str, Any]:
         for budget, extra in BUDGETS.items():
             r = _simulate(cfg, S, M, jitter, seed, extra)
             rows[f"{cfg.name}|{budget}"] = {"t": r.step_time, "eff": r.efficiency,
-                                            "peak": max(r.peak_in_flight), "cap0": r.cap[0]}
+                                            "peak": max(r.peak_in_flight), "cap0": r.cap[0],
+                                            "ranks": r.ranks}
         for base in (cfg.baseline or cfg.hint, "1f1b"):
             if base not in strict:
                 strict[base] = _simulate(_strict(base), S, M, jitter, seed, {}).step_time
-    return {"rows": rows, "strict": strict}
+    return {"rows": rows, "strict": strict, "ranks_1f1b": S}
 
 
 def _simulate(cfg: Config, S: int, M: int, jitter: str, seed: int, extra: dict[str, Any]):
@@ -177,9 +178,10 @@ def _summary(units: list[dict[str, Any]]) -> dict[str, Any]:
         for budget in BUDGETS:
             name = f"{cfg.name}|{budget}"
             speed = [u["strict"][base] / u["rows"][name]["t"] for u in units]
+            same = units[0]["rows"][name]["ranks"] == units[0]["ranks_1f1b"]
             out[name] = {"speedup": median(speed), "worst": min(speed),
                          "vs_1f1b": median(u["strict"]["1f1b"] / u["rows"][name]["t"]
-                                           for u in units),
+                                           for u in units) if same else None,
                          "eff": median(u["rows"][name]["eff"] for u in units),
                          "peak": max(u["rows"][name]["peak"] for u in units),
                          "cap0": units[0]["rows"][name]["cap0"]}
@@ -201,7 +203,8 @@ def sim_table(results: dict[str, Any]) -> str:
                 cells = [S, cfg.name]
                 for budget in BUDGETS:
                     v = results[key][f"{cfg.name}|{budget}"]
-                    cells += [f"{v['speedup']:.3f} ({v['worst']:.3f})", f"{v['vs_1f1b']:.3f}",
+                    vs = "-" if v["vs_1f1b"] is None else f"{v['vs_1f1b']:.3f}"
+                    cells += [f"{v['speedup']:.3f} ({v['worst']:.3f})", vs,
                               f"{v['eff']:.3f}", f"{v['peak']}/{v['cap0']}"]
                 lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
@@ -209,28 +212,26 @@ def sim_table(results: dict[str, Any]) -> str:
 
 
 def opt_table(units: dict[str, list[dict[str, Any]]]) -> str:
-    head = ["S, M", "jitter", "seeds", "proven optimal"] + [
-        f"{cfg.name} {b}" for cfg in CONFIGS for b in BUDGETS]
+    head = ["S, M", "jitter", "configuration"] + [f"{b}: {w}" for b in BUDGETS
+                                                  for w in ("opt/t (bound/t)", "proven")]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    rows = [*CONFIGS, *sorted({_strict(c.baseline or c.hint) for c in CONFIGS},
+                              key=lambda c: c.hint)]
     for case, found in units.items():
         S, M, jitter = case.split("@")
-        optima = [o for u in found for o in u["optima"].values()]
-        proven = sum(o["status"] == "OPTIMAL" for o in optima)
-        cells = [f"{S}, {M}", jitter, str(len(found)), f"{proven}/{len(optima)}"]
-        for cfg in CONFIGS:
+        for cfg in rows:
+            cells = [f"{S}, {M}", jitter, cfg.name]
             for b in BUDGETS:
                 name = f"{cfg.name}|{b}"
-                rows = [u["rows"][name] for u in found if name in u["rows"]]
-                cells.append("-" if not rows else
-                             f"{median(r['opt_eff'] for r in rows):.3f} "
-                             f"({median(r['bound_eff'] for r in rows):.3f})")
-        lines.append("| " + " | ".join(cells) + " |")
-    strict = sorted({_strict(c.baseline or c.hint).name for c in CONFIGS})
-    rows = [(case, s, [u["rows"][f"{s}|default"] for u in found]) for case, found in
-            units.items() for s in strict]
-    lines += ["", "Strict baselines against the same optimum (median optimum / step time): "
-              + "; ".join(f"{c.replace('@', ' ')} {s}: {median(r['opt_eff'] for r in rs):.3f}"
-                          for c, s, rs in rows if rs) + "."]
+                mine = [(u["rows"][name], u["optima"][u["rows"][name]["key"]]) for u in found
+                        if name in u["rows"]]
+                if not mine:
+                    cells += ["-", "-"]
+                    continue
+                cells += [f"{median(r['opt_eff'] for r, _ in mine):.3f} "
+                          f"({median(r['bound_eff'] for r, _ in mine):.3f})",
+                          f"{sum(o['status'] == 'OPTIMAL' for _, o in mine)}/{len(mine)}"]
+            lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -270,14 +271,17 @@ def main(argv: list[str] | None = None) -> str:
         "median (worst seed); vs 1f1b: strict 1F1B step time / step time, median; eff: lower "
         "bound / step time, median; peak/cap0: the largest in-flight count on any rank over "
         "the seeds / the cap of rank 0. Two-chunk hints (zbv, interleaved-*) put S stages on "
-        "S/2 ranks. Split and unsplit rows draw different durations (the kinds differ).", "",
+        "S/2 ranks, so their `vs 1f1b` is left out (`-`: another machine size). Split and "
+        "unsplit rows draw different durations (the kinds differ).", "",
         sim_table(results),
         "## Against the offline optimum (bench/optimum.py)", "",
         f"CP-SAT, {args.time_limit:g} s per instance, 2 workers, durations quantised to "
         f"{UNIT_MS:g} ms, each configuration against the optimum at its own placement, split "
-        "and caps. Cells: median optimum / step time (median proven bound / step time); the "
-        "true optimum lies between, and equals the first where every instance is proven "
-        "optimal.", "", opt_table(optimum), "",
+        "and caps. opt/t: median of best schedule found / step time; bound/t: median of the "
+        "solver's proven bound / step time; the true efficiency lies between, and equals "
+        "opt/t where every instance is proven optimal (proven: how many were). The search "
+        "starts from the simulated schedules, so opt/t <= 1: a 1.000 can mean the solver did "
+        "not improve on the policy in its time.", "", opt_table(optimum), "",
         f"Running time: simulations {sim_s:.0f} s ({len(points)} points, "
         f"{min(2, args.jobs)} processes), optimum {opt_s:.0f} s."])
     (RESULTS / "policy.json").write_text(json.dumps(

@@ -8,6 +8,8 @@ both sides read the same numbers.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from aioready.clock import run_virtual
@@ -124,3 +126,22 @@ def test_policy_bench_runs_in_make_bench_and_optimum_is_a_helper() -> None:
     names = runner.discover()
     assert "policy" in names and "optimum" not in names
     assert names.index("scaling") < names.index("policy")
+
+
+def test_policy_bench_end_to_end_on_a_tiny_grid(tmp_path, monkeypatch) -> None:
+    import bench.common
+    import bench.policy as policy
+    monkeypatch.setattr(bench.common, "RESULTS", tmp_path)
+    monkeypatch.setattr(policy, "RESULTS", tmp_path)
+    monkeypatch.setattr(policy, "JITTERS", ("multimodal:0.3:3",))
+    monkeypatch.setattr(policy, "QUICK", {"stages": (4,), "seeds": 2, "opt_cases": ((4, 4),),
+                                          "opt_seeds": 1})
+    body = policy.main(["--quick", "--time-limit", "0.1", "--jobs", "1"])
+    for cfg in policy.CONFIGS:
+        assert f"| 4 | {cfg.name} |" in body and f"| 4, 4 | multimodal:0.3:3 | {cfg.name} |" in body
+    data = json.loads((tmp_path / "policy.json").read_text())
+    (unit,) = data["optimum"]["4@4@multimodal:0.3:3"]
+    for row in unit["rows"].values():  # started from the simulated schedules: never worse
+        assert row["bound_eff"] <= row["opt_eff"] <= 1.0 + 1e-9
+    one = data["simulated"]["multimodal:0.3:3@4"]["ready 1f1b|2x"]
+    assert one["cap0"] == 8 and one["peak"] <= 8 and one["worst"] <= one["speedup"]
