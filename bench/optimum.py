@@ -279,7 +279,7 @@ def _held(model: Any, inst: Instance, rank: int, start: dict[TaskKey, Any],
             release = model.new_int_var(0, horizon, f"release{rank},{m}")
             model.add_max_equality(release, [end[p] for p in pieces])
         first = start[(int(Kind.F), entry, m)]
-        size = model.new_int_var(0, horizon, f"held{rank},{m}")
+        size = model.new_int_var(_round_trip(inst, entry, m), horizon, f"held{rank},{m}")
         out.append(model.new_interval_var(first, size, release, f"h{rank},{m}"))
     return out
 
@@ -291,6 +291,19 @@ def schedule_of(spans: Iterable[Any], unit_ms: float, origin: float = 0.0
     return {(int(sp.kind), sp.stage, sp.microbatch): (int(round((sp.start - origin) / unit_ms)),
                                                       int(round((sp.end - origin) / unit_ms)))
             for sp in spans}
+
+
+def _round_trip(inst: Instance, entry: int, mb: int) -> int:
+    """The least time `mb` is held from `entry`: its dependency chain from F(entry) to B(entry)
+    (and W(entry) when split). Implied by the precedences, but stated on the interval's size
+    it lets the cumulative's energy reasoning see it, which tightens the proven bound."""
+    S = inst.placement.num_stages
+    d, c = inst.durations[:, mb], inst.comm[:, mb]
+    total = d[entry:, Kind.F].sum() + d[entry:, Kind.B].sum()
+    total += c[entry + 1:, 0].sum() + c[entry:S - 1, 1].sum()
+    if inst.split_backward:
+        total += d[entry, Kind.W]
+    return int(total)
 
 
 def _makespan(schedule: dict[TaskKey, tuple[int, int]]) -> int:

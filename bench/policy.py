@@ -39,6 +39,7 @@ from typing import Any
 from aioready.clock import run_virtual
 from aioready.devices import SimDevice
 from aioready.hints import HintOrder
+from aioready.placement import Placement
 from aioready.runtime.pipeline import Pipeline
 from aioready.schedulers import HINTS, make_hint
 from aioready.sim.durations import device_duration
@@ -46,7 +47,7 @@ from aioready.sim.simulator import simulate
 from aioready.sim.variability import JitterModel
 
 from .common import RESULTS, median, write_result
-from .optimum import instance, schedule_of, solve
+from .optimum import Instance, instance, schedule_of, solve
 
 
 @dataclass(frozen=True)
@@ -135,20 +136,33 @@ def _pipeline_run(cfg: Config, S: int, M: int, trace: Any, extra: dict[str, Any]
     return run_virtual(main())
 
 
+def _probe(jitter: str, seed: int, placement: Placement, M: int, split: bool) -> Instance:
+    """The quantised durations of one step (caps are set later, from the run)."""
+    model = JitterModel(jitter, seed=seed, placement=placement, num_microbatches=M,
+                        split_backward=split)
+    return instance(model.table(0), placement=placement, split_backward=split,
+                    caps=(1,) * placement.num_ranks, unit_ms=UNIT_MS)
+
+
+def _placement(cfg: Config, S: int, M: int, extra: dict[str, Any], linear: Instance) -> Placement:
+    """The placement a row runs on: its hint's, or for a hint chosen at run time (say,
+    "auto"), the one it chose in a run on the linear placement's durations."""
+    hint = _hint(cfg.hint, S, M, cfg.split_backward)
+    if isinstance(hint, HintOrder):
+        return hint.placement
+    pipe, _ = _pipeline_run(cfg, S, M, linear.trace(), extra)
+    return pipe.hint.placement  # type: ignore[no-any-return]
+
+
 def opt_unit(S: int, M: int, jitter: str, seed: int, time_limit: float) -> dict[str, Any]:
     """Each configuration against the optimum at its own placement, split and caps."""
     runs: dict[str, Any] = {}
     for cfg in [*CONFIGS, *{_strict(c.baseline or c.hint) for c in CONFIGS}]:
         for budget, extra in (BUDGETS.items() if cfg.mode != "strict" else [("default", {})]):
             split = cfg.split_backward
-            hint = _hint(cfg.hint, S, M, split)
-            placement = hint.placement if isinstance(hint, HintOrder) else None
-            if placement is None:
-                continue  # TODO(issue 14): an "auto" row needs the hint it chose; read it here
-            model = JitterModel(jitter, seed=seed, placement=placement, num_microbatches=M,
-                                split_backward=split)
-            probe = instance(model.table(0), placement=placement, split_backward=split,
-                             caps=(1,) * placement.num_ranks, unit_ms=UNIT_MS)
+            placement = _placement(cfg, S, M, extra, _probe(jitter, seed, Placement.linear(S),
+                                                           M, split))
+            probe = _probe(jitter, seed, placement, M, split)
             pipe, report = _pipeline_run(cfg, S, M, probe.trace(), extra)
             caps = tuple(min(rt.cap, M) for rt in pipe.runtimes)
             key = f"{placement.style}/{placement.num_ranks}/{int(split)}/{caps}"
@@ -241,8 +255,8 @@ def main(argv: list[str] | None = None) -> str:
     ap.add_argument("--quick", action="store_true", help=f"a reduced grid: {QUICK}")
     ap.add_argument("--seeds", type=int, default=None, help="seeds per point (default 10)")
     ap.add_argument("--opt-seeds", type=int, default=None, help="seeds per optimum case (2)")
-    ap.add_argument("--time-limit", type=float, default=3.0,
-                    help="CP-SAT seconds per optimum instance (default 3)")
+    ap.add_argument("--time-limit", type=float, default=1.5,
+                    help="CP-SAT seconds per optimum instance (default 1.5)")
     ap.add_argument("--jobs", type=int, default=2, help="worker processes (at most 2)")
     args = ap.parse_args(argv)
     stages = QUICK["stages"] if args.quick else STAGES
