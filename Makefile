@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q "$(TORCH_SPEC)"
-	$(PIP) install -q -e ".[mpi,test,telemetry,examples,secure]"
+	$(PIP) install -q -e ".[mpi,test,telemetry,examples,secure,bench]"
 	touch $(STAMP)
 
 test: $(STAMP)

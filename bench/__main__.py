@@ -36,8 +36,8 @@ __all__ = ["discover", "run_one", "write_report", "interpretation", "main"]
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 REPORT = HERE / "RESULTS.md"
-ORDER = ["arbiter", "hints", "sim_vs_real", "transport", "telemetry", "scaling", "tp", "faults", "e2e",
-         "gpu_check", "recompute"]
+ORDER = ["arbiter", "hints", "sim_vs_real", "transport", "telemetry", "scaling", "policy", "tp",
+         "faults", "e2e", "gpu_check", "recompute"]
 HELPERS = {"common", "e2e_worker", "gpu_mpi_check"}  # launched by another benchmark
 # what a module's own constants would say, for modules written before the convention
 LAUNCH: dict[str, dict[str, Any]] = {
