@@ -60,6 +60,12 @@ class Config:
     baseline: str = ""
     split: bool | None = None  # None: what the hint needs (split for ZB-family hints)
     kwargs: tuple[tuple[str, Any], ...] = field(default=())
+    budgets: tuple[str, ...] | None = None  # None: every budget of BUDGETS
+    max_stages: int | None = None  # a costly row (auto simulates every candidate) stops here
+
+    def runs(self, budget: str, S: int) -> bool:
+        return ((self.budgets is None or budget in self.budgets)
+                and (self.max_stages is None or S <= self.max_stages))
 
     @property
     def name(self) -> str:
@@ -75,9 +81,14 @@ def _needs_split(hint: str) -> bool:
     return spec is not None and spec.needs_split is True
 
 
+_HINTS = ("1f1b", "bf", "zb-h1", "bfw", "zbv", "interleaved-1f1b", "zb-h2", "interleaved-zb",
+          "gpipe")
 CONFIGS: list[Config] = [
-    Config("1f1b"), Config("bf"), Config("zb-h1"), Config("bfw"), Config("zbv"),
-    Config("interleaved-1f1b"), Config("zb-h2"), Config("interleaved-zb"), Config("gpipe"),
+    *(Config(h) for h in _HINTS),  # ready, the default (reserving) policy
+    *(Config(h, label=f"greedy {h}", kwargs=(("policy", "greedy"),)) for h in _HINTS),
+    Config("auto", label="auto", baseline="1f1b", split=False, budgets=("2x",), max_stages=16),
+    Config("auto", label="auto split", baseline="1f1b", split=True, budgets=("2x",),
+           max_stages=16),
 ]
 BUDGETS: dict[str, dict[str, Any]] = {"default": {}, "2x": {"cap": "2x"}}
 JITTERS = ("lognormal:0.5", "multimodal:0.3:3", "lognormal:0.2+straggler:1:1.5")
@@ -107,13 +118,17 @@ def sim_unit(S: int, jitter: str, seed: int) -> dict[str, Any]:
     strict: dict[str, float] = {}
     for cfg in CONFIGS:
         for budget, extra in BUDGETS.items():
+            if not cfg.runs(budget, S):
+                continue
             r = _simulate(cfg, S, M, jitter, seed, extra)
             rows[f"{cfg.name}|{budget}"] = {"t": r.step_time, "eff": r.efficiency,
                                             "peak": max(r.peak_in_flight), "cap0": r.cap[0],
-                                            "ranks": r.ranks}
-        for base in (cfg.baseline or cfg.hint, "1f1b"):
-            if base not in strict:
-                strict[base] = _simulate(_strict(base), S, M, jitter, seed, {}).step_time
+                                            "ranks": r.ranks, "chosen": r.hint}
+        for base in (cfg.baseline or cfg.hint, "1f1b"):  # strict on the same durations
+            key = f"{base}/{int(cfg.split_backward)}"
+            if key not in strict:
+                strict[key] = _simulate(Config(base, mode="strict", split=cfg.split_backward),
+                                        S, M, jitter, seed, {}).step_time
     return {"rows": rows, "strict": strict, "ranks_1f1b": S}
 
 
@@ -154,16 +169,31 @@ def _placement(cfg: Config, S: int, M: int, extra: dict[str, Any], linear: Insta
     return pipe.hint.placement  # type: ignore[no-any-return]
 
 
+def _as_chosen(cfg: Config, S: int, M: int, probe: Instance, extra: dict[str, Any]
+               ) -> tuple[Config, dict[str, Any]]:
+    """A row chosen at run time ("auto") as the fixed configuration it chooses on these
+    durations (a Pipeline's auto would run its start hint first), else the row itself."""
+    if cfg.hint in HINTS:
+        return cfg, extra
+    chosen = simulate(stages=S, microbatches=M, hint=cfg.hint, trace=probe.trace(),
+                      split_backward=cfg.split_backward, **extra).tuning.best.candidate.choice
+    return (Config(chosen.hint, mode=chosen.mode, split=cfg.split_backward,
+                   kwargs=(("policy", chosen.policy),)), {"cap": list(chosen.cap)})
+
+
 def opt_unit(S: int, M: int, jitter: str, seed: int, time_limit: float) -> dict[str, Any]:
     """Each configuration against the optimum at its own placement, split and caps."""
     runs: dict[str, Any] = {}
     for cfg in [*CONFIGS, *{_strict(c.baseline or c.hint) for c in CONFIGS}]:
         for budget, extra in (BUDGETS.items() if cfg.mode != "strict" else [("default", {})]):
+            if not cfg.runs(budget, S):
+                continue
             split = cfg.split_backward
             placement = _placement(cfg, S, M, extra, _probe(jitter, seed, Placement.linear(S),
                                                            M, split))
             probe = _probe(jitter, seed, placement, M, split)
-            pipe, report = _pipeline_run(cfg, S, M, probe.trace(), extra)
+            run_cfg, run_extra = _as_chosen(cfg, S, M, probe, extra)
+            pipe, report = _pipeline_run(run_cfg, S, M, probe.trace(), run_extra)
             caps = tuple(min(rt.cap, M) for rt in pipe.runtimes)
             key = f"{placement.style}/{placement.num_ranks}/{int(split)}/{caps}"
             runs[f"{cfg.name}|{budget}"] = {"t": report.step_time, "key": key, "caps": caps,
@@ -188,13 +218,17 @@ def opt_unit(S: int, M: int, jitter: str, seed: int, time_limit: float) -> dict[
 def _summary(units: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for cfg in CONFIGS:
-        base = cfg.baseline or cfg.hint
+        split = int(cfg.split_backward)
+        base = f"{cfg.baseline or cfg.hint}/{split}"
         for budget in BUDGETS:
             name = f"{cfg.name}|{budget}"
+            if name not in units[0]["rows"]:
+                continue
             speed = [u["strict"][base] / u["rows"][name]["t"] for u in units]
             same = units[0]["rows"][name]["ranks"] == units[0]["ranks_1f1b"]
             out[name] = {"speedup": median(speed), "worst": min(speed),
-                         "vs_1f1b": median(u["strict"]["1f1b"] / u["rows"][name]["t"]
+                         "chosen": sorted({u["rows"][name]["chosen"] for u in units}),
+                         "vs_1f1b": median(u["strict"][f"1f1b/{split}"] / u["rows"][name]["t"]
                                            for u in units) if same else None,
                          "eff": median(u["rows"][name]["eff"] for u in units),
                          "peak": max(u["rows"][name]["peak"] for u in units),
@@ -215,8 +249,13 @@ def sim_table(results: dict[str, Any]) -> str:
             S = key.rsplit("@", 1)[1]
             for cfg in CONFIGS:
                 cells = [S, cfg.name]
+                if not any(f"{cfg.name}|{b}" in results[key] for b in BUDGETS):
+                    continue
                 for budget in BUDGETS:
-                    v = results[key][f"{cfg.name}|{budget}"]
+                    v = results[key].get(f"{cfg.name}|{budget}")
+                    if v is None:
+                        cells += ["-"] * 4
+                        continue
                     vs = "-" if v["vs_1f1b"] is None else f"{v['vs_1f1b']:.3f}"
                     cells += [f"{v['speedup']:.3f} ({v['worst']:.3f})", vs,
                               f"{v['eff']:.3f}", f"{v['peak']}/{v['cap0']}"]
@@ -258,8 +297,10 @@ def main(argv: list[str] | None = None) -> str:
     ap.add_argument("--time-limit", type=float, default=1.5,
                     help="CP-SAT seconds per optimum instance (default 1.5)")
     ap.add_argument("--jobs", type=int, default=2, help="worker processes (at most 2)")
+    ap.add_argument("--stages", default=None, help=f"comma-separated S values ({STAGES})")
     args = ap.parse_args(argv)
-    stages = QUICK["stages"] if args.quick else STAGES
+    stages = (tuple(int(s) for s in args.stages.split(",")) if args.stages
+              else QUICK["stages"] if args.quick else STAGES)
     seeds = args.seeds or (QUICK["seeds"] if args.quick else 10)
     cases = QUICK["opt_cases"] if args.quick else OPT_CASES
     opt_seeds = args.opt_seeds or (QUICK["opt_seeds"] if args.quick else 2)
@@ -282,7 +323,8 @@ def main(argv: list[str] | None = None) -> str:
         f"M = 4S, {seeds} seeds per point, jitters {', '.join(JITTERS)}; budgets: "
         + ", ".join(f"{b} {kw or '(the hint own cap)'}" for b, kw in BUDGETS.items()) + ".",
         "speedup: strict step time of the same hint / step time (> 1: faster than strict), "
-        "median (worst seed); vs 1f1b: strict 1F1B step time / step time, median; eff: lower "
+        "median (worst seed); vs 1f1b: strict 1F1B step time on the same durations (split "
+        "backward when the row's is) / step time, median; eff: lower "
         "bound / step time, median; peak/cap0: the largest in-flight count on any rank over "
         "the seeds / the cap of rank 0. Two-chunk hints (zbv, interleaved-*) put S stages on "
         "S/2 ranks, so their `vs 1f1b` is left out (`-`: another machine size). Split and "
