@@ -50,6 +50,9 @@ AIOREADY_CONFIGS = [f"{h}/{m}" for h in ("gpipe", "1f1b", "zb-h1", "bfw", "inter
 # readiness needs slack to use (issue 5, bench/scaling): the same hints with more microbatches
 # allowed in flight (memory for speed): bfw at 3S, zbv at twice its peak
 AIOREADY_CONFIGS += ["bfw/ready@12", "zbv/ready@8"]
+# both ready-mode policies at twice the hint's peak, and hint="auto" within 2x 1F1B's peak
+AIOREADY_CONFIGS += ["1f1b/ready:greedy", "1f1b/ready@2x", "1f1b/ready:greedy@2x",
+                     "auto/ready@2x"]
 TORCH_CONFIGS = ["ScheduleGPipe", "Schedule1F1B", "ScheduleInterleaved1F1B",
                  "ScheduleInterleavedZeroBubble", "ScheduleZBVZeroBubble"]
 QUICK_AIOREADY = ["1f1b/strict", "1f1b/ready", "zbv/ready", "bfw/ready@12"]
@@ -192,7 +195,8 @@ def _table(summary: dict[str, Any]) -> list[str]:
              "efficiency | CPU ms per step per rank | loss |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in sorted(summary["rows"], key=lambda r: (r["side"], r["median_s"])):
-        lines.append(f"| {r['side']} | {r['name']} | {r['style']} x{r['num_stages']} | "
+        name = r["name"] + (f" (chose {r['chosen']})" if r.get("chosen") else "")
+        lines.append(f"| {r['side']} | {name} | {r['style']} x{r['num_stages']} | "
                      f"{'yes' if r['split_backward'] else 'no'} | {r['median_s'] * 1e3:.1f} | "
                      f"{r['lower_bound_s'] * 1e3:.1f} | {r['efficiency']:.3f} | "
                      f"{_mean(r.get('cpu_s_per_step', [])) * 1e3:.1f} | {r['loss']:.6f} |")

@@ -28,7 +28,8 @@ __all__ = ["RunShape", "stage_seconds", "AIOREADY_SPLIT", "TORCH_SCHEDULES", "pa
 
 # hint -> split backward; the placement comes from the hint registry.
 AIOREADY_SPLIT = {"gpipe": False, "1f1b": False, "bf": False, "interleaved-1f1b": False,
-                  "zb-h1": True, "zb-h2": True, "bfw": True, "interleaved-zb": True, "zbv": True}
+                  "zb-h1": True, "zb-h2": True, "bfw": True, "interleaved-zb": True, "zbv": True,
+                  "auto": True}  # auto: linear placement, chooses after its first step
 # torch schedule -> (placement style, chunks per rank, split backward)
 TORCH_SCHEDULES = {
     "ScheduleGPipe": ("linear", 1, False),
@@ -155,13 +156,20 @@ def _record(name: str, shape: RunShape, times: list[list[float]], loss: float,
             "cpu_s_per_step": cpu}
 
 
-def parse_config(config: str) -> tuple[str, str, int | None]:
-    """'hint/mode' or 'hint/mode@CAP' (CAP: in-flight microbatches per rank, an int)."""
+def parse_config(config: str) -> tuple[str, str, str, int | str | None]:
+    """'hint/mode[:policy][@CAP]': CAP in-flight microbatches per rank (an int) or 'Nx' (N times
+    the hint's own peak); policy of ready mode, default the reserving one. `auto/ready@2x`:
+    hint="auto" within twice the start hint's peak."""
     hint, _, rest = config.partition("/")
-    mode, _, cap = rest.partition("@")
-    if mode not in ("strict", "ready") or (cap and not cap.isdigit()):
-        raise SystemExit(f"bad aioready config {config!r}: expected hint/strict|ready[@CAP]")
-    return hint, mode, int(cap) if cap else None
+    rest, _, cap = rest.partition("@")
+    mode, _, policy = rest.partition(":")
+    policy = policy or "reserve"
+    good_cap = not cap or cap.isdigit() or (cap.endswith("x") and
+                                            cap[:-1].replace(".", "", 1).isdigit())
+    if mode not in ("strict", "ready") or policy not in ("reserve", "greedy") or not good_cap:
+        raise SystemExit(f"bad aioready config {config!r}: expected "
+                         "hint/strict|ready[:reserve|greedy][@CAP]")
+    return hint, mode, policy, int(cap) if cap.isdigit() else cap or None
 
 
 SPANS_DIR = os.environ.get("AIOREADY_E2E_SPANS")  # DIR: every aioready step's spans as CSV
@@ -187,6 +195,7 @@ def run_aioready(args: argparse.Namespace, trace: Any, configs: list[str]
     import torch
     from mpi4py import MPI
 
+    from aioready.runtime.autotune import AutoHint
     from aioready.runtime.pipeline import Pipeline
     from aioready.schedulers import HINTS
     from aioready.testing.models import lm_loss
@@ -209,14 +218,16 @@ def run_aioready(args: argparse.Namespace, trace: Any, configs: list[str]
     straggler = parse_straggler(args.straggler)
     records = []
 
-    async def one(hint: str, mode: str, cap: int | None) -> dict[str, Any]:
-        spec = HINTS[hint]
+    async def one(hint: str, mode: str, policy: str, cap: int | str | None) -> dict[str, Any]:
+        spec = HINTS["1f1b" if hint == "auto" else hint]
         split = AIOREADY_SPLIT[hint]
         shape = RunShape(Placement(size * spec.chunks, size, spec.style), args.groups, split)
         mine = shape.placement.stages_of(rank)
         stages, injector = _build(args, shape, mine, trace, straggler)
         transport = TorchDistTransport() if gloo else MPITransport(comm)
-        pipe = Pipeline(stages, lm_loss, microbatches=M, hint=hint, mode=mode,
+        pipe = Pipeline(stages, lm_loss, microbatches=M, mode=mode, policy=policy,
+                        hint=AutoHint(start="1f1b", retune_every=0, comm=comm)
+                        if hint == "auto" else hint,
                         transport=transport, split_backward=split, device=DEVICE,
                         num_stages=shape.placement.num_stages, cap=cap)
         times, cpu, loss = [], [], None
@@ -242,14 +253,17 @@ def run_aioready(args: argparse.Namespace, trace: Any, configs: list[str]
         if rank != 0:
             return {}
         the_loss = next(v for v in losses if v is not None)
-        name = f"{hint}/{mode}" + (f"@{cap}" if cap else "") + ("+gloo" if gloo else "")
-        return _record(name, shape, all_times, the_loss, grad_sq, slept, counts,
-                       cpus)
+        name = (f"{hint}/{mode}" + (f":{policy}" if policy != "reserve" else "")
+                + (f"@{cap}" if cap else "") + ("+gloo" if gloo else ""))
+        record = _record(name, shape, all_times, the_loss, grad_sq, slept, counts, cpus)
+        if pipe.auto is not None and pipe.auto.choices:
+            choice = pipe.auto.choices[-1][1]
+            record["chosen"] = f"{choice.label} {choice.how} caps {list(choice.cap)}"
+        return record
 
     async def all_configs() -> None:
         for config in configs:
-            hint, mode, cap = parse_config(config)
-            records.append(await one(hint, mode, cap))
+            records.append(await one(*parse_config(config)))
 
     torch.set_num_threads(1)
     import uvloop
