@@ -96,6 +96,11 @@ def _make_device(spec: Any, rank: int) -> Device:
 class Pipeline:
     """A pipeline-parallel training step, readiness-first (`ready`) or in hint order (`strict`).
 
+    `policy` (ready mode): "reserve" keeps the device for the hint's next task and backfills
+    only what is predicted to end in time; "greedy" runs the best-ranked ready task at once
+    (docs/policy.md). `hint="auto"` (or AutoHint) chooses hint, mode, policy and cap by
+    simulating the measured durations (docs/hints.md).
+
     Under MPI with `grid=` (a ProcessGrid or its GridComms) the stages are this rank's on its
     pipeline line, and gradients are averaged over data-parallel replicas during the step
     (`grad_reducer=` replaces the MPI reducer). `normalize="weight"`: loss_fn returns (loss,
