@@ -16,6 +16,7 @@ from ..clock import virtual_clock
 from ..devices.base import Device
 from ..errors import ConfigError
 from ..hints import HintOrder
+from ..memory import MemorySpec, check_one_gate, parse_memory, resolve_memory
 from ..schedulers import make_hint
 from ..telemetry.spans import StepReport, merge_reports
 from ..transports.base import Transport
@@ -114,6 +115,7 @@ class Pipeline:
         recompute: bool | Sequence[bool] = False,
         grid: Any = None, grad_reducer: Any = None, normalize: str = "microbatches",
         tied: Any = None, scaler: Any = None, autocast: Any = None,
+        memory: MemorySpec = None,
     ) -> None:
         if not isinstance(microbatches, int) or isinstance(microbatches, bool) or microbatches < 1:
             raise ConfigError("microbatches must be a positive integer", expected=">= 1",
@@ -123,6 +125,8 @@ class Pipeline:
         if not stages:
             raise ConfigError("stages is empty", expected="at least one module", got=0)
         _check_types(loss_fn, split_backward, cap, device)
+        parse_memory(memory)
+        check_one_gate(cap, memory)
         if normalize not in ("microbatches", "weight"):
             raise ConfigError("normalize", expected="'microbatches' or 'weight' (loss_fn "
                               "returns (loss, weight))", got=repr(normalize))
@@ -188,13 +192,19 @@ class Pipeline:
             modules = dict(zip(mine, stages))
         self.recompute = _recompute_of(recompute, placement.num_stages)
         caps = resolve_caps(cap, self.hint)
+        self.memory = budgets = resolve_memory(memory, placement.num_ranks)
+        if budgets is not None:  # bytes gate instead of the count (ready_set Note [byte gate])
+            if self.auto is not None:
+                raise ConfigError("hint='auto' chooses within a count budget",
+                                  expected="cap= with hint='auto'", got=f"memory={memory!r}")
+            caps = [microbatches] * placement.num_ranks
         self.runtimes: list[RankRuntime] = []
         for rank, endpoint in zip(ranks, endpoints):
             executors = self._executors(modules, placement.stages_of(rank), loss_fn)
             self.runtimes.append(RankRuntime(
                 rank=rank, hint=self.hint, mode=mode, cap=caps[rank], executors=executors,
                 device=_make_device(device, rank), transport=endpoint, coordinator=coordinator,
-                policy=policy, caps=caps))
+                policy=policy, caps=caps, memory=None if budgets is None else budgets[rank]))
         self.grad_reducer = self._reducer(grad_reducer)
         self.cross_stage = None  # the end-of-step reductions (aioready/dp/cross_stage.py)
         if any(rt.executors is not None for rt in self.runtimes):

@@ -20,6 +20,11 @@ When the inputs need no gradient (stage 0) B does nothing and W is a full backwa
 A stage may take and return structures (dicts, tuples, small plain values): they cross the
 boundary flattened (transports/structure.py). With `recompute`, F keeps only its inputs and B
 recomputes the forward once (runtime/recompute.py).
+
+Each F measures what its microbatch holds until its last backward piece: the bytes autograd
+saved for backward during the module call (testing.memory.SavedTensorMeter: each storage once,
+parameters excluded; it runs in the device's thread, where the forward runs), or with
+`recompute` the inputs F keeps. `held_bytes(mb)` reads it (held_bytes.py, the byte gate).
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ from torch.autograd.graph import GradientEdge, Node
 
 from ..errors import StageError
 from ..modeling.context import microbatch_scope
+from ..modeling.memory import tensor_bytes
+from ..testing.memory import SavedTensorMeter
 from ..transports.structure import flatten, is_schema, unflatten
 from .recompute import Replay, capture, replaying
 
@@ -86,6 +93,11 @@ class StageExecutor:
         self.autocast = autocast  # a dtype: forward runs under torch.autocast in this thread
         self.loss_scale = 1.0  # a GradScaler's factor on the backward root, set every step
         self.losses: dict[int, tuple[torch.Tensor, Any]] = {}  # mb -> (loss, weight) this step
+        self._bytes: dict[int, int] = {}  # mb -> bytes its last F keeps for backward
+
+    def held_bytes(self, mb: int) -> int:
+        """The bytes the last forward of `mb` keeps until its backward (0 before one ran)."""
+        return self._bytes.get(mb, 0)
 
     def _autocast(self) -> Any:
         """torch.autocast for the module's device: a context opened around `step()` on the
@@ -157,8 +169,11 @@ class StageExecutor:
             with torch.no_grad():
                 outputs, _ = self._run(mb, args, target)
             self._saved[mb] = _Saved(flat, (), replay=replay)
+            self._bytes[mb] = tensor_bytes(flat)
             return outputs
-        outputs, roots = self._run(mb, args, target)
+        with SavedTensorMeter(self._params) as meter:
+            outputs, roots = self._run(mb, args, target)
+        self._bytes[mb] = meter.live
         self._saved[mb] = _Saved(flat, roots)
         return tuple(o.detach() if isinstance(o, torch.Tensor) else o for o in outputs)
 
