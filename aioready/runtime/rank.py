@@ -458,8 +458,9 @@ class RankRuntime:
         if self._bytes_model is not None:
             nbytes = self._bytes_model(self.step_index, stage, task.microbatch)[0]
         else:
-            measure = getattr(self.executors[task.chunk], "held_bytes", None)  # type: ignore
-            if measure is None:
+            executor = None if self.executors is None else self.executors[task.chunk]
+            measure = getattr(executor, "held_bytes", None)
+            if measure is None:  # nothing measures: the gate admits only into an empty rank
                 return
             nbytes = measure(task.microbatch)
         self.held.measured(task.microbatch, task.chunk, nbytes)
