@@ -6,7 +6,6 @@ the simulator."""
 from __future__ import annotations
 
 import asyncio
-import copy
 import math
 from typing import Any
 
@@ -201,7 +200,8 @@ def test_real_stages_stay_within_a_byte_budget_unless_one_microbatch_exceeds_it(
         step = _run(make_mlp_stages(4), xs, ys, memory=budget, policy="greedy").last_step
         for rank, peak in step.peak_activation_bytes.items():
             assert peak <= max(budget, single[rank]), (budget, rank, peak)
-        assert max(step.peak_in_flight.values()) > 1 or budget < max(single.values())
+        if budget >= 20_000:  # room for a few microbatches, not all eight: the gate binds
+            assert 1 < step.peak_in_flight[0] < 8, step.peak_in_flight
     roomy = _run(make_mlp_stages(4), xs, ys, memory="1GiB", policy="greedy").last_step
     assert roomy.peak_in_flight[0] == 8 and roomy.peak_activation_bytes[0] > 40_000
 
