@@ -244,3 +244,36 @@ def test_simulated_heavy_microbatches_hold_more_and_the_budget_binds() -> None:
     once = aioready.simulate(stages=4, microbatches=16, jitter=jitter, mode="strict")
     assert twice.step_time < once.step_time  # memory above the peak buys speed
     assert max(twice.peak_activation_bytes) > max(once.peak_activation_bytes)
+
+
+# -- the command line ------------------------------------------------------------------------
+
+@pytest.mark.timeout(120)
+def test_train_and_simulate_take_memory(tmp_path: Any) -> None:
+    import json
+
+    from aioready.cli import main
+    assert main(["train", "--stages", "2", "--microbatches", "4", "--steps", "2", "--task-ms",
+                 "0", "--dim", "8", "--seq", "4", "--memory", "2x", "--no-progress", "--json",
+                 str(tmp_path / "t.json")]) == 0
+    summary = json.loads((tmp_path / "t.json").read_text())
+    assert summary["memory"] == "2x" and summary["cap"] is None
+    held = summary["peak_activation_bytes"]
+    assert len(held) == 2 and all(isinstance(b, int) and b > 0 for step in held for b in step)
+    assert main(["simulate", "--stages", "4", "--microbatches", "8", "--memory", "3MiB",
+                 "--policy", "greedy", "--json", str(tmp_path / "s.json")]) == 0
+    result = json.loads((tmp_path / "s.json").read_text())
+    assert result["memory"] == ["3 MiB"] * 4 and max(result["peak_in_flight"]) == 3
+    assert result["peak_activation_bytes"] == [p * MiB for p in result["peak_in_flight"]]
+
+
+@pytest.mark.parametrize("command", ["train", "simulate"])
+@pytest.mark.parametrize("bad", ["infx", "-1GiB", "3 parsecs"])
+def test_both_commands_refuse_a_bad_memory_naming_it(command: str, bad: str,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    from aioready.cli import main
+    shape = ["--stages", "2", "--microbatches", "2"]
+    rest = ["--steps", "1", "--no-progress"] if command == "train" else []
+    assert main([command, *shape, f"--memory={bad}", *rest]) == 1
+    err = capsys.readouterr().err
+    assert f"aioready {command}: error" in err and f"'{bad}'" in err and "memory" in err
