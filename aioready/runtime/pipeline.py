@@ -101,7 +101,9 @@ class Pipeline:
     pipeline line, and gradients are averaged over data-parallel replicas during the step
     (`grad_reducer=` replaces the MPI reducer). `normalize="weight"`: loss_fn returns (loss,
     weight); `tied={name: {stage: parameter name}}`; `scaler=dp.cross_stage.GradScaler()`;
-    `autocast=dtype` (docs/architecture.md "Data parallelism").
+    `autocast=dtype` (docs/architecture.md "Data parallelism"). `memory="24GiB"` or `"2x"`:
+    admit by activation bytes, measured per microbatch, instead of `cap=`'s count
+    (docs/policy.md "Memory budgets").
     """
 
     def __init__(
