@@ -207,7 +207,7 @@ async def train(cfg: TrainConfig, *, comm: Any = None,
                     policy=cfg.policy,
                     hint=hint if auto is None else AutoHint(start=hint.name, comm=line),
                     transport=transport, split_backward=cfg.split_backward, cap=cfg.cap,
-                    memory=cfg.memory,
+                    memory=cfg.memory, measure_memory=True,
                     device=make_device, num_stages=cfg.stages, grid=grid)
     params = [p for m in modules if m is not None for p in m.parameters()]
     opt = torch.optim.AdamW(params, lr=cfg.lr) if params else None

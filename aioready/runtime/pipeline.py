@@ -103,7 +103,7 @@ class Pipeline:
     weight); `tied={name: {stage: parameter name}}`; `scaler=dp.cross_stage.GradScaler()`;
     `autocast=dtype` (docs/architecture.md "Data parallelism"). `memory="24GiB"` or `"2x"`:
     admit by activation bytes, measured per microbatch, instead of `cap=`'s count
-    (docs/policy.md "Memory budgets").
+    (docs/policy.md "Memory budgets"); `measure_memory=True` measures them without a budget.
     """
 
     def __init__(
@@ -117,7 +117,7 @@ class Pipeline:
         recompute: bool | Sequence[bool] = False,
         grid: Any = None, grad_reducer: Any = None, normalize: str = "microbatches",
         tied: Any = None, scaler: Any = None, autocast: Any = None,
-        memory: MemorySpec = None,
+        memory: MemorySpec = None, measure_memory: bool = False,
     ) -> None:
         if not isinstance(microbatches, int) or isinstance(microbatches, bool) or microbatches < 1:
             raise ConfigError("microbatches must be a positive integer", expected=">= 1",
@@ -132,7 +132,8 @@ class Pipeline:
         if normalize not in ("microbatches", "weight"):
             raise ConfigError("normalize", expected="'microbatches' or 'weight' (loss_fn "
                               "returns (loss, weight))", got=repr(normalize))
-        self._stage_options = {"normalize": normalize, "autocast": autocast}
+        self._stage_options = {"normalize": normalize, "autocast": autocast,
+                               "measure": memory is not None or bool(measure_memory)}
         self.grid = None  # a process grid's communicators (aioready/dp/setup.py)
         if grid is not None:
             from ..dp.setup import setup_grid

@@ -108,7 +108,9 @@ class RankRuntime:
         # `memory` (held_bytes.py; ready_set Note [byte gate])
         self.memory, self._bytes_model = memory, bytes_model
         self.held: HeldBytes | None = None
-        if memory is not None or executors is not None or bytes_model is not None:
+        measured = executors is not None and any(getattr(e, "measure", False)
+                                                 for e in executors)
+        if memory is not None or measured or bytes_model is not None:
             self.held = HeldBytes(memory, peak_count=hint.peak(rank),
                                   num_chunks=len(self.stages),
                                   split_backward=hint.split_backward)
@@ -463,6 +465,8 @@ class RankRuntime:
             if measure is None:  # nothing measures: the gate admits only into an empty rank
                 return
             nbytes = measure(task.microbatch)
+            if nbytes is None:
+                return
         self.held.measured(task.microbatch, task.chunk, nbytes)
 
     def _fn(self, chunk: int, name: str) -> Callable[..., Any]:

@@ -24,7 +24,8 @@ recomputes the forward once (runtime/recompute.py).
 Each F measures what its microbatch holds until its last backward piece: the bytes autograd
 saved for backward during the module call (testing.memory.SavedTensorMeter: each storage once,
 parameters excluded; it runs in the device's thread, where the forward runs), or with
-`recompute` the inputs F keeps. `held_bytes(mb)` reads it (held_bytes.py, the byte gate).
+`recompute` the inputs F keeps. `held_bytes(mb)` reads it (held_bytes.py, the byte gate). Only
+with `measure` (a byte budget, or asked for): the hooks cost a Python call per saved tensor.
 """
 
 from __future__ import annotations
@@ -77,7 +78,8 @@ class StageExecutor:
 
     def __init__(self, module: torch.nn.Module, *, stage: int, num_stages: int,
                  loss_fn: LossFn | None, num_microbatches: int, recompute: bool = False,
-                 normalize: str = "microbatches", autocast: Any = None) -> None:
+                 normalize: str = "microbatches", autocast: Any = None,
+                 measure: bool = False) -> None:
         self.module = module
         self.recompute = recompute
         self.stage = stage
@@ -94,10 +96,12 @@ class StageExecutor:
         self.loss_scale = 1.0  # a GradScaler's factor on the backward root, set every step
         self.losses: dict[int, tuple[torch.Tensor, Any]] = {}  # mb -> (loss, weight) this step
         self._bytes: dict[int, int] = {}  # mb -> bytes its last F keeps for backward
+        self.measure = measure  # off: no hooks in the forward (a compiled module may refuse them)
 
     def held_bytes(self, mb: int) -> int:
-        """The bytes the last forward of `mb` keeps until its backward (0 before one ran)."""
-        return self._bytes.get(mb, 0)
+        """The bytes the last forward of `mb` keeps until its backward (None when not measured:
+        a StageExecutor measures with `measure=True`)."""
+        return self._bytes.get(mb) if self.measure else None
 
     def _autocast(self) -> Any:
         """torch.autocast for the module's device: a context opened around `step()` on the
@@ -169,11 +173,15 @@ class StageExecutor:
             with torch.no_grad():
                 outputs, _ = self._run(mb, args, target)
             self._saved[mb] = _Saved(flat, (), replay=replay)
-            self._bytes[mb] = tensor_bytes(flat)
+            if self.measure:
+                self._bytes[mb] = tensor_bytes(flat)
             return outputs
-        with SavedTensorMeter(self._params) as meter:
+        if not self.measure:
             outputs, roots = self._run(mb, args, target)
-        self._bytes[mb] = meter.live
+        else:
+            with SavedTensorMeter(self._params) as meter:
+                outputs, roots = self._run(mb, args, target)
+            self._bytes[mb] = meter.live
         self._saved[mb] = _Saved(flat, roots)
         return tuple(o.detach() if isinstance(o, torch.Tensor) else o for o in outputs)
 
