@@ -243,8 +243,13 @@ class ReadySet(InFlightReport):
         return len(self._ready)
 
     def statistics(self) -> ReadySetStatistics:
-        gated = 0 if self.flight.count < self._cap else sum(1 for t in self._ready
-                                                             if is_entry(t))
+        entries = [t for t in self._ready if is_entry(t)]
+        if self._held is None:
+            blocked = self.flight.count >= self._cap
+        else:
+            blocked = self.flight.count > 0 and not any(self._held.fits(t.microbatch)
+                                                        for t in entries)
+        gated = len(entries) if blocked else 0
         return ReadySetStatistics(len(self), gated, self.flight.count, self.flight.peak,
                                   self._cap)
 

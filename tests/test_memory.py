@@ -279,3 +279,13 @@ def test_both_commands_refuse_a_bad_memory_naming_it(command: str, bad: str,
     assert main([command, *shape, f"--memory={bad}", *rest]) == 1
     err = capsys.readouterr().err
     assert f"aioready {command}: error" in err and f"'{bad}'" in err and "memory" in err
+
+
+def test_auto_refuses_a_byte_budget_and_gated_entries_are_counted_by_bytes() -> None:
+    with pytest.raises(ConfigError, match="auto"):
+        aioready.Pipeline([None] * 2, None, microbatches=2, hint="auto", memory="2x",
+                          device="inline")
+    rank = Rank("F0 F1 B0 B1", Budget(bytes=60), peak=2, reserve=False)
+    rank.push("F0 F1")
+    rank.run(40)
+    assert rank.run() is None and rank.ready.statistics().num_gated == 1

@@ -129,6 +129,9 @@ class Pipeline:
         _check_types(loss_fn, split_backward, cap, device)
         parse_memory(memory)
         check_one_gate(cap, memory)
+        if memory is not None and parse_auto(hint) is not None:
+            raise ConfigError("hint='auto' chooses within a count budget",
+                              expected="cap= with hint='auto'", got=f"memory={memory!r}")
         if normalize not in ("microbatches", "weight"):
             raise ConfigError("normalize", expected="'microbatches' or 'weight' (loss_fn "
                               "returns (loss, weight))", got=repr(normalize))
@@ -197,9 +200,6 @@ class Pipeline:
         caps = resolve_caps(cap, self.hint)
         self.memory = budgets = resolve_memory(memory, placement.num_ranks)
         if budgets is not None:  # bytes gate instead of the count (ready_set Note [byte gate])
-            if self.auto is not None:
-                raise ConfigError("hint='auto' chooses within a count budget",
-                                  expected="cap= with hint='auto'", got=f"memory={memory!r}")
             caps = [microbatches] * placement.num_ranks
         self.runtimes: list[RankRuntime] = []
         for rank, endpoint in zip(ranks, endpoints):

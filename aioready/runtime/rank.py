@@ -26,7 +26,7 @@ from ..forecast import COST_UNIT, Forecast, decode_duration, encode_duration
 from ..held_bytes import HeldBytes
 from ..hints import HintOrder
 from ..in_flight import is_entry
-from ..memory import Budget
+from ..memory import Budget, format_bytes
 from ..progress import ProgressEngine
 from ..ready_set import ReadySet
 from ..tasks import Kind, Need, Task, step_needs
@@ -531,10 +531,18 @@ class RankRuntime:
                 f"{self.running_task or '-'}, ready "
                 f"{[str(t) for t in self._ready.ready_tasks()]}, in flight "
                 f"{self._ready.in_flight}/{self.cap} microbatches "
-                f"{self._ready.in_flight_microbatches}, done {len(done)}/{len(self._missing)}, "
+                f"{self._ready.in_flight_microbatches}{self._bytes_held()}, done {len(done)}/{len(self._missing)}, "
                 f"hint position {pos}/{len(order)} (next {order[pos] if pos < len(order) else '-'}"
                 f", {self._holds()}), pending receives {len(recv)} "
                 f"{recv[:8]}, waiting on {len(waiting)} tasks (first {waiting[:6]})")
+
+    def _bytes_held(self) -> str:
+        held = self.held
+        if held is None or self.memory is None:
+            return ""
+        budget = held.budget_bytes()
+        return (f" holding {format_bytes(held.held)} of "
+                f"{'-' if budget is None else format_bytes(budget)} ({self.memory})")
 
     def _holds(self) -> str:
         """What the queue holds the device for: the strict next task, or the reserved one."""
