@@ -289,3 +289,12 @@ def test_auto_refuses_a_byte_budget_and_gated_entries_are_counted_by_bytes() -> 
     rank.push("F0 F1")
     rank.run(40)
     assert rank.run() is None and rank.ready.statistics().num_gated == 1
+
+
+def test_recompute_holds_only_inputs_so_the_same_budget_admits_more() -> None:
+    xs, ys = _batches((2, 9, 3, 4, 12, 1, 6, 5))
+    steps = [_run(make_mlp_stages(4), xs, ys, memory=20_000, policy="greedy", device="inline",
+                  recompute=recompute).last_step for recompute in (False, True)]
+    assert steps[1].peak_in_flight[0] > steps[0].peak_in_flight[0]
+    # stage 0 keeps its inputs: 8 microbatches of 42 rows x 16 float64 at most
+    assert steps[1].peak_activation_bytes[0] <= sum(x.nbytes for x in xs) < 20_000
