@@ -11,6 +11,13 @@ placements (docs/hints.md "What deadlocks in interleaved and V placements if eve
 gating only injection keeps `ready` mode deadlock-free (docs/architecture.md "The arbiter",
 docs/hints.md "Why ready mode cannot deadlock"). In-flight counting is in_flight.InFlight: from
 the start of a microbatch's entry F to the end of its last local backward piece.
+
+Note [byte gate]: with a byte budget (`held`, a held_bytes.HeldBytes with a budget) the entry F
+is held back by bytes instead of by count: it is admitted when nothing is in flight (liveness: a
+microbatch larger than the budget still runs, alone) or when the bytes held plus its predicted
+bytes fit the budget. Under the reservation the hint's own next entry F is never held (the order
+alone must always go on, as with a count cap at or above the hint's peak), and one admitted
+ahead of the order must also fit the byte room above what the order holds at its peak.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
 from .errors import ConfigError
+from .held_bytes import HeldBytes
 from .in_flight import InFlight, is_entry
 from .tasks import Task
 
@@ -73,7 +81,7 @@ class ReadySet(InFlightReport):
     """
 
     __slots__ = ("_priority", "_main", "_entry", "_cap", "flight", "_order", "_pos", "_ready",
-                 "_strict", "_fits", "_taken", "_ahead", "_room")
+                 "_strict", "_fits", "_taken", "_ahead", "_room", "_held")
 
     def __init__(
         self,
@@ -86,6 +94,7 @@ class ReadySet(InFlightReport):
         reserve_order: Sequence[Task] | None = None,
         reserve_peak: int = 0,
         fits: Fits | None = None,
+        held: HeldBytes | None = None,
     ) -> None:
         if cap < 1:
             raise ConfigError("cap must admit at least one microbatch", expected=">= 1", got=cap)
@@ -108,6 +117,14 @@ class ReadySet(InFlightReport):
         self._taken: set[Task] = set()
         self._ahead: set[int] = set()  # microbatches admitted ahead of the order, still held
         self._room = cap - reserve_peak  # how many may be held ahead of it
+        # Note [byte gate]: the ledger is the runtime's to write; here it is only asked
+        self._held = held if held is not None and held.budget is not None else None
+
+    def _opens(self, task: Task) -> bool:
+        """Whether the gate admits entry F `task` now (count, or Note [byte gate])."""
+        if self._held is None:
+            return self.flight.count < self._cap
+        return self.flight.count == 0 or self._held.fits(task.microbatch)
 
     def push(self, task: Task) -> None:
         """Mark `task` ready: its local predecessor is done and its message has arrived."""
@@ -124,7 +141,7 @@ class ReadySet(InFlightReport):
         if self._fits is not None:
             return self._pop_reserving()
         main, entry = self._main, self._entry
-        if entry and self.flight.count < self._cap and (not main or entry[0][0] < main[0][0]):
+        if entry and self._opens(entry[0][1]) and (not main or entry[0][0] < main[0][0]):
             task = heapq.heappop(entry)[1]
             self.flight.admit(task.microbatch)
         elif main:
@@ -168,7 +185,13 @@ class ReadySet(InFlightReport):
             heapq.heappop(main)
         while entry and entry[0][1] in taken:
             heapq.heappop(entry)
-        admit = bool(entry) and self.flight.count < self._cap and len(self._ahead) < self._room
+        if not entry:
+            admit = False
+        elif self._held is None:
+            admit = self.flight.count < self._cap and len(self._ahead) < self._room
+        else:
+            admit = self.flight.count == 0 or self._held.fits_ahead(entry[0][1].microbatch,
+                                                                    self._ahead)
         if admit and (not main or entry[0][0] < main[0][0]):
             return entry[0][1]
         return main[0][1] if main else None
@@ -220,8 +243,13 @@ class ReadySet(InFlightReport):
         return len(self._ready)
 
     def statistics(self) -> ReadySetStatistics:
-        gated = 0 if self.flight.count < self._cap else sum(1 for t in self._ready
-                                                             if is_entry(t))
+        entries = [t for t in self._ready if is_entry(t)]
+        if self._held is None:
+            blocked = self.flight.count >= self._cap
+        else:
+            blocked = self.flight.count > 0 and not any(self._held.fits(t.microbatch)
+                                                        for t in entries)
+        gated = len(entries) if blocked else 0
         return ReadySetStatistics(len(self), gated, self.flight.count, self.flight.peak,
                                   self._cap)
 

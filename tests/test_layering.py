@@ -21,7 +21,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "aioready"
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors",),
     ("tasks", "placement", "clock", "launch"),
-    ("in_flight", "hints", "caps", "forecast", "ready_set", "arbiter", "progress"),
+    ("in_flight", "hints", "caps", "memory", "held_bytes", "forecast", "ready_set", "arbiter",
+     "progress"),
     ("transports", "devices", "cuda", "schedulers", "testing", "modeling"),
     ("telemetry",),
     ("runtime", "tp", "dp"),

@@ -30,7 +30,8 @@ def _strict(text: str) -> object:
 
 
 def test_gathered_nan_loss_stays_nan() -> None:
-    row = {"step": 0, "start": 0.0, "end": 1.0, "peak_in_flight": 1, "num_ranks": 2}
+    row = {"step": 0, "start": 0.0, "end": 1.0, "peak_in_flight": 1, "num_ranks": 2,
+           "peak_activation_bytes": -1}
     rows = np.array([[{**row, "rank": 0, "loss": math.nan, "has_loss": 0}[c]
                       for c in STEP_COLUMNS],
                      [{**row, "rank": 1, "loss": math.nan, "has_loss": 1}[c]

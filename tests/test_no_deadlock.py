@@ -16,6 +16,7 @@ from aioready.clock import run_virtual
 from aioready.devices.base import TaskInfo
 from aioready.devices.sim import SimDevice
 from aioready.hints import HintOrder
+from aioready.memory import Budget
 from aioready.placement import Placement
 from aioready.runtime.rank import POLICIES, RankRuntime, reservation_holds
 from aioready.schedulers import make_hint
@@ -157,6 +158,67 @@ def test_ready_mode_never_deadlocks_on_interleaved_and_v_placements(
         peaks = {r: p for rep in reports for r, p in rep.peak_in_flight.items()}
         check_invariants([s for rep in reports for s in rep.spans], peaks, R=R, S=S, M=M,
                          split=split, caps=caps)
+
+
+BYTE_CASES = [(h, h in NEEDS_SPLIT or split) for h in LINEAR_HINTS for split in (False, True)
+              ] + MULTI_CHUNK
+BUDGETS = {"tiny": 1, "small": 50, "mid": 500, "huge": 10**12}
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(R=st.integers(2, 4), M=st.integers(1, 12), case=st.sampled_from(BYTE_CASES),
+       budget=st.sampled_from([*BUDGETS, "0.5x", "1x", "2x", "per-rank"]),
+       delays=st.booleans(), policy=st.sampled_from(POLICIES), seed=st.integers(0, 2**32 - 1))
+def test_ready_mode_never_deadlocks_under_byte_budgets(
+        R: int, M: int, case: tuple[str, bool], budget: str, delays: bool, policy: str,
+        seed: int) -> None:
+    """ready_set Note [byte gate]: random bytes per microbatch (the same on every stage, so
+    the gate's prediction from a microbatch's input is exact), budgets from one byte (every
+    microbatch alone) to unbounded, fixed or a multiple of the hint's peak, every placement."""
+    name, split = case
+    if name in LINEAR_HINTS:
+        hint = make_hint(name, num_stages=R, num_microbatches=M, split_backward=split)
+    else:
+        if name.startswith("interleaved"):
+            M = R * -(-M // R)
+        hint = multi_chunk_hint(name, R, M, split)
+    S, chunks = hint.placement.num_stages, hint.placement.num_chunks
+    rng = random.Random(seed)
+    sizes = [float(rng.choice([1, 10, 30, 100, 300])) for _ in range(M)]
+    budgets = {**BUDGETS, "per-rank": None}
+    if budget == "per-rank":
+        memory = [Budget(bytes=rng.choice(list(BUDGETS.values()))) for _ in range(R)]
+    elif budget.endswith("x"):
+        memory = [Budget(factor=float(budget[:-1]))] * R
+    else:
+        memory = [Budget(bytes=budgets[budget])] * R
+    world = InprocWorld(R, delay=(lambda src, dst, msg: rng.choice([0.0, 0.0, 0.1, 0.5, 2.0]))
+                        if delays else None)
+    device = SimDevice(random_durations(seed), run_compute=False)
+    runtimes = [RankRuntime(rank=r, hint=hint, mode="ready", cap=M, executors=None,
+                            device=device, transport=world.endpoints[r], policy=policy,
+                            caps=[M] * R, memory=memory[r],
+                            bytes_model=lambda step, stage, m: (sizes[m], sizes[m]))
+                for r in range(R)]
+
+    async def main() -> None:
+        async with asyncio.timeout(1e6):  # virtual seconds: a stall raises, never hangs
+            for step in range(3):
+                await asyncio.gather(*(rt.run_step(step) for rt in runtimes))
+
+    run_virtual(main())
+    reserving = policy == "reserve" and reservation_holds(hint, [M] * R)
+    assert all((rt.forecast is not None) == reserving for rt in runtimes)
+    for step in range(3):
+        reports = [rt.reports[step] for rt in runtimes]
+        peaks = {r: p for rep in reports for r, p in rep.peak_in_flight.items()}
+        check_invariants([s for rep in reports for s in rep.spans], peaks, R=R, S=S, M=M,
+                         split=split, caps=[M] * R)
+        if policy == "greedy":  # the gate binds (the reservation admits its order regardless)
+            for rep in reports:
+                for r, held in rep.peak_activation_bytes.items():
+                    if memory[r].bytes is not None:
+                        assert held <= max(memory[r].bytes, max(sizes) * chunks), (r, held)
 
 
 def _real_loop_run(loop_name: str, cap: int | None, seed: int) -> aioready.Pipeline:

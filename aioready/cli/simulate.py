@@ -23,6 +23,10 @@ jitter specs (terms joined by '+'; durations in ms, base F=1, B=2 unsplit, B=1 W
 cap: an integer, one per rank (comma-separated), or 'Nx' = N times the hint's own peak
 in-flight count (memory: each in-flight microbatch holds one microbatch of activations per chunk).
 
+memory: bytes per rank instead of a count: 24GiB, 512MiB, 1.5GB, a byte count, one per rank
+(8MiB,6MiB) or 'Nx' = N times the bytes the hint's own order holds at its peak. The simulator's
+model: a microbatch holds 1 MiB per ms of its forward on a stage (docs/policy.md "Memory budgets").
+
 examples:
   aioready simulate --stages 4 --microbatches 8 --hint 1f1b --mode strict
   aioready simulate --stages 8 --microbatches 32 --jitter lognormal:0.5 --seed 1 --compare
@@ -31,6 +35,7 @@ examples:
   aioready simulate --stages 16 --microbatches 64 --hint bfw --split-backward \
       --jitter multimodal:0.3:3 --seed 0 --cap 48 --compare
   aioready simulate --stages 4 --microbatches 8 --trace durations.csv --mode ready
+  aioready simulate --stages 8 --microbatches 32 --jitter multimodal:0.3:3 --memory 2x --compare
   aioready simulate --stages 4 --microbatches 8 --jitter lognormal:0.5 --write-trace t.csv
   aioready simulate --stages 8 --microbatches 32 --split-backward --jitter lognormal:0.5 \
       --hint auto --cap 2x --compare
@@ -55,6 +60,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--jitter", default="none", help="jitter spec (see below)")
     p.add_argument("--seed", type=int, default=0, help="seed of the jitter model")
     p.add_argument("--cap", default=None, help="in-flight cap: N, N0,N1,... or Nx (see below)")
+    p.add_argument("--memory", default=None,
+                   help="activation bytes per rank instead of --cap (see below)")
     p.add_argument("--split-backward", action="store_true", help="separate B and W tasks")
     p.add_argument("--steps", type=int, default=1, help="steps to simulate")
     p.add_argument("--trace", type=Path, default=None, help="replay durations from this CSV")
@@ -71,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     from ..sim.traces import read_trace, write_trace
     from ..sim.variability import JitterModel
     common = dict(stages=args.stages, microbatches=args.microbatches, hint=args.hint,
-                  jitter=args.jitter, seed=args.seed, cap=args.cap,
+                  jitter=args.jitter, seed=args.seed, cap=args.cap, memory=args.memory,
                   split_backward=args.split_backward, steps=args.steps, policy=args.policy,
                   trace=read_trace(args.trace) if args.trace else None)
     modes = ("strict", "ready") if args.compare else (args.mode,)

@@ -16,6 +16,7 @@ EXAMPLES = """examples:
   aioready train --jitter multimodal:0.3:3 --seed 1 --mode strict --json out/strict.json
   aioready train --hint 1f1b --cap 8 --png out/ready.png --chrome-trace out/ready.json
   aioready train --cap 2x --jitter lognormal:0.5
+  aioready train --memory 2x --jitter multimodal:0.3:3 --json out/memory.json
   aioready train --hint auto --cap 2x --split-backward --jitter multimodal:0.3:3 --steps 4
   aioready train --split-backward --csv out/spans.csv --metrics-port 9100 --steps 50
   aioready train --trace trace.csv --sleep-only --json out/replay.json
@@ -46,6 +47,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--cap", default=None,
                    help="in-flight microbatches per rank: N, N0,N1,... or Nx (N times the "
                    "hint's peak); default: the hint's peak")
+    p.add_argument("--memory", default=None,
+                   help="activation bytes per rank instead of --cap: 24GiB, 512MiB, 1.5GB, a "
+                   "byte count, one per rank (8GiB,6GiB) or Nx (N times what the hint's own "
+                   "order holds at its peak, measured)")
     p.add_argument("--jitter", default=None,
                    help="duration jitter spec, e.g. lognormal:0.5 or multimodal:0.3:3")
     p.add_argument("--seed", type=int, default=0, help="seed of model, data and jitter")
@@ -99,7 +104,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
     from .trainer import TrainConfig
     return TrainConfig(
         stages=args.stages, microbatches=args.microbatches, hint=args.hint, mode=args.mode,
-        cap=args.cap, jitter=args.jitter, seed=args.seed, trace=args.trace, steps=args.steps,
+        cap=args.cap, memory=args.memory, jitter=args.jitter, seed=args.seed, trace=args.trace, steps=args.steps,
         split_backward=args.split_backward, task_ms=args.task_ms, batch=args.batch,
         seq=args.seq, dim=args.dim, lr=args.lr, metrics_port=args.metrics_port,
         sleep_only=args.sleep_only, checkpoint_dir=args.checkpoint_dir, resume=args.resume,
@@ -207,6 +212,7 @@ async def _recorded(record: Any, main: Any) -> Any:
 
 
 def _print_summary(result: Any, cfg: Any) -> None:
+    from ..memory import format_bytes
     where = (f"{result.world_size} {'torch.distributed' if result.transport else 'MPI'} ranks"
              if result.world_size > 1 else "in-process")
     if result.key_fingerprint:
@@ -218,8 +224,10 @@ def _print_summary(result: Any, cfg: Any) -> None:
               f"{list(choice.cap)}\n{choice.table}")
     for m, loss in zip(result.metrics, result.losses):
         lv = "-" if loss is None else f"{loss:.4f}"
+        held = [b for b in m.peak_activation_bytes if b is not None]
         print(f"step {m.step}: loss {lv}  step {m.step_time * 1e3:8.1f} ms  lower bound "
-              f"{m.lower_bound * 1e3:8.1f} ms  efficiency {m.efficiency:.3f}")
+              f"{m.lower_bound * 1e3:8.1f} ms  efficiency {m.efficiency:.3f}"
+              + (f"  peak activations {format_bytes(max(held))}" if held else ""))
 
 
 class _Progress:

@@ -25,6 +25,7 @@ from ..caps import CapSpec, parse_cap
 from ..devices.cpu import CPUDevice
 from ..devices.paced import PacedDevice
 from ..errors import ConfigError, DivergedError
+from ..memory import MemorySpec, check_one_gate, parse_memory
 from ..runtime.autotune import AutoHint, parse_auto, start_hint
 from ..runtime.pipeline import Pipeline
 from ..schedulers import make_hint
@@ -51,6 +52,8 @@ class TrainConfig:
     """ready mode's rule (aioready.runtime.rank.POLICIES)"""
     cap: CapSpec = None
     """in-flight microbatches per rank, any form of aioready.caps; None: the hint's own peak"""
+    memory: MemorySpec = None
+    """activation bytes per rank instead of `cap`, any form of aioready.memory ("2x", "64MiB")"""
     jitter: str | None = None
     seed: int = 0
     trace: str | None = None
@@ -88,6 +91,8 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cap", parse_cap(self.cap))  # "8" -> 8: the summary shows 8
+        parse_memory(self.memory)
+        check_one_gate(self.cap, self.memory)
         if self.resume and not self.checkpoint_dir:
             raise ConfigError("resume needs a checkpoint directory",
                               expected="checkpoint_dir (--checkpoint-dir D)", got=None)
@@ -136,6 +141,8 @@ class TrainResult:
             "bubble_fraction": [m.bubble_fraction for m in self.metrics],
             "busy_fraction": [list(m.busy_fraction) for m in self.metrics],
             "peak_in_flight": [list(m.peak_in_flight) for m in self.metrics],
+            "peak_activation_bytes": [list(m.peak_activation_bytes) for m in self.metrics],
+            "memory": cfg.memory,
             "loss": list(self.losses), "unit": "ms", "mode": cfg.mode, "policy": cfg.policy, "hint": cfg.hint,
             "stages": cfg.stages, "microbatches": cfg.microbatches, "cap": cfg.cap,
             "split_backward": cfg.split_backward, "jitter": cfg.jitter, "seed": cfg.seed,
@@ -200,6 +207,7 @@ async def train(cfg: TrainConfig, *, comm: Any = None,
                     policy=cfg.policy,
                     hint=hint if auto is None else AutoHint(start=hint.name, comm=line),
                     transport=transport, split_backward=cfg.split_backward, cap=cfg.cap,
+                    memory=cfg.memory, measure_memory=True,
                     device=make_device, num_stages=cfg.stages, grid=grid)
     params = [p for m in modules if m is not None for p in m.parameters()]
     opt = torch.optim.AdamW(params, lr=cfg.lr) if params else None

@@ -18,7 +18,7 @@ import torch
 from ..testing.memory import SavedTensorMeter
 from ..transports.structure import flatten, is_schema, unflatten
 
-__all__ = ["StageMemory", "stage_memory"]
+__all__ = ["StageMemory", "stage_memory", "tensor_bytes"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,7 +33,8 @@ class StageMemory:
         return self.input_bytes if recompute else self.graph_bytes
 
 
-def _leaves(flat: Sequence[Any]) -> int:
+def tensor_bytes(flat: Sequence[Any]) -> int:
+    """Bytes of the tensors among `flat` (what recompute's F keeps: its inputs)."""
     return sum(t.nbytes for t in flat if isinstance(t, torch.Tensor))
 
 
@@ -52,7 +53,7 @@ def stage_memory(stages: Sequence[torch.nn.Module], sample: Any) -> list[StageMe
         with SavedTensorMeter(params) as meter:
             result = stage(*args)
             graph = meter.live
-        out.append(StageMemory(index, graph, _leaves(kept)))
+        out.append(StageMemory(index, graph, tensor_bytes(kept)))
         flat = flatten(result, stage=index)
         del result
     return out

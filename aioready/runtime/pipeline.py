@@ -16,6 +16,7 @@ from ..clock import virtual_clock
 from ..devices.base import Device
 from ..errors import ConfigError
 from ..hints import HintOrder
+from ..memory import MemorySpec, check_one_gate, parse_memory, resolve_memory
 from ..schedulers import make_hint
 from ..telemetry.spans import StepReport, merge_reports
 from ..transports.base import Transport
@@ -105,7 +106,9 @@ class Pipeline:
     pipeline line, and gradients are averaged over data-parallel replicas during the step
     (`grad_reducer=` replaces the MPI reducer). `normalize="weight"`: loss_fn returns (loss,
     weight); `tied={name: {stage: parameter name}}`; `scaler=dp.cross_stage.GradScaler()`;
-    `autocast=dtype` (docs/architecture.md "Data parallelism").
+    `autocast=dtype` (docs/architecture.md "Data parallelism"). `memory="24GiB"` or `"2x"`:
+    admit by activation bytes, measured per microbatch, instead of `cap=`'s count
+    (docs/policy.md "Memory budgets"); `measure_memory=True` measures them without a budget.
     """
 
     def __init__(
@@ -119,6 +122,7 @@ class Pipeline:
         recompute: bool | Sequence[bool] = False,
         grid: Any = None, grad_reducer: Any = None, normalize: str = "microbatches",
         tied: Any = None, scaler: Any = None, autocast: Any = None,
+        memory: MemorySpec = None, measure_memory: bool = False,
     ) -> None:
         if not isinstance(microbatches, int) or isinstance(microbatches, bool) or microbatches < 1:
             raise ConfigError("microbatches must be a positive integer", expected=">= 1",
@@ -128,10 +132,16 @@ class Pipeline:
         if not stages:
             raise ConfigError("stages is empty", expected="at least one module", got=0)
         _check_types(loss_fn, split_backward, cap, device)
+        parse_memory(memory)
+        check_one_gate(cap, memory)
+        if memory is not None and parse_auto(hint) is not None:
+            raise ConfigError("hint='auto' chooses within a count budget",
+                              expected="cap= with hint='auto'", got=f"memory={memory!r}")
         if normalize not in ("microbatches", "weight"):
             raise ConfigError("normalize", expected="'microbatches' or 'weight' (loss_fn "
                               "returns (loss, weight))", got=repr(normalize))
-        self._stage_options = {"normalize": normalize, "autocast": autocast}
+        self._stage_options = {"normalize": normalize, "autocast": autocast,
+                               "measure": memory is not None or bool(measure_memory)}
         self.grid = None  # a process grid's communicators (aioready/dp/setup.py)
         if grid is not None:
             from ..dp.setup import setup_grid
@@ -193,13 +203,16 @@ class Pipeline:
             modules = dict(zip(mine, stages))
         self.recompute = _recompute_of(recompute, placement.num_stages)
         caps = resolve_caps(cap, self.hint)
+        self.memory = budgets = resolve_memory(memory, placement.num_ranks)
+        if budgets is not None:  # bytes gate instead of the count (ready_set Note [byte gate])
+            caps = [microbatches] * placement.num_ranks
         self.runtimes: list[RankRuntime] = []
         for rank, endpoint in zip(ranks, endpoints):
             executors = self._executors(modules, placement.stages_of(rank), loss_fn)
             self.runtimes.append(RankRuntime(
                 rank=rank, hint=self.hint, mode=mode, cap=caps[rank], executors=executors,
                 device=_make_device(device, rank), transport=endpoint, coordinator=coordinator,
-                policy=policy, caps=caps))
+                policy=policy, caps=caps, memory=None if budgets is None else budgets[rank]))
         self.grad_reducer = self._reducer(grad_reducer)
         self.cross_stage = None  # the end-of-step reductions (aioready/dp/cross_stage.py)
         if any(rt.executors is not None for rt in self.runtimes):

@@ -23,7 +23,10 @@ from ..clock import clock_of
 from ..devices.base import Device, TaskInfo
 from ..errors import AioreadyError, ConfigError, InternalError, ProtocolError
 from ..forecast import COST_UNIT, Forecast, decode_duration, encode_duration
+from ..held_bytes import HeldBytes
 from ..hints import HintOrder
+from ..in_flight import is_entry
+from ..memory import Budget, format_bytes
 from ..progress import ProgressEngine
 from ..ready_set import ReadySet
 from ..tasks import Kind, Need, Task, step_needs
@@ -40,6 +43,10 @@ POLICIES = ("reserve", "greedy")
 """How `ready` mode chooses (docs/policy.md): `reserve` keeps the hint's next task's place and
 backfills around it (forecast.py); `greedy` always runs the best-ranked ready task (the first
 rule, kept to measure against)."""
+
+BytesModel = Callable[[int, int, int], tuple[float, float]]
+"""(step, stage, microbatch) -> (bytes its F holds for backward, its input's bytes): activation
+memory where no tensors exist (the simulator, sim/memory.py)."""
 
 _B_NOTICE = 1 << 31  # a notice's tag: the duration, with this bit set when it feeds a B
 
@@ -77,7 +84,8 @@ class RankRuntime:
         self, *, rank: int, hint: HintOrder, mode: str, cap: int | None,
         executors: Sequence[Executor] | None, device: Device, transport: Transport,
         coordinator: StepCoordinator | None = None, policy: str = "reserve",
-        caps: Sequence[int] | None = None,
+        caps: Sequence[int] | None = None, memory: Budget | None = None,
+        bytes_model: BytesModel | None = None,
     ) -> None:
         if mode not in MODES:
             raise ConfigError("unknown mode", expected=" | ".join(MODES), got=repr(mode))
@@ -96,6 +104,16 @@ class RankRuntime:
                                                       (1 if need is Need.GRAD else -1))
                          for task, need in self._needs.messages.items()}
         self.forecast: Forecast | None = None
+        # activation bytes: measured on real stages, modelled in the simulator, gated by
+        # `memory` (held_bytes.py; ready_set Note [byte gate])
+        self.memory, self._bytes_model = memory, bytes_model
+        self.held: HeldBytes | None = None
+        measured = executors is not None and any(getattr(e, "measure", False)
+                                                 for e in executors)
+        if memory is not None or measured or bytes_model is not None:
+            self.held = HeldBytes(memory, peak_count=hint.peak(rank),
+                                  num_chunks=len(self.stages),
+                                  split_backward=hint.split_backward)
         self._configure(hint, mode, cap, policy, caps)
         if executors is not None and len(executors) != len(self.stages):
             raise ConfigError("wrong number of stage modules for this rank", rank=rank,
@@ -161,6 +179,8 @@ class RankRuntime:
         elif self.forecast is None:  # a new hint keeps the durations learnt so far
             self.forecast = Forecast()
         self._hint_peak = hint.peak(rank) if reserving else 0
+        if self.held is not None:
+            self.held.peak_count = hint.peak(rank)
         self._notify = self._notice_targets() if reserving else {}
 
     def reschedule(self, hint: HintOrder, mode: str, cap: int | None, *,
@@ -196,7 +216,7 @@ class RankRuntime:
             strict_order=self.hint.strict_order(self.rank) if self.mode == "strict" else None,
             reserve_order=self.hint.strict_order(self.rank) if self.forecast else None,
             reserve_peak=self._hint_peak,
-            fits=self.forecast.fits if self.forecast else None)
+            fits=self.forecast.fits if self.forecast else None, held=self.held)
         self._ready: ReadyQueue = ready
         if self.coordinator is not None:
             self._ready = self.coordinator.wrap(ready, step=step, mode=self.mode,
@@ -212,6 +232,8 @@ class RankRuntime:
         self._now = clock_of(asyncio.get_running_loop())
         if self.forecast is not None:
             self.forecast.new_step(self._now)
+        if self.held is not None:
+            self.held.new_step()
         self._report.start = self._now()
         self._active = True
         if self.stages[0] == 0:
@@ -223,6 +245,7 @@ class RankRuntime:
                                   got=None if inputs is None else len(inputs))
             for m, x in enumerate(inputs):
                 self._acts[(0, m)] = x if isinstance(x, tuple) else (x,)
+                self._note_input(m, self._acts[(0, m)])
                 self._satisfy(Task(Kind.F, m, 0))
         for msg in self._early.pop(step, []):
             self._route(msg)
@@ -310,6 +333,8 @@ class RankRuntime:
             raise ProtocolError("duplicate message", rank=self.rank, step=msg.step,
                                 task=task, expected="one message per task", got=msg.describe())
         store[key] = msg.tensors
+        if chunk == 0 and msg.kind is MessageKind.ACTIVATION:
+            self._note_input(msg.microbatch, msg.tensors)
         if self.forecast is not None:
             self.forecast.arrived(task)
             if msg.kind is MessageKind.ACTIVATION and msg.tag:
@@ -349,6 +374,8 @@ class RankRuntime:
             self._active = False
         self._report.end = self._now()
         self._report.peak_in_flight[self.rank] = self._ready.peak_in_flight
+        if self.held is not None:
+            self._report.peak_activation_bytes[self.rank] = int(self.held.peak)
         self.reports.append(self._report)
         return self._loss
 
@@ -367,6 +394,8 @@ class RankRuntime:
         self.num_events += 1
         self.running_task = task
         self._task_start = start
+        if self.held is not None and is_entry(task):
+            self.held.admit(task.microbatch)
         await self._handlers[task.kind](task, stage, info)
         self.running_task = None
         self.num_events += 1
@@ -376,6 +405,8 @@ class RankRuntime:
         self._report.spans.append(Span(self.rank, stage, task.chunk, task.microbatch, task.kind,
                                        self._ready_at.pop(task, start), start, end))
         self._ready.done(task)
+        if self.held is not None:
+            self.held.release(task)
         if task.kind is self._final_kind and self.grads_ready is not None:
             self._backward_left[task.chunk] -= 1
             if not self._backward_left[task.chunk]:
@@ -411,6 +442,33 @@ class RankRuntime:
         forecast.carry(task.microbatch, factor)
         return min(2**32 - 1, max(1, round(factor * COST_UNIT)))
 
+    def _note_input(self, microbatch: int, tensors: tuple[Any, ...]) -> None:
+        """The entry F's input arrived: its size scales the microbatch's predicted bytes."""
+        if self.held is None:
+            return
+        if self._bytes_model is not None:
+            size = self._bytes_model(self.step_index, self.stages[0], microbatch)[1]
+        else:  # tensors (or arrays) say their size; anything else holds no activation memory
+            size = sum(n for n in (getattr(t, "nbytes", 0) for t in tensors)
+                       if isinstance(n, int))
+        self.held.inputs(microbatch, size)
+
+    def _measure_bytes(self, task: Task, stage: int) -> None:
+        """After an F: the bytes it keeps for backward (measured by the stage, or modelled)."""
+        if self.held is None:
+            return
+        if self._bytes_model is not None:
+            nbytes = self._bytes_model(self.step_index, stage, task.microbatch)[0]
+        else:
+            executor = None if self.executors is None else self.executors[task.chunk]
+            measure = getattr(executor, "held_bytes", None)
+            if measure is None:  # nothing measures: the gate admits only into an empty rank
+                return
+            nbytes = measure(task.microbatch)
+            if nbytes is None:
+                return
+        self.held.measured(task.microbatch, task.chunk, nbytes)
+
     def _fn(self, chunk: int, name: str) -> Callable[..., Any]:
         if self.executors is None:
             return _noop
@@ -423,6 +481,7 @@ class RankRuntime:
         out = await self.device.run(info, partial(self._fn(task.chunk, "forward"),
                                                   task.microbatch, inputs, target))
         factor = self._measure_forward(task)
+        self._measure_bytes(task, stage)
         if last:
             if out:
                 self._loss = out[0] if self._loss is None else self._loss + out[0]
@@ -472,10 +531,18 @@ class RankRuntime:
                 f"{self.running_task or '-'}, ready "
                 f"{[str(t) for t in self._ready.ready_tasks()]}, in flight "
                 f"{self._ready.in_flight}/{self.cap} microbatches "
-                f"{self._ready.in_flight_microbatches}, done {len(done)}/{len(self._missing)}, "
+                f"{self._ready.in_flight_microbatches}{self._bytes_held()}, done {len(done)}/{len(self._missing)}, "
                 f"hint position {pos}/{len(order)} (next {order[pos] if pos < len(order) else '-'}"
                 f", {self._holds()}), pending receives {len(recv)} "
                 f"{recv[:8]}, waiting on {len(waiting)} tasks (first {waiting[:6]})")
+
+    def _bytes_held(self) -> str:
+        held = self.held
+        if held is None or self.memory is None:
+            return ""
+        budget = held.budget_bytes()
+        return (f" holding {format_bytes(held.held)} of "
+                f"{'-' if budget is None else format_bytes(budget)} ({self.memory})")
 
     def _holds(self) -> str:
         """What the queue holds the device for: the strict next task, or the reserved one."""

@@ -20,6 +20,12 @@ When the inputs need no gradient (stage 0) B does nothing and W is a full backwa
 A stage may take and return structures (dicts, tuples, small plain values): they cross the
 boundary flattened (transports/structure.py). With `recompute`, F keeps only its inputs and B
 recomputes the forward once (runtime/recompute.py).
+
+Each F measures what its microbatch holds until its last backward piece: the bytes autograd
+saved for backward during the module call (testing.memory.SavedTensorMeter: each storage once,
+parameters excluded; it runs in the device's thread, where the forward runs), or with
+`recompute` the inputs F keeps. `held_bytes(mb)` reads it (held_bytes.py, the byte gate). Only
+with `measure` (a byte budget, or asked for): the hooks cost a Python call per saved tensor.
 """
 
 from __future__ import annotations
@@ -33,6 +39,8 @@ from torch.autograd.graph import GradientEdge, Node
 
 from ..errors import StageError
 from ..modeling.context import microbatch_scope
+from ..modeling.memory import tensor_bytes
+from ..testing.memory import SavedTensorMeter
 from ..transports.structure import flatten, is_schema, unflatten
 from .recompute import Replay, capture, replaying
 
@@ -70,7 +78,8 @@ class StageExecutor:
 
     def __init__(self, module: torch.nn.Module, *, stage: int, num_stages: int,
                  loss_fn: LossFn | None, num_microbatches: int, recompute: bool = False,
-                 normalize: str = "microbatches", autocast: Any = None) -> None:
+                 normalize: str = "microbatches", autocast: Any = None,
+                 measure: bool = False) -> None:
         self.module = module
         self.recompute = recompute
         self.stage = stage
@@ -86,6 +95,13 @@ class StageExecutor:
         self.autocast = autocast  # a dtype: forward runs under torch.autocast in this thread
         self.loss_scale = 1.0  # a GradScaler's factor on the backward root, set every step
         self.losses: dict[int, tuple[torch.Tensor, Any]] = {}  # mb -> (loss, weight) this step
+        self._bytes: dict[int, int] = {}  # mb -> bytes its last F keeps for backward
+        self.measure = measure  # off: no hooks in the forward (a compiled module may refuse them)
+
+    def held_bytes(self, mb: int) -> int:
+        """The bytes the last forward of `mb` keeps until its backward (None when not measured:
+        a StageExecutor measures with `measure=True`)."""
+        return self._bytes.get(mb) if self.measure else None
 
     def _autocast(self) -> Any:
         """torch.autocast for the module's device: a context opened around `step()` on the
@@ -157,8 +173,15 @@ class StageExecutor:
             with torch.no_grad():
                 outputs, _ = self._run(mb, args, target)
             self._saved[mb] = _Saved(flat, (), replay=replay)
+            if self.measure:
+                self._bytes[mb] = tensor_bytes(flat)
             return outputs
-        outputs, roots = self._run(mb, args, target)
+        if not self.measure:
+            outputs, roots = self._run(mb, args, target)
+        else:
+            with SavedTensorMeter(self._params) as meter:
+                outputs, roots = self._run(mb, args, target)
+            self._bytes[mb] = meter.live
         self._saved[mb] = _Saved(flat, roots)
         return tuple(o.detach() if isinstance(o, torch.Tensor) else o for o in outputs)
 

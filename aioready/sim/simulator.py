@@ -29,6 +29,7 @@ from ..clock import run_virtual
 from ..devices.sim import SimDevice
 from ..errors import ConfigError
 from ..hints import HintOrder
+from ..memory import MemorySpec, check_one_gate, format_bytes, resolve_memory
 from ..runtime.autotune import parse_auto
 from ..runtime.driver import run_ranks
 from ..runtime.rank import MODES, RankRuntime
@@ -38,6 +39,7 @@ from ..telemetry.spans import StepReport
 from ..transports.inproc import InprocWorld
 from .choice import choose_auto
 from .durations import Durations, device_duration
+from .memory import bytes_model
 from .traces import Trace, read_trace
 from .variability import BaseDurations, JitterModel, parse_jitter
 
@@ -54,6 +56,8 @@ class StepStats:
     busy_fraction: tuple[float, ...]
     bubble_fraction: float
     peak_in_flight: tuple[int, ...]
+    peak_activation_bytes: tuple[int, ...] = ()
+    """per rank, by the simulator's bytes model (sim/memory.py)"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +84,10 @@ class SimResult:
     """real seconds the simulation took (not part of to_json: it is not deterministic)"""
     tuning: Any = field(default=None, compare=False)
     """hint="auto": the sim.choice.Tuning it chose from (`.table()`); None otherwise"""
+    memory: tuple[str, ...] | None = None
+    """the byte budget per rank as given ("2x", "8 MiB"); None: the count cap gated"""
+    memory_bytes: tuple[float, ...] | None = None
+    """the byte budget per rank in bytes at the end of the run ("Nx" from the model's bytes)"""
 
     @property
     def step_time(self) -> float:
@@ -111,6 +119,12 @@ class SimResult:
     def peak_in_flight(self) -> tuple[int, ...]:
         return tuple(max(s.peak_in_flight[r] for s in self.per_step) for r in range(self.ranks))
 
+    @property
+    def peak_activation_bytes(self) -> tuple[int, ...]:
+        """Per rank, the most activation bytes held at once over all steps (sim/memory.py)."""
+        return tuple(max(s.peak_activation_bytes[r] for s in self.per_step)
+                     for r in range(self.ranks))
+
     def as_dict(self) -> dict[str, Any]:
         """Plain data; step_time, lower_bound and efficiency are lists when several steps ran."""
         several = len(self.per_step) > 1
@@ -128,6 +142,9 @@ class SimResult:
             "lower_bound": value("lower_bound"), "efficiency": value("efficiency"),
             "busy_fraction": list(self.busy_fraction), "bubble_fraction": self.bubble_fraction,
             "peak_in_flight": list(self.peak_in_flight), "num_tasks": self.num_tasks,
+            "peak_activation_bytes": list(self.peak_activation_bytes),
+            "memory": None if self.memory is None else list(self.memory),
+            "memory_bytes": None if self.memory_bytes is None else list(self.memory_bytes),
             "num_messages": self.num_messages, "num_notices": self.num_notices,
             "per_step": [asdict(s) for s in self.per_step] if several else None,
         }
@@ -139,7 +156,8 @@ class SimResult:
     def summary(self) -> str:
         return (f"{self.hint} {self.mode}: step time {self.step_time:.4g} ms, lower bound "
                 f"{self.lower_bound:.4g} ms, efficiency {self.efficiency:.3f}, bubble "
-                f"{self.bubble_fraction:.3f}, peak in-flight max {max(self.peak_in_flight)}")
+                f"{self.bubble_fraction:.3f}, peak in-flight max {max(self.peak_in_flight)}, "
+                f"peak activations max {format_bytes(max(self.peak_activation_bytes))}")
 
 
 def _check_int(name: str, value: Any, least: int = 1) -> int:
@@ -188,7 +206,10 @@ def _step_stats(reports: list[StepReport], table: np.ndarray, hint: HintOrder) -
     total = end - start
     busy = [0.0] * hint.num_ranks
     peak = [0] * hint.num_ranks
+    held = [0] * hint.num_ranks
     for report in reports:
+        for rank, value in report.peak_activation_bytes.items():
+            held[rank] = value
         for span in report.spans:
             busy[span.rank] += span.end - span.start
         for rank, value in report.peak_in_flight.items():
@@ -196,7 +217,7 @@ def _step_stats(reports: list[StepReport], table: np.ndarray, hint: HintOrder) -
     fraction = tuple(b / total if total > 0 else 0.0 for b in busy)
     lb = lower_bound_table(hint.placement, table, hint.split_backward)
     return StepStats(total, lb, lb / total if total > 0 else 1.0, fraction,
-                     1.0 - sum(fraction) / len(fraction), tuple(peak))
+                     1.0 - sum(fraction) / len(fraction), tuple(peak), tuple(held))
 
 
 def simulate(*, stages: int, microbatches: int, hint: str | HintOrder = "1f1b",
@@ -204,7 +225,8 @@ def simulate(*, stages: int, microbatches: int, hint: str | HintOrder = "1f1b",
              trace: str | Path | Trace | None = None,
              cap: CapSpec = None, split_backward: bool = False,
              steps: int = 1, ranks: int | None = None,
-             base: BaseDurations | None = None, policy: str = "reserve") -> SimResult:
+             base: BaseDurations | None = None, policy: str = "reserve",
+             memory: MemorySpec = None) -> SimResult:
     """Simulate `steps` steps of a pipeline with the real runtime on a virtual clock.
 
     Durations come from `trace` (a CSV path or a Trace; `jitter` may then add only comm terms)
@@ -212,13 +234,19 @@ def simulate(*, stages: int, microbatches: int, hint: str | HintOrder = "1f1b",
     (None: the hint's peak per rank, an int, 'Nx' N times that, one per rank). `hint="auto"`
     (or "auto:<hint>", which fixes the placement) simulates the candidate hints, modes and caps
     within `cap` and returns the fastest, named "auto:<hint>", with `.tuning` (the table it
-    chose from; `mode` is then chosen too, see sim/choice.py). It runs its own
+    chose from; `mode` is then chosen too, see sim/choice.py). `memory`: a byte budget per rank
+    instead of `cap` (any form of aioready.memory; bytes from the model of sim/memory.py). It
+    runs its own
     virtual-clock loop and blocks until done (from async code: in a helper thread).
     """
     _check_int("stages", stages)
     _check_int("microbatches", microbatches)
     _check_int("steps", steps)
     _check_int("seed", seed, 0)
+    check_one_gate(cap, memory)
+    if parse_auto(hint) is not None and memory is not None:
+        raise ConfigError("hint='auto' chooses within a count budget",
+                          expected="cap= with hint='auto'", got=f"memory={memory!r}")
     if parse_auto(hint) is not None:  # choose by simulating the candidates (sim/choice.py)
         def run(order: HintOrder, mode: str, caps: tuple[int, ...], policy: str) -> SimResult:
             return simulate(stages=stages, microbatches=microbatches, hint=order, mode=mode,
@@ -248,9 +276,14 @@ def simulate(*, stages: int, microbatches: int, hint: str | HintOrder = "1f1b",
     world = InprocWorld(order.num_ranks, delay=model.delay(scale=1.0))
     device = SimDevice(device_duration(durations, scale=1.0), run_compute=False)
     caps = resolve_caps(cap, order)
+    budgets = resolve_memory(memory, order.num_ranks)
+    if budgets is not None:  # the byte gate instead of the count (ready_set Note [byte gate])
+        caps = [microbatches] * order.num_ranks
+    model = bytes_model(durations)
     runtimes = [RankRuntime(rank=r, hint=order, mode=mode, cap=caps[r], executors=None,
                             device=device, transport=world.endpoints[r], policy=policy,
-                            caps=caps)
+                            caps=caps, memory=None if budgets is None else budgets[r],
+                            bytes_model=model)
                 for r in range(order.num_ranks)]
     began = time.perf_counter()
     _run_blocking(_run_steps(runtimes, steps))
@@ -264,4 +297,7 @@ def simulate(*, stages: int, microbatches: int, hint: str | HintOrder = "1f1b",
         trace=source, split_backward=split_backward, policy=policy if mode == "ready" else "-",
         cap=tuple(rt.cap for rt in runtimes), per_step=per_step,
         num_tasks=sum(len(rt.reports[0].spans) for rt in runtimes) * steps,
-        num_messages=world.num_messages, num_notices=world.num_notices, wall_s=wall)
+        num_messages=world.num_messages, num_notices=world.num_notices, wall_s=wall,
+        memory=None if budgets is None else tuple(str(b) for b in budgets),
+        memory_bytes=None if budgets is None else tuple(
+            float(rt.held.budget_bytes() or 0.0) for rt in runtimes))  # type: ignore[union-attr]

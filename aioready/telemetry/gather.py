@@ -19,7 +19,7 @@ __all__ = ["gather_reports", "merge_rows", "reduce_sum", "broadcast_ints", "barr
            "STEP_COLUMNS"]
 
 STEP_COLUMNS = ("step", "start", "end", "peak_in_flight", "loss", "num_ranks", "rank",
-                "has_loss")
+                "has_loss", "peak_activation_bytes")
 # has_loss, not a NaN loss, says "this rank has no loss": a diverged (NaN) loss must arrive as NaN
 
 
@@ -63,7 +63,7 @@ async def gather_reports(reports: Sequence[StepReport], comm: Any, *,
     step_rows = np.array([
         (r.step, r.start, r.end, r.peak_in_flight.get(rank, -1),
          _as_float(losses[i] if losses is not None else None), r.num_ranks, rank,
-         losses is not None and losses[i] is not None)
+         losses is not None and losses[i] is not None, r.peak_activation_bytes.get(rank, -1))
         for i, r in enumerate(reports)], dtype=np.float64).reshape(-1, len(STEP_COLUMNS))
     all_spans = await _gatherv(comm, span_rows, len(SPAN_COLUMNS), root)
     all_steps = await _gatherv(comm, step_rows, len(STEP_COLUMNS), root)
@@ -112,7 +112,8 @@ def merge_rows(span_rows: Any, step_rows: Any) -> list[tuple[StepReport, float |
     merged: dict[int, StepReport] = {}
     losses: dict[int, float | None] = {}
     starts: dict[tuple[int, int], float] = {}
-    for step_f, start, end, peak, loss, num_ranks, rank_f, has_loss in step_rows.tolist():
+    for (step_f, start, end, peak, loss, num_ranks, rank_f, has_loss,
+         held) in step_rows.tolist():
         step, rank = int(step_f), int(rank_f)
         rep = merged.get(step)
         if rep is None:
@@ -122,6 +123,8 @@ def merge_rows(span_rows: Any, step_rows: Any) -> list[tuple[StepReport, float |
         starts[(step, rank)] = start
         if peak >= 0:
             rep.peak_in_flight[rank] = int(peak)
+        if held >= 0:
+            rep.peak_activation_bytes[rank] = int(held)
         if has_loss:
             losses[step] = loss
     for step, span in spans_from_array(span_rows):

@@ -35,13 +35,17 @@ class StepMetrics:
     peak_in_flight: tuple[int, ...]
     """Per rank: most microbatches in flight at once, replayed from the spans (in_flight.py)."""
     num_tasks: int
+    peak_activation_bytes: tuple[int | None, ...] = ()
+    """Per rank: most activation bytes held at once, as the runtime measured them (saved for
+    backward, runtime/stage.py); None where nothing measured (stage-less runs)."""
 
     def as_dict(self) -> dict[str, Any]:
         return {"step": self.step, "step_time": self.step_time,
                 "busy_fraction": list(self.busy_fraction),
                 "bubble_fraction": self.bubble_fraction, "lower_bound": self.lower_bound,
                 "efficiency": self.efficiency, "peak_in_flight": list(self.peak_in_flight),
-                "num_tasks": self.num_tasks}
+                "num_tasks": self.num_tasks,
+                "peak_activation_bytes": list(self.peak_activation_bytes)}
 
 
 class SpanPlacement:
@@ -89,4 +93,6 @@ def step_metrics(report: StepReport) -> StepMetrics:
     return StepMetrics(step=report.step, step_time=t, busy_fraction=busy,
                        bubble_fraction=report.bubble_fraction(), lower_bound=lb,
                        efficiency=lb / t if t > 0 else 1.0, peak_in_flight=peaks,
-                       num_tasks=len(spans))
+                       num_tasks=len(spans), peak_activation_bytes=tuple(
+                           report.peak_activation_bytes.get(r)
+                           for r in range(report.num_ranks)))

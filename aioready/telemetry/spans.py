@@ -47,6 +47,9 @@ class StepReport:
     end: float = 0.0
     num_ranks: int = 1
     peak_in_flight: dict[int, int] = field(default_factory=dict)
+    peak_activation_bytes: dict[int, int] = field(default_factory=dict)
+    """per rank: most activation bytes held at once (measured, runtime/stage.py; modelled in
+    the simulator); absent where nothing measures them (stage-less runs)"""
 
     @property
     def step_time(self) -> float:
@@ -77,6 +80,7 @@ def merge_reports(reports: list[StepReport]) -> StepReport:
     for r in reports:
         merged.spans.extend(r.spans)
         merged.peak_in_flight.update(r.peak_in_flight)
+        merged.peak_activation_bytes.update(r.peak_activation_bytes)
     return merged
 
 

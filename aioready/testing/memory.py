@@ -7,6 +7,11 @@ autograd graphs keep alive for backward. `SavedTensorMeter` counts them through
 any graph holds it, excluding given tensors (the parameters, which exist anyway), so the peak is
 deterministic and the same on any machine. Hooks are per thread: run the pipeline with
 `device="inline"` (compute on the loop thread) inside the meter.
+
+Meters nest: one opened inside another (or inside any saved-tensor hooks, such as
+`torch.autograd.graph.save_on_cpu`) counts and then hands each tensor on to the hooks it found,
+so the outer ones still see everything. The runtime opens one around every stage forward
+(runtime/stage.py, the bytes a microbatch holds), so this is what keeps a caller's hooks working.
 """
 
 from __future__ import annotations
@@ -23,11 +28,21 @@ class _Held:
 
     __slots__ = ("tensor", "key", "meter")
 
-    def __init__(self, tensor: torch.Tensor, key: int, meter: "SavedTensorMeter") -> None:
-        self.tensor, self.key, self.meter = tensor, key, meter
+    def __init__(self, tensor: Any, key: int | None, meter: "SavedTensorMeter") -> None:
+        self.tensor, self.key, self.meter = tensor, key, meter  # tensor: or the outer hook's
 
     def __del__(self) -> None:
-        self.meter._release(self.key)
+        if self.key is not None:
+            self.meter._release(self.key)
+
+
+def _outer_hooks() -> Any:
+    """The saved-tensor hooks active on this thread before ours (None: none), to chain to."""
+    top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+    try:
+        return None if top is None else top(False)
+    except (RuntimeError, TypeError):
+        return None
 
 
 class SavedTensorMeter:
@@ -39,25 +54,31 @@ class SavedTensorMeter:
         self.live = 0  # bytes held now
         self.peak = 0  # most bytes held at once
         self._hooks: Any = None
+        self._outer: Any = None
 
     def _pack(self, t: torch.Tensor) -> Any:
-        storage = t.untyped_storage()
-        key = storage.data_ptr()
-        if key in self._exclude:
-            return t
+        outer = self._outer
+        # detached: a saved output holding its own grad_fn would make a cycle through C++
+        # that keeps the graph alive (and the meter would report the leak it caused)
+        payload = t.detach() if outer is None else outer[0](t)
+        try:
+            storage = t.untyped_storage()
+            key, nbytes = storage.data_ptr(), storage.nbytes()
+        except (RuntimeError, NotImplementedError):  # no plain storage (sparse, nested, ...)
+            key, nbytes = -id(t), t.numel() * t.element_size()
+        if key in self._exclude:  # a parameter: it exists anyway
+            return t if outer is None else _Held(payload, None, self)
         entry = self._refs.get(key)
         if entry is None:
-            entry = self._refs[key] = [0, storage.nbytes()]
+            entry = self._refs[key] = [0, nbytes]
             self.live += entry[1]
             self.peak = max(self.peak, self.live)
         entry[0] += 1
-        # detached: a saved output holding its own grad_fn would make a cycle through C++
-        # that keeps the graph alive (and the meter would report the leak it caused)
-        return _Held(t.detach(), key, self)
+        return _Held(payload, key, self)
 
-    @staticmethod
-    def _unpack(held: Any) -> torch.Tensor:
-        return held.tensor if isinstance(held, _Held) else held
+    def _unpack(self, held: Any) -> torch.Tensor:
+        payload = held.tensor if isinstance(held, _Held) else held
+        return payload if self._outer is None else self._outer[1](payload)
 
     def _release(self, key: int) -> None:
         entry = self._refs[key]
@@ -67,6 +88,7 @@ class SavedTensorMeter:
             del self._refs[key]
 
     def __enter__(self) -> "SavedTensorMeter":
+        self._outer = _outer_hooks()
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._hooks.__enter__()
         return self

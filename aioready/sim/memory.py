@@ -1,0 +1,39 @@
+"""Activation bytes in the simulator, where no tensor exists: a model tied to the durations.
+
+A microbatch's F on a stage holds `BYTES_PER_MS` bytes per ms of that F's duration until its
+last backward piece on the stage ends: activation memory and forward time both grow with what
+the microbatch carries (tokens, images), so a multimodal heavy microbatch (FACTOR x slower at
+every stage) also holds FACTOR x the bytes, and a straggler rank holds more per microbatch. With
+the default base durations (F = 1 ms) a microbatch holds 1 MiB per stage.
+
+Its input, which the gate scales its prediction by (held_bytes.py), is what the upstream stage's
+F produced: the same model at stage - 1 (stage 0: its own, the raw batch). So the prediction is
+exact for the microbatch's size (a multimodal factor is the same at every stage) and misses
+per-task noise (lognormal terms), as a real gate would.
+
+What it leaves out: weights, gradients and optimizer state (constant per rank, not the gate's
+business), the allocator (fragmentation, CUDA's caching), and the transient memory of a running
+task (a backward's temporaries, recompute's second forward).
+"""
+
+from __future__ import annotations
+
+from ..runtime.rank import BytesModel
+from ..tasks import Kind
+from .durations import Durations
+
+__all__ = ["BYTES_PER_MS", "bytes_model"]
+
+BYTES_PER_MS = float(2**20)
+"""Activation bytes a microbatch holds on a stage per ms of its forward there."""
+
+
+def bytes_model(durations: Durations, bytes_per_ms: float = BYTES_PER_MS) -> BytesModel:
+    """`(step, stage, microbatch) -> (bytes held, input bytes)` for RankRuntime(bytes_model=)."""
+    ms = durations.ms
+
+    def model(step: int, stage: int, microbatch: int) -> tuple[float, float]:
+        held = ms(step, stage, microbatch, Kind.F) * bytes_per_ms
+        source = ms(step, max(stage - 1, 0), microbatch, Kind.F) * bytes_per_ms
+        return held, source
+    return model
