@@ -29,6 +29,7 @@ from ..runtime.autotune import AutoHint, parse_auto, start_hint
 from ..runtime.pipeline import Pipeline
 from ..schedulers import make_hint
 from ..sim.durations import paced_duration
+from ..telemetry.export import spans_table
 from ..telemetry.instruments import Instruments, instrument_pipeline
 from ..telemetry.metrics import StepMetrics, step_metrics
 from ..telemetry.spans import StepReport
@@ -144,6 +145,8 @@ class TrainResult:
             "ranks": self.world_size, "overruns": self.overruns,
             "sleep_only": cfg.sleep_only, "diverged_at": self.diverged_at,
             "sealed": self.key_fingerprint, "dp": cfg.dp, "tp": cfg.tp,
+            "layers_per_stage": cfg.layers_per_stage,
+            "spans": spans_table(self.reports),  # what `aioready advise` reads
         }
 
 
