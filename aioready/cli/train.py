@@ -18,6 +18,7 @@ EXAMPLES = """examples:
   aioready train --cap 2x --jitter lognormal:0.5
   aioready train --hint auto --cap 2x --split-backward --jitter multimodal:0.3:3 --steps 4
   aioready train --split-backward --csv out/spans.csv --metrics-port 9100 --steps 50
+  aioready train --dashboard 8050 --steps 200   # then open http://127.0.0.1:8050/
   aioready train --trace trace.csv --sleep-only --json out/replay.json
   mpiexec -n 4 python -m aioready train --stages 4 --microbatches 8 --steps 5
   mpiexec -n 4 python -m aioready train --stages 2 --dp 2 --steps 5   # PP=2 x DP=2
@@ -69,6 +70,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--csv", dest="csv_out", metavar="OUT", help="write every span as CSV")
     p.add_argument("--metrics-port", type=int, default=None, metavar="N",
                    help="serve Prometheus metrics on port N (+ rank under mpirun)")
+    p.add_argument("--dashboard", type=int, default=None, metavar="PORT",
+                   help="serve a live dashboard on http://127.0.0.1:PORT/ (rank 0; 0: any "
+                   "free port)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--checkpoint-dir", metavar="D", default=None,
                    help="write a checkpoint of every rank's stages and optimizer to D after "
@@ -104,7 +108,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
         seq=args.seq, dim=args.dim, lr=args.lr, metrics_port=args.metrics_port,
         sleep_only=args.sleep_only, checkpoint_dir=args.checkpoint_dir, resume=args.resume,
         policy=args.policy, on_nan=args.on_nan, check_config=args.check_config, key_file=args.key_file,
-        dp=args.dp, tp=args.tp)
+        dp=args.dp, tp=args.tp, dashboard=args.dashboard)
 
 
 def mpi_comm() -> Any:

@@ -68,6 +68,8 @@ class TrainConfig:
     lr: float = 3e-3
     metrics_port: int | None = None
     """serve Prometheus metrics on this port (+ rank under MPI); None: off"""
+    dashboard: int | None = None
+    """serve the live dashboard (telemetry/dashboard.py) on this port, rank 0; None: off"""
     sleep_only: bool = False
     """tasks only sleep their durations, no model compute (replays a trace's timing alone)"""
     checkpoint_dir: str | None = None
@@ -101,6 +103,9 @@ class TrainConfig:
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise ConfigError("metrics_port out of range", expected="0..65535",
                               got=self.metrics_port)
+        if self.dashboard is not None and not 0 <= self.dashboard <= 65535:
+            raise ConfigError("dashboard port out of range", expected="0..65535",
+                              got=self.dashboard)
         if self.on_nan not in ON_NAN:
             raise ConfigError("on_nan", expected=" | ".join(ON_NAN), got=repr(self.on_nan))
         for name in ("stages", "microbatches", "steps", "batch", "seq", "dim", "heads",
@@ -221,7 +226,7 @@ async def train(cfg: TrainConfig, *, comm: Any = None,
         from ..telemetry.gather import barrier
         # ranks built their models at different speeds: start together
         await pipe.watch(barrier(comm), what="the start barrier")
-    with _live_metrics(cfg, pipe, rank) as instruments:
+    with _live_metrics(cfg, pipe, rank, board=rank == 0 and not follower) as instruments:
         try:
             for step in range(start, cfg.steps):
                 loss = await pipe.step(*_batch(cfg, step, mine,
@@ -342,7 +347,26 @@ async def _collect(pipe: Pipeline, comm: Any, loss: Any
 
 
 @contextlib.contextmanager
-def _live_metrics(cfg: TrainConfig, pipe: Pipeline, rank: int) -> Iterator[Instruments]:
+def _live_metrics(cfg: TrainConfig, pipe: Pipeline, rank: int, *, board: bool
+                  ) -> Iterator[Instruments]:
+    """Prometheus metrics (every rank) and the dashboard (rank 0, fed the gathered steps)."""
+    dashboard = None
+    if cfg.dashboard is not None and board:
+        from ..telemetry.dashboard import Dashboard
+        dashboard = Dashboard(pipe, port=cfg.dashboard)
+        print(f"rank {rank}: dashboard on {dashboard.url}", file=sys.stderr, flush=True)
+    try:
+        with _prometheus(cfg, pipe, rank) as instruments:
+            if dashboard is not None:
+                instruments.add(dashboard)
+            yield instruments
+    finally:
+        if dashboard is not None:
+            dashboard.close()
+
+
+@contextlib.contextmanager
+def _prometheus(cfg: TrainConfig, pipe: Pipeline, rank: int) -> Iterator[Instruments]:
     if cfg.metrics_port is None:
         yield Instruments()
         return

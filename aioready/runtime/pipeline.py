@@ -100,7 +100,9 @@ class Pipeline:
     pipeline line, and gradients are averaged over data-parallel replicas during the step
     (`grad_reducer=` replaces the MPI reducer). `normalize="weight"`: loss_fn returns (loss,
     weight); `tied={name: {stage: parameter name}}`; `scaler=dp.cross_stage.GradScaler()`;
-    `autocast=dtype` (docs/architecture.md "Data parallelism").
+    `autocast=dtype` (docs/architecture.md "Data parallelism"). `dashboard=PORT` serves a live
+    page of the pipeline on 127.0.0.1 (0: any free port; `pipe.dashboard.url`,
+    docs/telemetry.md); needs aiohttp.
     """
 
     def __init__(
@@ -114,6 +116,7 @@ class Pipeline:
         recompute: bool | Sequence[bool] = False,
         grid: Any = None, grad_reducer: Any = None, normalize: str = "microbatches",
         tied: Any = None, scaler: Any = None, autocast: Any = None,
+        dashboard: int | None = None,
     ) -> None:
         if not isinstance(microbatches, int) or isinstance(microbatches, bool) or microbatches < 1:
             raise ConfigError("microbatches must be a positive integer", expected=">= 1",
@@ -209,6 +212,10 @@ class Pipeline:
                                              "AIOREADY_STALL_TIMEOUT", STALL_TIMEOUT_S)
         self.stall_watchdog = (None if self.stall_timeout is None else
                                StallWatchdog(self.runtimes, self._guard, self.stall_timeout))
+        self.dashboard = None  # a live page of this pipeline (telemetry/dashboard.py)
+        if dashboard is not None:
+            from ..telemetry.dashboard import Dashboard
+            self.dashboard = Dashboard(self, port=dashboard)
         self.peer_monitor = None
         if transport is not None and transport.world_size > 1:
             from .faults import PEER_TIMEOUT_S, PeerMonitor
@@ -339,6 +346,8 @@ class Pipeline:
         return None
 
     def close(self) -> None:
+        if self.dashboard is not None:
+            self.dashboard.close()
         if self.peer_monitor is not None:
             self.peer_monitor.close()
         for rt in self.runtimes:
