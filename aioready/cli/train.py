@@ -68,6 +68,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--chrome-trace", metavar="OUT", help="write a Chrome/Perfetto trace JSON")
     p.add_argument("--png", metavar="OUT", help="write the last step's timeline PNG")
     p.add_argument("--csv", dest="csv_out", metavar="OUT", help="write every span as CSV")
+    p.add_argument("--step-table", metavar="OUT", default=None,
+                   help="write one row per step and rank (.csv or .parquet; docs/telemetry.md)")
     p.add_argument("--metrics-port", type=int, default=None, metavar="N",
                    help="serve Prometheus metrics on port N (+ rank under mpirun)")
     p.add_argument("--dashboard", type=int, default=None, metavar="PORT",
@@ -171,7 +173,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     for path in write_outputs(result, cfg, json_out=args.json_out,
                               chrome_trace=args.chrome_trace, png=args.png,
-                              csv_out=args.csv_out):
+                              csv_out=args.csv_out, step_table=args.step_table):
         print(f"wrote {path}", file=sys.stderr)
     _print_summary(result, cfg)
     return 0

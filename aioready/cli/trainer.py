@@ -401,7 +401,7 @@ def _mpi_transport(comm: Any) -> Any:
 
 def write_outputs(result: TrainResult, cfg: TrainConfig, *, json_out: str | None = None,
                   chrome_trace: str | None = None, png: str | None = None,
-                  csv_out: str | None = None) -> list[Path]:
+                  csv_out: str | None = None, step_table: str | None = None) -> list[Path]:
     """Write the requested exports of a finished run (rank 0); return the paths written."""
     import json
 
@@ -418,6 +418,9 @@ def write_outputs(result: TrainResult, cfg: TrainConfig, *, json_out: str | None
         written.append(write_chrome_trace(result.reports, chrome_trace))
     if csv_out:
         written.append(write_csv(result.reports, csv_out))
+    if step_table:
+        from ..telemetry.step_table import write_step_table
+        written.append(write_step_table(result.reports, step_table))
     if png:
         from ..telemetry.plots import plot_timeline
         written.append(plot_timeline(result.reports[-1], png, label=f"{cfg.mode} {cfg.hint} "))

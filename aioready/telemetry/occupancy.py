@@ -3,7 +3,8 @@
 Four states that add up to the window, per rank:
 - busy: a task of the rank ran (the union of its spans);
 - gated: not busy, but some task of the rank was ready and had not started (held back by the
-  cap or by the ready policy's reservation: the memory gate, docs/hints.md);
+  cap, the memory gate of docs/hints.md, by the ready policy's reservation, or by strict
+  mode's order);
 - waiting: not busy and nothing ready, while the rank still had tasks of the step to run
   (waiting for an activation or a gradient);
 - idle: the rest (between steps, or done with the step).
