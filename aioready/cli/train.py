@@ -62,6 +62,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--batch", type=int, default=2, help="sequences per microbatch")
     p.add_argument("--seq", type=int, default=32, help="sequence length")
     p.add_argument("--dim", type=int, default=32, help="model width")
+    p.add_argument("--layers-per-stage", type=int, default=1, help="transformer blocks per stage")
     p.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate")
     p.add_argument("--json", dest="json_out", metavar="OUT",
                    help="write a summary (step_time, lower_bound, efficiency lists in ms)")
@@ -110,7 +111,8 @@ def config_from_args(args: argparse.Namespace) -> Any:
         seq=args.seq, dim=args.dim, lr=args.lr, metrics_port=args.metrics_port,
         sleep_only=args.sleep_only, checkpoint_dir=args.checkpoint_dir, resume=args.resume,
         policy=args.policy, on_nan=args.on_nan, check_config=args.check_config, key_file=args.key_file,
-        dp=args.dp, tp=args.tp, dashboard=args.dashboard)
+        dp=args.dp, tp=args.tp, dashboard=args.dashboard,
+        layers_per_stage=args.layers_per_stage)
 
 
 def mpi_comm() -> Any:

@@ -293,7 +293,7 @@ def plot_advice(advice: Advice, path: str | Path, *, top: int = 16) -> Path:
         raise ConfigError("the advice chart needs matplotlib", expected="matplotlib installed",
                           got="not importable", fix="pip install 'aioready[telemetry]'") from None
     shown = list(advice.options[:top])[::-1]
-    fig = Figure(figsize=(10, 1.2 + 0.32 * len(shown)), dpi=110)
+    fig = Figure(figsize=(10, 1.6 + 0.32 * len(shown)), dpi=110)
     FigureCanvasAgg(fig)
     ax = fig.subplots()
     colors = ["#E15759" if o is advice.best else "#4C78A8" for o in shown]
@@ -305,7 +305,7 @@ def plot_advice(advice: Advice, path: str | Path, *, top: int = 16) -> Path:
     ax.set_xlabel("simulated step time (ms)")
     ax.set_title(f"aioready advise: {advice.best.label} "
                  f"({advice.gain(advice.best):+.1%})", fontsize=10)
-    ax.legend(loc="lower right", fontsize=8)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2, fontsize=8)
     ax.tick_params(axis="y", labelsize=8)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
