@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
 import subprocess
 import urllib.request
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import run_mpi
 from torch import nn
 
 import aioready
@@ -166,3 +168,20 @@ def test_page_draws_in_a_headless_browser(tmp_path: Path) -> None:
     colors = img.getcolors(maxcolors=1 << 20) or []
     busy = sum(n for n, c in colors if c == (0x4C, 0x78, 0xA8))
     assert busy > 1000  # the busy bars and F boxes are on the screenshot
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(150)
+def test_rank_0_serves_every_rank_under_mpi() -> None:
+    with socket.socket() as sock:  # a free port for rank 0 (the only one that serves)
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    script = Path(__file__).resolve().parent / "mpi_scripts" / "dashboard.py"
+    proc = run_mpi(2, [str(script), str(port)], timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    snaps = [line for line in proc.stdout.splitlines() if line.startswith("SNAP")]
+    assert len(snaps) == 3, proc.stdout
+    for step, line in enumerate(snaps):
+        msgs = json.dumps({"0>1": M * (step + 1), "1>0": M * (step + 1)}, sort_keys=True)
+        assert line == (f"SNAP step={step} last={step} ranks=[0, 1] spans={2 * M * 2} "
+                        f"msgs={msgs} done={step + 1} rows=2"), proc.stdout
