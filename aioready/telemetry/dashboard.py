@@ -71,6 +71,7 @@ class Dashboard:
         self.clock_unit_s = clock_unit_s
         self._gathered: deque[StepReport] = deque(maxlen=HISTORY)
         self._sends = _Sends()
+        self._memo: dict[int, tuple[StepReport, StepMetrics]] = {}  # report id -> metrics
         instrument_pipeline(pipe, Instruments([self._sends]))
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
@@ -149,8 +150,8 @@ class Dashboard:
                 "running": bool(running), "steps_done": len(finished),
                 "step": running[0]["report"].step if running else (
                     finished[-1].step if finished else None),
-                "ranks": ranks, "last_step": _last(finished), "messages": messages,
-                "history": [_brief(r) for r in finished]}
+                "ranks": ranks, "last_step": _last(finished, self._memo), "messages": messages,
+                "history": [_brief(r, self._memo) for r in finished]}
 
     # -- serving ------------------------------------------------------------------------
     def _serve(self, web: Any, host: str, port: int) -> None:
@@ -197,29 +198,24 @@ def _static(web: Any, path: Path) -> Any:
     return handle
 
 
-def _brief(report: StepReport) -> dict[str, Any]:
-    m = _metrics(report)
+def _brief(report: StepReport, memo: dict[int, tuple[StepReport, StepMetrics]]
+           ) -> dict[str, Any]:
+    """A finished step's figures; its metrics computed once (every poll asks again)."""
+    hit = memo.get(id(report))
+    if hit is None or hit[0] is not report:
+        if len(memo) > 4 * HISTORY:
+            memo.clear()
+        hit = memo[id(report)] = (report, step_metrics(report))
+    m = hit[1]
     return {"step": report.step, "step_time": m.step_time, "lower_bound": m.lower_bound,
             "efficiency": m.efficiency}
 
 
-_MEMO: dict[int, tuple[StepReport, StepMetrics]] = {}
-
-
-def _metrics(report: StepReport) -> StepMetrics:
-    """step_metrics of a finished report, computed once per report (polls repeat it)."""
-    hit = _MEMO.get(id(report))
-    if hit is None or hit[0] is not report:
-        if len(_MEMO) > 4 * HISTORY:
-            _MEMO.clear()
-        hit = _MEMO[id(report)] = (report, step_metrics(report))
-    return hit[1]
-
-
-def _last(finished: list[StepReport]) -> dict[str, Any] | None:
+def _last(finished: list[StepReport], memo: dict[int, tuple[StepReport, StepMetrics]]
+          ) -> dict[str, Any] | None:
     if not finished:
         return None
     rep = finished[-1]
-    return {**_brief(rep), "num_ranks": rep.num_ranks,
+    return {**_brief(rep, memo), "num_ranks": rep.num_ranks,
             "spans": [[s.rank, s.chunk, s.microbatch, s.kind.name, s.ready - rep.start,
                        s.start - rep.start, s.end - rep.start] for s in rep.spans]}
