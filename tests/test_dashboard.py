@@ -98,6 +98,7 @@ def test_snapshot_during_a_step_matches_the_spans() -> None:
         row = seen["ranks"][r]
         assert row["busy"] == pytest.approx(busy / now, rel=1e-9), r
         assert row["busy"] + row["waiting"] + row["gated"] + row["idle"] == pytest.approx(1.0)
+        assert row["chunks"]["0"]["busy"] == row["busy"]  # one chunk per rank
         assert row["cap"] == caps[r] and 0 <= row["in_flight"] <= caps[r]
     assert seen["ranks"][2]["running_task"] == "F2"
     # messages per peer in the finished step: M activations down, M gradients up
@@ -118,6 +119,18 @@ def test_occupancy_states_by_hand() -> None:
     r0, r1 = occ
     assert (r0.busy, r0.gated, r0.waiting, r0.idle) == pytest.approx((0.6, 0.2, 0.2, 0.0))
     assert (r1.busy, r1.gated, r1.waiting, r1.idle) == pytest.approx((0.5, 0.0, 0.3, 0.2))
+    assert r1.chunks[0] == pytest.approx({"busy": 0.5, "other": 0.0, "waiting": 0.3,
+                                          "gated": 0.0, "idle": 0.2})
+    # two chunks on one rank: c0's F 0-1, c1's F ready at 1 runs 1-3, c0's B ready at 2 held
+    # until 3 (the device ran c1) and runs 3-5
+    two = [Span(0, 0, 0, 0, Kind.F, 0, 0, 1), Span(0, 1, 1, 0, Kind.F, 1, 1, 3),
+           Span(0, 0, 0, 0, Kind.B, 2, 3, 5), Span(0, 1, 1, 0, Kind.B, 3, 5, 6)]
+    (both,) = occupancy([StepWindow(two, 0.0, 6.0, {0: 4})], [0], 0.0, 6.0)
+    assert both.busy == 1.0
+    assert both.chunks[0] == pytest.approx({"busy": 3 / 6, "other": 3 / 6, "waiting": 0.0,
+                                            "gated": 0.0, "idle": 0.0})
+    assert both.chunks[1] == pytest.approx({"busy": 3 / 6, "other": 3 / 6, "waiting": 0.0,
+                                            "gated": 0.0, "idle": 0.0})
     # a running step: rank 1 still owes a task, so it waits until now
     live = occupancy([StepWindow(spans[:3], 0.0, None, {0: 2, 1: 2})], [1], 0.0, 5.0)[0]
     assert live.waiting == pytest.approx(1.5 / 5 + 3 / 5)

@@ -173,8 +173,10 @@ class _Advisor:
         if not change:
             return ""
         if "layers_per_stage" in change:
+            style = self.order.placement.style
+            where = "" if style == "linear" else f", placement={style!r}"
             return (f"aioready.split(model, stages={self.stages}, "
-                    f"balance={list(change['layers_per_stage'])})")
+                    f"balance={list(change['layers_per_stage'])}{where})")
         if "latency_ms" in change:
             return f"(a network whose message latency is {change['latency_ms']:.3g} ms)"
         cfg = {"stages": self.stages, "microbatches": self.mb, "hint": self.rec.hint,

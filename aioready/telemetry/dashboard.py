@@ -133,7 +133,8 @@ class Dashboard:
         now = max([origin, *(st.start for st in steps),
                    *(s.end for st in steps for s in st.spans)])
         lo = max(origin, now - self.window)
-        occ = occupancy(steps, sorted(tasks), lo, now)
+        inside = [st for st in steps if st.end is None or st.end >= lo]  # the rest adds 0
+        occ = occupancy(inside, sorted(tasks), lo, now)
         live = {rt.rank: lv for rt, lv in zip(self.pipe.runtimes, lives)}
         ranks = []
         for o in occ:

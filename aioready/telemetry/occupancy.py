@@ -8,8 +8,9 @@ Four states that add up to the window, per rank:
 - waiting: not busy and nothing ready, while the rank still had tasks of the step to run
   (waiting for an activation or a gradient);
 - idle: the rest (between steps, or done with the step).
-Per chunk, the busy share of its own tasks. Everything is exact interval arithmetic on the
-spans' times (no sampling), so the numbers of a finished step equal what its spans say.
+Per chunk the same four over its own tasks, plus "other": the device ran another chunk.
+Everything is exact interval arithmetic on the spans' times (no sampling), so the numbers of a
+finished step equal what its spans say.
 """
 
 from __future__ import annotations
@@ -71,7 +72,8 @@ class RankOccupancy:
     waiting: float
     gated: float
     idle: float
-    chunks: dict[int, float]  # chunk -> busy share
+    chunks: dict[int, dict[str, float]]
+    """per chunk: busy, other (the device ran another chunk), waiting, gated, idle"""
 
     def as_dict(self) -> dict[str, Any]:
         return {"rank": self.rank, "busy": self.busy, "waiting": self.waiting,
@@ -79,31 +81,53 @@ class RankOccupancy:
                 "chunks": {str(c): v for c, v in sorted(self.chunks.items())}}
 
 
+def _active(steps: Sequence[StepWindow], rank: int, chunk: int | None, per_step: float,
+            hi: float) -> Intervals:
+    """When the rank (or its chunk) still had tasks of a step to run: from the step's start to
+    its last task's end once all `per_step` ran, else to the step's end (or `hi`, now, while it
+    runs)."""
+    out = []
+    for st in steps:
+        mine = [s for s in st.spans if s.rank == rank and chunk in (None, s.chunk)]
+        if len(mine) >= per_step:
+            out.append((st.start, max((s.end for s in mine), default=st.start)))
+        else:
+            out.append((st.start, st.end if st.end is not None else hi))
+    return union(out)
+
+
+def _states(spans: Sequence[Span], device: Intervals, active: Intervals
+            ) -> tuple[Intervals, Intervals, Intervals, Intervals]:
+    """busy (its own spans), other (the device ran something else), gated, waiting."""
+    busy = union([(s.start, s.end) for s in spans])
+    gated = subtract(union([(s.ready, s.start) for s in spans]), device)
+    return (busy, subtract(device, busy), gated,
+            subtract(subtract(active, device), gated))
+
+
 def occupancy(steps: Sequence[StepWindow], ranks: Sequence[int], lo: float, hi: float
               ) -> list[RankOccupancy]:
-    """Each rank's four shares of [lo, hi] (fractions; all 0 when the window is empty)."""
+    """Each rank's (and chunk's) shares of [lo, hi] (fractions; 0 when the window is empty)."""
     width = hi - lo
+
+    def share(intervals: Intervals) -> float:
+        return length(intervals, lo, hi) / width if width > 0 else 0.0
+
     out = []
     for rank in ranks:
         mine = [s for st in steps for s in st.spans if s.rank == rank]
-        busy = union([(s.start, s.end) for s in mine])
-        gated = subtract(union([(s.ready, s.start) for s in mine]), busy)
-        active = []
-        for st in steps:
-            spans = [s for s in st.spans if s.rank == rank]
-            done = len(spans) >= st.tasks_per_rank.get(rank, 0)
-            if done:  # active until its last task ended
-                stop = max((s.end for s in spans), default=st.start)
-            else:  # still has tasks: active until the step ends, or now
-                stop = st.end if st.end is not None else hi
-            active.append((st.start, stop))
-        waiting = subtract(subtract(union(active), busy), gated)
-        chunks = {c: length(union([(s.start, s.end) for s in mine if s.chunk == c]), lo, hi)
-                  for c in sorted({s.chunk for s in mine})}
-        if width <= 0:
-            out.append(RankOccupancy(rank, 0.0, 0.0, 0.0, 0.0, {c: 0.0 for c in chunks}))
-            continue
-        b, g, w = (length(x, lo, hi) / width for x in (busy, gated, waiting))
-        out.append(RankOccupancy(rank, b, w, g, max(0.0, 1.0 - b - g - w),
-                                 {c: v / width for c, v in chunks.items()}))
+        device = union([(s.start, s.end) for s in mine])
+        per_step = max((st.tasks_per_rank.get(rank, 0) for st in steps), default=0)
+        busy, _, gated, waiting = _states(mine, device, _active(steps, rank, None, per_step, hi))
+        b, g, w = share(busy), share(gated), share(waiting)
+        chunk_ids = sorted({s.chunk for s in mine})
+        chunks = {}
+        for c in chunk_ids:
+            spans = [s for s in mine if s.chunk == c]
+            parts = _states(spans, device, _active(steps, rank, c, per_step / len(chunk_ids), hi))
+            cb, co, cg, cw = (share(x) for x in parts)
+            chunks[c] = {"busy": cb, "other": co, "waiting": cw, "gated": cg,
+                         "idle": max(0.0, 1.0 - cb - co - cg - cw) if width > 0 else 0.0}
+        out.append(RankOccupancy(rank, b, w, g, max(0.0, 1.0 - b - g - w) if width > 0
+                                 else 0.0, chunks))
     return out
