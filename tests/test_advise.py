@@ -17,7 +17,7 @@ from aioready.cli import main
 from aioready.clock import run_virtual
 from aioready.devices.sim import SimDevice
 from aioready.sim.advise import Recording, advise, message_latency_ms
-from aioready.telemetry.export import write_csv
+from aioready.telemetry.export import write_chrome_trace, write_csv, write_parquet
 from aioready.testing.helpers import mse_loss
 
 S, M, L, WIDTH = 4, 8, 4, 8
@@ -89,7 +89,8 @@ def test_latency_is_read_from_the_spans() -> None:
 
 def test_cli_writes_table_json_and_chart(tmp_path: Path, capsys: pytest.CaptureFixture[str]
                                          ) -> None:
-    spans = write_csv(_run([L] * S, steps=1), tmp_path / "spans.csv")
+    recorded = _run([L] * S, steps=1)
+    spans = write_csv(recorded, tmp_path / "spans.csv")
     out = tmp_path / "advice.json"
     png = tmp_path / "advice.png"
     # the CSV's clock is taken as seconds: the virtual clock's ms read as s scale every row alike
@@ -100,6 +101,11 @@ def test_cli_writes_table_json_and_chart(tmp_path: Path, capsys: pytest.CaptureF
     body = json.loads(out.read_text())
     assert body["best"]["kind"] == "layers" and body["options"]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # a Chrome trace and Parquet of the same run give the same advice
+    for path in (write_chrome_trace(recorded, tmp_path / "t.json"),
+                 write_parquet(recorded, tmp_path / "t.parquet")):
+        assert main(["advise", str(path), "--layers-per-stage", "4"]) == 0
+        assert "advice: move 1 layer from stage 1" in capsys.readouterr().out
 
 
 def test_a_latency_seen_in_the_spans_is_replayed_and_halved() -> None:

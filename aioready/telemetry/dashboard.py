@@ -72,6 +72,7 @@ class Dashboard:
         self._gathered: deque[StepReport] = deque(maxlen=HISTORY)
         self._sends = _Sends()
         self._memo: dict[int, tuple[StepReport, StepMetrics]] = {}  # report id -> metrics
+        self._merged: dict[int, StepReport] = {}  # step index -> the local ranks' report
         instrument_pipeline(pipe, Instruments([self._sends]))
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
@@ -96,8 +97,13 @@ class Dashboard:
             return list(self._gathered)
         runtimes = list(self.pipe.runtimes)
         count = min(len(rt.reports) for rt in runtimes)
-        return [merge_reports([rt.reports[i] for rt in runtimes])
-                for i in range(max(0, count - HISTORY), count)]
+        keep = range(max(0, count - HISTORY), count)
+        for i in keep:  # a finished step's reports never change: merge each once
+            if i not in self._merged:
+                self._merged[i] = merge_reports([rt.reports[i] for rt in runtimes])
+        for i in [i for i in self._merged if i not in keep]:
+            del self._merged[i]
+        return [self._merged[i] for i in keep]
 
     def _tasks_per_rank(self) -> dict[int, int]:
         rt = self.pipe.runtimes[0]
