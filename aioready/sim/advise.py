@@ -192,8 +192,11 @@ class _Advisor:
 def _schedules(adv: _Advisor) -> list[Option]:
     """The tuner's candidates under a 2x budget, each filed under the least budget it fits."""
     budgets = {f: tuple(max(1, int(np.ceil(f * c))) for c in adv.caps) for f in (1.0, 1.5, 2.0)}
-    tuning: Tuning = tune(adv.trace, hint=f"auto:{adv.rec.hint}", budget=list(budgets[2.0]),
-                          jitter=adv.jitter)
+    try:
+        tuning: Tuning = tune(adv.trace, hint=f"auto:{adv.rec.hint}",
+                              budget=list(budgets[2.0]), jitter=adv.jitter)
+    except AioreadyError:
+        return []  # a hint file or torch order: no library candidates on its placement
     best: dict[tuple[str, str], Any] = {}
     for row in tuning.rows:
         factor = next((f for f, b in budgets.items()
