@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
-.PHONY: demo test bench clean
+.PHONY: demo test bench clean test-browser
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +20,13 @@ $(STAMP): pyproject.toml Makefile
 
 test: $(STAMP)
 	$(PY) -m pytest -q -m "not heavy and not gpu" $(PYTEST_ARGS)
+
+# the dashboard's page in a real headless browser: installs Chromium from the system packages
+# when none is on PATH (needs apt-get and root), then runs the tests that use it
+test-browser: $(STAMP)
+	command -v chromium || command -v chromium-browser || command -v google-chrome || \
+		(apt-get update -q && apt-get install -y -q chromium)
+	$(PY) -m pytest -q tests/test_dashboard.py -k browser -rs $(PYTEST_ARGS)
 
 demo: $(STAMP)
 	$(PY) -m aioready.cli.demo

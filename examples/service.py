@@ -3,6 +3,7 @@
     python examples/service.py --port 8080 --steps 100
     curl localhost:8080/status      # {"step": 12, "in_step": true, "loss": 3.9, ...}
     curl localhost:8080/metrics     # Prometheus text: busy fraction, step time, tasks, bytes...
+    python examples/service.py --dashboard 8050   # and a live page on http://127.0.0.1:8050/
 
 The training loop is a plain task on the service's event loop: `await pipe.step(...)` yields to
 the loop whenever it waits (for a device, a message), so /status answers during a step. Tasks are
@@ -34,7 +35,8 @@ class Trainer:
     """The background training job and what /status reports about it."""
 
     def __init__(self, *, stages: int = 4, microbatches: int = 4, steps: int = 100,
-                 task_ms: float = 20.0, mode: str = "ready", jitter: str = "none") -> None:
+                 task_ms: float = 20.0, mode: str = "ready", jitter: str = "none",
+                 dashboard: int | None = None) -> None:
         self.steps, self.microbatches = steps, microbatches
         self.model = gpt_stages(stages, vocab=64, dim=32, heads=2, seq=32)
         duration, _ = paced_duration(placement=aioready.Placement.linear(stages),
@@ -42,7 +44,8 @@ class Trainer:
                                      task_ms=task_ms, jitter=jitter)
         self.pipe = aioready.Pipeline(
             self.model, lm_loss, microbatches=microbatches, hint="1f1b", mode=mode,
-            device=lambda rank: PacedDevice(CPUDevice(f"svc-rank{rank}"), duration))
+            device=lambda rank: PacedDevice(CPUDevice(f"svc-rank{rank}"), duration),
+            dashboard=dashboard)
         self.prom = PrometheusInstrument()
         self.instruments = Instruments([self.prom])
         instrument_pipeline(self.pipe, self.instruments)
@@ -113,9 +116,13 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--task-ms", type=float, default=20.0)
     p.add_argument("--mode", choices=("ready", "strict"), default="ready")
+    p.add_argument("--dashboard", type=int, default=None, metavar="PORT",
+                   help="also serve the live dashboard on this port")
     a = p.parse_args()
     torch.set_num_threads(1)
-    trainer = Trainer(steps=a.steps, task_ms=a.task_ms, mode=a.mode)
+    trainer = Trainer(steps=a.steps, task_ms=a.task_ms, mode=a.mode, dashboard=a.dashboard)
+    if trainer.pipe.dashboard is not None:
+        print(f"dashboard on {trainer.pipe.dashboard.url}")
 
     async def serve() -> None:
         runner = web.AppRunner(make_app(trainer))

@@ -157,9 +157,11 @@ def test_plot_command_from_json_and_csv(tmp_path: Path) -> None:
 def test_read_reports_picks_the_reader_by_suffix(tmp_path: Path) -> None:
     reps = reports(steps=1)
     spans = sorted((s.rank, s.label) for s in reps[0].spans)
-    for path in (write_chrome_trace(reps, tmp_path / "t.json"), write_csv(reps, tmp_path / "t.csv")):
+    for path in (write_chrome_trace(reps, tmp_path / "t.json"), write_csv(reps, tmp_path / "t.csv"),
+                 write_parquet(reps, tmp_path / "t.parquet")):
         back = read_reports(path)
         assert [r.step for r in back] == [reps[0].step]
         assert sorted((s.rank, s.label) for s in back[0].spans) == spans
+    assert read_reports(tmp_path / "t.parquet")[0].spans == read_csv(tmp_path / "t.csv")[0].spans
     with pytest.raises(TraceError, match="unknown trace file type"):
-        read_reports(tmp_path / "t.parquet")
+        read_reports(tmp_path / "t.txt")

@@ -15,13 +15,13 @@ from typing import Sequence
 
 __all__ = ["main", "build_parser", "COMMANDS"]
 
-COMMANDS = ("train", "simulate", "tune", "plot", "hints")
+COMMANDS = ("train", "simulate", "tune", "advise", "plot", "hints")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="aioready",
-        description="Readiness-first pipeline-parallel training: train, simulate, tune, plot, "
+        description="Readiness-first pipeline-parallel training: train, simulate, tune, advise, plot, "
         "hints.",
         epilog="Run 'aioready <command> --help' for each command's options and examples.",
     )

@@ -19,6 +19,7 @@ EXAMPLES = """examples:
   aioready train --memory 2x --jitter multimodal:0.3:3 --json out/memory.json
   aioready train --hint auto --cap 2x --split-backward --jitter multimodal:0.3:3 --steps 4
   aioready train --split-backward --csv out/spans.csv --metrics-port 9100 --steps 50
+  aioready train --dashboard 8050 --steps 200   # then open http://127.0.0.1:8050/
   aioready train --trace trace.csv --sleep-only --json out/replay.json
   mpiexec -n 4 python -m aioready train --stages 4 --microbatches 8 --steps 5
   mpiexec -n 4 python -m aioready train --stages 2 --dp 2 --steps 5   # PP=2 x DP=2
@@ -66,14 +67,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--batch", type=int, default=2, help="sequences per microbatch")
     p.add_argument("--seq", type=int, default=32, help="sequence length")
     p.add_argument("--dim", type=int, default=32, help="model width")
+    p.add_argument("--layers-per-stage", type=int, default=1, help="transformer blocks per stage")
     p.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate")
     p.add_argument("--json", dest="json_out", metavar="OUT",
                    help="write a summary (step_time, lower_bound, efficiency lists in ms)")
     p.add_argument("--chrome-trace", metavar="OUT", help="write a Chrome/Perfetto trace JSON")
     p.add_argument("--png", metavar="OUT", help="write the last step's timeline PNG")
     p.add_argument("--csv", dest="csv_out", metavar="OUT", help="write every span as CSV")
+    p.add_argument("--step-table", metavar="OUT", default=None,
+                   help="write one row per step and rank (.csv or .parquet; docs/telemetry.md)")
     p.add_argument("--metrics-port", type=int, default=None, metavar="N",
                    help="serve Prometheus metrics on port N (+ rank under mpirun)")
+    p.add_argument("--dashboard", type=int, default=None, metavar="PORT",
+                   help="serve a live dashboard on http://127.0.0.1:PORT/ (rank 0; 0: any "
+                   "free port)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--checkpoint-dir", metavar="D", default=None,
                    help="write a checkpoint of every rank's stages and optimizer to D after "
@@ -109,7 +116,8 @@ def config_from_args(args: argparse.Namespace) -> Any:
         seq=args.seq, dim=args.dim, lr=args.lr, metrics_port=args.metrics_port,
         sleep_only=args.sleep_only, checkpoint_dir=args.checkpoint_dir, resume=args.resume,
         policy=args.policy, on_nan=args.on_nan, check_config=args.check_config, key_file=args.key_file,
-        dp=args.dp, tp=args.tp)
+        dp=args.dp, tp=args.tp, dashboard=args.dashboard,
+        layers_per_stage=args.layers_per_stage)
 
 
 def mpi_comm() -> Any:
@@ -172,7 +180,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     for path in write_outputs(result, cfg, json_out=args.json_out,
                               chrome_trace=args.chrome_trace, png=args.png,
-                              csv_out=args.csv_out):
+                              csv_out=args.csv_out, step_table=args.step_table):
         print(f"wrote {path}", file=sys.stderr)
     _print_summary(result, cfg)
     return 0

@@ -30,6 +30,7 @@ from ..runtime.autotune import AutoHint, parse_auto, start_hint
 from ..runtime.pipeline import Pipeline
 from ..schedulers import make_hint
 from ..sim.durations import paced_duration
+from ..telemetry.export import spans_table
 from ..telemetry.instruments import Instruments, instrument_pipeline
 from ..telemetry.metrics import StepMetrics, step_metrics
 from ..telemetry.spans import StepReport
@@ -70,6 +71,8 @@ class TrainConfig:
     lr: float = 3e-3
     metrics_port: int | None = None
     """serve Prometheus metrics on this port (+ rank under MPI); None: off"""
+    dashboard: int | None = None
+    """serve the live dashboard (telemetry/dashboard.py) on this port, rank 0; None: off"""
     sleep_only: bool = False
     """tasks only sleep their durations, no model compute (replays a trace's timing alone)"""
     checkpoint_dir: str | None = None
@@ -105,6 +108,9 @@ class TrainConfig:
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise ConfigError("metrics_port out of range", expected="0..65535",
                               got=self.metrics_port)
+        if self.dashboard is not None and not 0 <= self.dashboard <= 65535:
+            raise ConfigError("dashboard port out of range", expected="0..65535",
+                              got=self.dashboard)
         if self.on_nan not in ON_NAN:
             raise ConfigError("on_nan", expected=" | ".join(ON_NAN), got=repr(self.on_nan))
         for name in ("stages", "microbatches", "steps", "batch", "seq", "dim", "heads",
@@ -151,6 +157,8 @@ class TrainResult:
             "ranks": self.world_size, "overruns": self.overruns,
             "sleep_only": cfg.sleep_only, "diverged_at": self.diverged_at,
             "sealed": self.key_fingerprint, "dp": cfg.dp, "tp": cfg.tp,
+            "layers_per_stage": cfg.layers_per_stage,
+            "spans": spans_table(self.reports),  # what `aioready advise` reads
         }
 
 
@@ -226,7 +234,7 @@ async def train(cfg: TrainConfig, *, comm: Any = None,
         from ..telemetry.gather import barrier
         # ranks built their models at different speeds: start together
         await pipe.watch(barrier(comm), what="the start barrier")
-    with _live_metrics(cfg, pipe, rank) as instruments:
+    with _live_metrics(cfg, pipe, rank, board=rank == 0 and not follower) as instruments:
         try:
             for step in range(start, cfg.steps):
                 loss = await pipe.step(*_batch(cfg, step, mine,
@@ -347,7 +355,26 @@ async def _collect(pipe: Pipeline, comm: Any, loss: Any
 
 
 @contextlib.contextmanager
-def _live_metrics(cfg: TrainConfig, pipe: Pipeline, rank: int) -> Iterator[Instruments]:
+def _live_metrics(cfg: TrainConfig, pipe: Pipeline, rank: int, *, board: bool
+                  ) -> Iterator[Instruments]:
+    """Prometheus metrics (every rank) and the dashboard (rank 0, fed the gathered steps)."""
+    dashboard = None
+    if cfg.dashboard is not None and board:
+        from ..telemetry.dashboard import Dashboard
+        dashboard = Dashboard(pipe, port=cfg.dashboard)
+        print(f"rank {rank}: dashboard on {dashboard.url}", file=sys.stderr, flush=True)
+    try:
+        with _prometheus(cfg, pipe, rank) as instruments:
+            if dashboard is not None:
+                instruments.add(dashboard)
+            yield instruments
+    finally:
+        if dashboard is not None:
+            dashboard.close()
+
+
+@contextlib.contextmanager
+def _prometheus(cfg: TrainConfig, pipe: Pipeline, rank: int) -> Iterator[Instruments]:
     if cfg.metrics_port is None:
         yield Instruments()
         return
@@ -382,7 +409,7 @@ def _mpi_transport(comm: Any) -> Any:
 
 def write_outputs(result: TrainResult, cfg: TrainConfig, *, json_out: str | None = None,
                   chrome_trace: str | None = None, png: str | None = None,
-                  csv_out: str | None = None) -> list[Path]:
+                  csv_out: str | None = None, step_table: str | None = None) -> list[Path]:
     """Write the requested exports of a finished run (rank 0); return the paths written."""
     import json
 
@@ -399,6 +426,9 @@ def write_outputs(result: TrainResult, cfg: TrainConfig, *, json_out: str | None
         written.append(write_chrome_trace(result.reports, chrome_trace))
     if csv_out:
         written.append(write_csv(result.reports, csv_out))
+    if step_table:
+        from ..telemetry.step_table import write_step_table
+        written.append(write_step_table(result.reports, step_table))
     if png:
         from ..telemetry.plots import plot_timeline
         written.append(plot_timeline(result.reports[-1], png, label=f"{cfg.mode} {cfg.hint} "))

@@ -109,6 +109,8 @@ class Pipeline:
     `autocast=dtype` (docs/architecture.md "Data parallelism"). `memory="24GiB"` or `"2x"`:
     admit by activation bytes, measured per microbatch, instead of `cap=`'s count
     (docs/policy.md "Memory budgets"); `measure_memory=True` measures them without a budget.
+    `dashboard=PORT` serves a live page of the pipeline on 127.0.0.1 (0: any free port;
+    `pipe.dashboard.url`, docs/telemetry.md); needs aiohttp.
     """
 
     def __init__(
@@ -123,6 +125,7 @@ class Pipeline:
         grid: Any = None, grad_reducer: Any = None, normalize: str = "microbatches",
         tied: Any = None, scaler: Any = None, autocast: Any = None,
         memory: MemorySpec = None, measure_memory: bool = False,
+        dashboard: int | None = None,
     ) -> None:
         if not isinstance(microbatches, int) or isinstance(microbatches, bool) or microbatches < 1:
             raise ConfigError("microbatches must be a positive integer", expected=">= 1",
@@ -227,6 +230,10 @@ class Pipeline:
                                              "AIOREADY_STALL_TIMEOUT", STALL_TIMEOUT_S)
         self.stall_watchdog = (None if self.stall_timeout is None else
                                StallWatchdog(self.runtimes, self._guard, self.stall_timeout))
+        self.dashboard = None  # a live page of this pipeline (telemetry/dashboard.py)
+        if dashboard is not None:
+            from ..telemetry.dashboard import Dashboard
+            self.dashboard = Dashboard(self, port=dashboard)
         self.peer_monitor = None
         if transport is not None and transport.world_size > 1:
             from .faults import PEER_TIMEOUT_S, PeerMonitor
@@ -357,6 +364,8 @@ class Pipeline:
         return None
 
     def close(self) -> None:
+        if self.dashboard is not None:
+            self.dashboard.close()
         if self.peer_monitor is not None:
             self.peer_monitor.close()
         for rt in self.runtimes:

@@ -506,6 +506,16 @@ class RankRuntime:
         self.transport.send_nowait(self.placement.rank_of(stage), msg)
 
     # -- introspection --------------------------------------------------------------------
+    def live(self) -> dict[str, Any]:
+        """What a live view reads, from any thread (telemetry/dashboard.py): the running (else
+        last) step's report so far, whether a step runs, its ready tasks, microbatches in
+        flight and cap, and the task on the device."""
+        ready = getattr(self, "_ready", None)
+        return {"report": getattr(self, "_report", None), "active": self._active,
+                "ready": len(ready) if hasattr(ready, "__len__") else None,
+                "in_flight": None if ready is None else ready.in_flight, "cap": self.cap,
+                "running": None if self.running_task is None else str(self.running_task)}
+
     def pending_receives(self) -> list[tuple[Task, int]]:
         """Tasks still waiting on a message, with the rank that must send it (best first)."""
         if not self._active:

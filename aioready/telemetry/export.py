@@ -6,7 +6,7 @@
   microseconds from the first step's start; the steps' own start and end ride in `otherData`.
 - CSV: one row per task, `step,rank,stage,chunk,microbatch,kind,ready_s,start_s,end_s`, floats
   written with repr so a file reads back to the very same spans.
-- Parquet (same columns) when pyarrow is installed.
+- Parquet (same columns) when pyarrow is installed; all three read back (`read_reports`).
 Torch- and mpi4py-free.
 """
 
@@ -22,7 +22,8 @@ from ..tasks import Kind
 from .spans import Span, StepReport
 
 __all__ = ["KIND_CNAME", "KIND_COLOR", "CSV_COLUMNS", "chrome_trace", "write_chrome_trace",
-           "read_chrome_trace", "write_csv", "read_csv", "write_parquet", "read_reports"]
+           "read_chrome_trace", "write_csv", "read_csv", "write_parquet", "read_parquet",
+           "read_reports", "spans_table", "reports_from_table"]
 
 KIND_CNAME = {Kind.F: "thread_state_runnable", Kind.B: "good", Kind.W: "yellow"}
 KIND_COLOR = {Kind.F: "#4C78A8", Kind.B: "#59A14F", Kind.W: "#EDC948"}
@@ -161,6 +162,31 @@ def read_csv(path: str | Path) -> list[StepReport]:
     return _group(rows, {})
 
 
+def spans_table(reports: Sequence[StepReport], *, unit_ms: float = 1000.0) -> dict[str, Any]:
+    """The CSV's rows as plain JSON data, times in ms (`unit_ms`: ms per clock unit): what the
+    `aioready train --json` summary carries so `aioready advise` can read it alone."""
+    columns = [*CSV_COLUMNS[:6], "ready_ms", "start_ms", "end_ms"]
+    return {"columns": columns, "rows": [[*row[:6], *(float(v) * unit_ms for v in row[6:])]
+                                         for row in _rows(reports)]}
+
+
+def reports_from_table(table: dict[str, Any]) -> list[StepReport]:
+    """Inverse of spans_table (times stay in ms); TraceError on a malformed table."""
+    try:
+        index = [table["columns"].index(c) for c in (*CSV_COLUMNS[:6], "ready_ms", "start_ms",
+                                                      "end_ms")]
+        rows = [(int(r[index[0]]), Span(*(int(r[i]) for i in index[1:5]), Kind[r[index[5]]],
+                                        *(float(r[i]) for i in index[6:])))
+                for r in table["rows"]]
+    except (KeyError, ValueError, TypeError, IndexError) as exc:
+        raise TraceError("malformed span table", expected="columns " + ",".join(CSV_COLUMNS[:6])
+                         + ",ready_ms,start_ms,end_ms and rows", got=f"{type(exc).__name__}: "
+                         f"{exc}") from exc
+    if not rows:
+        raise TraceError("span table has no rows", expected="one row per task", got=0)
+    return _group(rows, {})
+
+
 def write_parquet(reports: Sequence[StepReport], path: str | Path) -> Path:
     """The CSV's columns as a Parquet file; needs pyarrow."""
     try:
@@ -177,8 +203,29 @@ def write_parquet(reports: Sequence[StepReport], path: str | Path) -> Path:
     return path
 
 
+def read_parquet(path: str | Path) -> list[StepReport]:
+    """Step reports back from write_parquet's file; needs pyarrow."""
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise ConfigError("Parquet import needs pyarrow", expected="pyarrow installed",
+                          got="not importable", fix="pip install pyarrow") from None
+    try:
+        cols = pq.read_table(path).to_pydict()
+        rows = [(int(step), Span(int(rank), int(stage), int(chunk), int(mb), Kind[kind],
+                                 float(ready), float(start), float(end)))
+                for step, rank, stage, chunk, mb, kind, ready, start, end
+                in zip(*(cols[c] for c in CSV_COLUMNS))]
+    except (OSError, KeyError, ValueError, TypeError) as exc:
+        raise TraceError(f"cannot read span Parquet {path}", expected=",".join(CSV_COLUMNS),
+                         got=f"{type(exc).__name__}: {exc}") from exc
+    if not rows:
+        raise TraceError(f"span Parquet {path} has no rows", expected="one row per task", got=0)
+    return _group(rows, {})
+
+
 def read_reports(path: str | Path) -> list[StepReport]:
-    """Step reports from a Chrome trace (.json) or a span CSV (.csv), by suffix.
+    """Step reports from a Chrome trace (.json), a span CSV (.csv) or Parquet (.parquet).
 
     Not a duration trace (aioready.sim.traces.read_trace): this reads what a run recorded."""
     suffix = Path(path).suffix.lower()
@@ -186,5 +233,8 @@ def read_reports(path: str | Path) -> list[StepReport]:
         return read_chrome_trace(path)
     if suffix == ".csv":
         return read_csv(path)
-    raise TraceError(f"unknown trace file type {path}", expected=".json (Chrome trace) or .csv",
+    if suffix == ".parquet":
+        return read_parquet(path)
+    raise TraceError(f"unknown trace file type {path}",
+                     expected=".json (Chrome trace), .csv or .parquet",
                      got=suffix or "no suffix")

@@ -139,7 +139,17 @@ def instrument_pipeline(pipe: Any, instruments: Instruments) -> None:
     and sends; wraps only what some instrument listens to, and nothing when there is none."""
     for rt in pipe.runtimes:
         if (instruments.has("before_task") or instruments.has("after_task")) and \
-                not isinstance(rt.device, InstrumentedDevice):
+                not _wrapped(rt.device, instruments):
             rt.device = InstrumentedDevice(rt.device, instruments)
-        if instruments.has("message_sent") and not isinstance(rt.transport, InstrumentedTransport):
+        if instruments.has("message_sent") and not _wrapped(rt.transport, instruments):
             rt.transport = InstrumentedTransport(rt.transport, instruments)
+
+
+def _wrapped(obj: Any, instruments: Instruments) -> bool:
+    """Whether `instruments` already wrap `obj`: wrapping twice with one set is a no-op, and
+    another set (a dashboard beside Prometheus metrics) wraps around the first."""
+    while isinstance(obj, (InstrumentedDevice, InstrumentedTransport)):
+        if obj.instruments is instruments:
+            return True
+        obj = obj.inner
+    return False
