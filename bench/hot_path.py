@@ -114,7 +114,7 @@ def task_pieces(n: int, repeats: int) -> list[tuple[str, float]]:
     rows.append(("task: TaskInfo + Span objects", per_call(
         lambda: (TaskInfo(0, 0, 0, 0, 1, Kind.F), Span(0, 0, 0, 1, Kind.F, 0.0, 0.0, 0.0)),
         n, repeats)))
-    rows.append(("task: Task hash (dict lookups use it)", per_call(
+    rows.append(("task: Task(...) and its hash (a dict key ~20 times a task)", per_call(
         lambda: hash(Task(Kind.B, 3, 0)), n, repeats)))
 
     async def await_device(device: Any, k: int) -> float:
@@ -150,16 +150,20 @@ def task_pieces(n: int, repeats: int) -> list[tuple[str, float]]:
         return median([await _passes(k) for _ in range(repeats)])
 
     async def main() -> list[tuple[str, float]]:
-        cpu = CPUDevice()
+        cpu = CPUDevice(inline_below_s=0.0)
+        fast = CPUDevice(inline_below_s=100e-6)
         try:
             return [("task: CPUDevice.run of a no-op (thread hand-off)",
                      await await_device(cpu, max(1, n // 10))),
+                    ("task: CPUDevice.run of a no-op, tiny-task fast path (inline below 100 us)",
+                     await await_device(fast, n)),
                     ("task: InlineDevice.run of a no-op", await await_device(InlineDevice(), n)),
                     ("loop: one asyncio.sleep(0) pass", await loop_pass(n)),
                     ("wake: Wakeup.notify to the arbiter running (one loop pass)",
                      await wake_cost(max(1, n // 10)))]
         finally:
             cpu.close()
+            fast.close()
 
     rows += _run(main())
     return rows
