@@ -83,7 +83,8 @@ class MPITransport:
     """The Transport protocol over MPI point-to-point; one per rank, on that rank's loop."""
 
     def __init__(self, comm: Any = None, *, device: Any = None,
-                 inline_bytes: int = INLINE_BYTES, hot_bytes: int = HOT_BYTES) -> None:
+                 inline_bytes: int = INLINE_BYTES, hot_bytes: int = HOT_BYTES,
+                 fast: bool | None = None) -> None:
         from mpi4py import MPI
         self._MPI = MPI
         comm = MPI.COMM_WORLD if comm is None else comm
@@ -100,6 +101,8 @@ class MPITransport:
         # (AIOREADY_MPI_INLINE_BYTES) is still served up to 16 MiB
         self._max_header_message = _MAX_HEADER + max(inline_bytes, 1 << 24)
         self.hot_bytes = hot_bytes
+        # fast paths (docs/hot_path.md), each with the plain path it replaces kept behind it
+        self.fast = os.environ.get("AIOREADY_MPI_FAST", "1") != "0" if fast is None else fast
         how = ("device buffers straight to MPI" if self.cuda_aware else
                "through pooled pinned host buffers")
         log.info("rank %d/%d: CUDA tensors take the %s path, %s (%s: %s)", self._rank,
@@ -222,6 +225,12 @@ class MPITransport:
     def _isend(self, comm: Any, buf: Any, dest: int, tag: int, big: bool,
                release: Callable[[], None] | None = None) -> None:
         req = comm.Isend(buf, dest, tag)
+        if self.fast and not big and req.Test():  # eager: done at once, nothing to track
+            if release is not None:
+                release()
+            if self._sent_waiters:  # a staged CUDA send was counted until here
+                self._maybe_idle()
+            return
         self._num_sending += 1
         self._track(req, partial(self._sent, buf, release), big)
 
