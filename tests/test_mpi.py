@@ -102,6 +102,24 @@ def test_exact_over_mpi_with_fast_paths_on_and_off(env: dict[str, str]) -> None:
     assert _field(results["dtypes"], "bad") == "0", results["dtypes"]
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("fast", ["1", "0"])
+def test_parked_rank_is_woken_by_the_doorbell(fast: str) -> None:
+    """A waiting rank parks on its doorbell and each message rings it (transports/doorbell.py);
+    with the fast paths off it parks on its timer alone. Either way every message arrives."""
+    proc = run_mpi(2, [str(SCRIPTS / "doorbell.py")], timeout=100,
+                   env={"AIOREADY_MPI_FAST": fast})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
+    assert _field(line, "got") == "10,11,12", line
+    if fast == "1":
+        assert int(_field(line, "doorbell_parks")) >= 3, line
+        assert int(_field(line, "rung")) >= 1, line
+    else:
+        assert _field(line, "doorbell_parks") == "0", line
+        assert _field(line, "rung") == "0", line
+
+
 @pytest.mark.timeout(200)
 def test_out_of_order_arrival_runs_first_arrival_first() -> None:
     """The sender sends microbatch 3 first: the receiver, in ready mode, runs F3 first."""
