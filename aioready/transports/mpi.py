@@ -111,7 +111,7 @@ class MPITransport:
         log.info("rank %d/%d: CUDA tensors take the %s path, %s (%s: %s)", self._rank,
                  self._size, transfer_path(support), how, support.method, support.detail)
         self._seq = [0] * self._size
-        self._codec = WireCodec()
+        self._codec = WireCodec(fast=self.fast)
         self._pool = ReceivePool()
         self._host_device = device is None or str(device) == "cpu"
         self._cuda_device = not self._host_device and torch_module().device(device).type == "cuda"
