@@ -193,6 +193,8 @@ class _TimerFd:
         self._closer()
 
 
+_BELL_GRACE = 8  # timer parks after a doorbell woke the engine (see _park_on_doorbells)
+
 _ENGINES: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, ProgressEngine]" = (
     weakref.WeakKeyDictionary())
 
@@ -218,6 +220,7 @@ class ProgressEngine:
         self._waiting: bool | None = None  # None: no runtime hint, the plain policy
         self.num_completed = self.num_hot_passes = self.num_parks = self.num_idle_waits = 0
         self.num_doorbell_parks = 0
+        self._bell_grace = 0  # short timer parks left before arming the doorbells again
         self._armed: list[CompletionSource] = []  # sources whose doorbell is armed (a park)
 
     @classmethod
@@ -301,6 +304,7 @@ class ProgressEngine:
             self.num_completed += done
             self._last_progress = self.loop.time()
             self._cpu_mark = None
+            self._bell_grace = 0
         return done
 
     def statistics(self) -> ProgressStatistics:
@@ -351,7 +355,9 @@ class ProgressEngine:
             else:  # a long bubble: back off, growing with the time spent quiet
                 delay = min(cfg.backoff_max_s, max(cfg.park_s, (quiet - cfg.park_window_s)))
             self.num_parks += 1
-            if not busy and self._arm_doorbells():
+            if self._bell_grace:  # just rung: the message may need a few polls to show
+                self._bell_grace -= 1
+            elif not busy and self._arm_doorbells():
                 await self._park_on_doorbells(cfg.backoff_max_s)
                 continue
             await self._wait(delay)
@@ -374,11 +380,20 @@ class ProgressEngine:
 
     async def _park_on_doorbells(self, backstop: float) -> None:
         """Park until a doorbell rings (its reader kicks the engine) or the backstop timer; one
-        poll after arming finds what arrived before the doorbells could be rung."""
+        poll after arming finds what arrived before the doorbells could be rung.
+
+        A rung rank's first poll may not see the message yet (MPICH matches a message that
+        arrived since its last call only on a later one, see MPITransport._probe), and with no
+        spin window (an oversubscribed host) the engine would park again at once, on the
+        doorbell, until the backstop. So after a ring the next `_BELL_GRACE` parks are short
+        timer parks (`park_s`), and progress ends them early."""
         try:
             if not self.poll():
                 self.num_doorbell_parks += 1
+                start = self.loop.time()
                 await self._wait(backstop)
+                if self.loop.time() - start < backstop / 2:  # woken by a ring, not the timer
+                    self._bell_grace = _BELL_GRACE
         finally:
             for src in self._armed:
                 src.disarm_doorbell()

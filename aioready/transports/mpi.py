@@ -202,6 +202,7 @@ class MPITransport:
                 if self._engine is not None and not self._engine.loop.is_closed():
                     self._engine.loop.remove_reader(self._bell.fileno())
                 self._bell.close()
+                self._bell = None  # an engine that armed it may still disarm it
             for stager in set(self._stagers.values()):
                 stager.close()
             self._deliver = None
