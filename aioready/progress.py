@@ -18,7 +18,10 @@ poll:
   the ranks were bound to their own cores (it hands the core to unrelated processes): bind instead.
 - **parked** on a timerfd registered with `loop.add_reader` otherwise: `park_s` (250 us) for
   `park_window_s` after the last progress, then longer, growing with the quiet time up to
-  `backoff_max_s`, for long bubbles (~1-4 % CPU here, bench/results/transport.md).
+  `backoff_max_s`, for long bubbles (~1-4 % CPU here, bench/results/transport.md). When every
+  source with something pending has a doorbell (the MPI transport with all ranks on one host,
+  transports/doorbell.py), a park that is not busy arms them and sleeps until one rings, with
+  `backoff_max_s` as a backstop only: the message wakes the rank, not a timer sweep.
   Not `asyncio.sleep`: uvloop turns sub-millisecond sleeps into 0 (a spin) and the default loop
   stretches them to ~1.1 ms. Without a timerfd (non-Linux, or a loop without `add_reader` such as
   the virtual clock) the engine falls back to `loop.call_later` with at least `min_sleep_s` (1 ms);
@@ -68,6 +71,9 @@ class CompletionSource(Protocol):
       Runs on the loop thread and must not block.
     - `num_pending()`: items still outstanding; 0 lets the engine sleep until `kick()`.
     - `wants_hot()`: True while an outstanding item only moves when polled (MPI rendezvous).
+
+    Optional: `arm_doorbell() -> bool` and `disarm_doorbell()`, for a source that can wake the
+    engine itself (it calls `kick()`) while it is parked: see `ProgressEngine._arm_doorbells`.
     """
 
     def poll(self) -> int: ...
@@ -187,6 +193,8 @@ class _TimerFd:
         self._closer()
 
 
+_BELL_GRACE = 8  # timer parks after a doorbell woke the engine (see _park_on_doorbells)
+
 _ENGINES: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, ProgressEngine]" = (
     weakref.WeakKeyDictionary())
 
@@ -211,6 +219,9 @@ class ProgressEngine:
         self._timer_kind = self._choose_timer()
         self._waiting: bool | None = None  # None: no runtime hint, the plain policy
         self.num_completed = self.num_hot_passes = self.num_parks = self.num_idle_waits = 0
+        self.num_doorbell_parks = 0
+        self._bell_grace = 0  # short timer parks left before arming the doorbells again
+        self._armed: list[CompletionSource] = []  # sources whose doorbell is armed (a park)
 
     @classmethod
     def for_loop(cls, loop: asyncio.AbstractEventLoop | None = None) -> "ProgressEngine":
@@ -293,6 +304,7 @@ class ProgressEngine:
             self.num_completed += done
             self._last_progress = self.loop.time()
             self._cpu_mark = None
+            self._bell_grace = 0
         return done
 
     def statistics(self) -> ProgressStatistics:
@@ -343,7 +355,49 @@ class ProgressEngine:
             else:  # a long bubble: back off, growing with the time spent quiet
                 delay = min(cfg.backoff_max_s, max(cfg.park_s, (quiet - cfg.park_window_s)))
             self.num_parks += 1
+            if self._bell_grace:  # just rung: the message may need a few polls to show
+                self._bell_grace -= 1
+            elif not busy and self._arm_doorbells():
+                await self._park_on_doorbells(cfg.backoff_max_s)
+                continue
             await self._wait(delay)
+
+    def _arm_doorbells(self) -> bool:
+        """Whether every source with something pending can wake the engine itself (a source's
+        optional `arm_doorbell()`, transports/doorbell.py): then a park needs no short timer."""
+        armed = []
+        for src in self._sources:
+            if not src.num_pending():
+                continue
+            arm = getattr(src, "arm_doorbell", None)
+            if arm is None or not arm():
+                for other in armed:
+                    other.disarm_doorbell()
+                return False
+            armed.append(src)
+        self._armed = armed
+        return bool(armed)
+
+    async def _park_on_doorbells(self, backstop: float) -> None:
+        """Park until a doorbell rings (its reader kicks the engine) or the backstop timer; one
+        poll after arming finds what arrived before the doorbells could be rung.
+
+        A rung rank's first poll may not see the message yet (MPICH matches a message that
+        arrived since its last call only on a later one, see MPITransport._probe), and with no
+        spin window (an oversubscribed host) the engine would park again at once, on the
+        doorbell, until the backstop. So after a ring the next `_BELL_GRACE` parks are short
+        timer parks (`park_s`), and progress ends them early."""
+        try:
+            if not self.poll():
+                self.num_doorbell_parks += 1
+                start = self.loop.time()
+                await self._wait(backstop)
+                if self.loop.time() - start < backstop / 2:  # woken by a ring, not the timer
+                    self._bell_grace = _BELL_GRACE
+        finally:
+            for src in self._armed:
+                src.disarm_doorbell()
+            self._armed = []
 
     def _spun(self) -> float:
         """CPU time this thread spent polling since the last progress.

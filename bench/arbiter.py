@@ -40,7 +40,8 @@ def decision_cost(tasks_per_rank: int, repeats: int) -> float:
     return median(samples)
 
 
-def runtime_overhead(loop_name: str, S: int, M: int, repeats: int) -> float:
+def runtime_overhead(loop_name: str, S: int, M: int, repeats: int,
+                     policy: str = "reserve") -> float:
     import aioready
     from aioready.devices.sim import SimDevice
 
@@ -48,8 +49,8 @@ def runtime_overhead(loop_name: str, S: int, M: int, repeats: int) -> float:
         out = []
         for _ in range(repeats):
             pipe = aioready.Pipeline([None] * S, None, microbatches=M, hint="1f1b",
-                                     mode="ready", device=SimDevice(lambda i: 0.0,
-                                                                    run_compute=False))
+                                     mode="ready", policy=policy,
+                                     device=SimDevice(lambda i: 0.0, run_compute=False))
             t0 = time.perf_counter()
             await pipe.step()
             out.append((time.perf_counter() - t0) / (2 * S * M) * 1e6)
@@ -72,9 +73,13 @@ def main(argv: list[str] | None = None) -> str:
     for n in (8, 64, 512):
         lines.append(f"| {n} | {decision_cost(n, reps):.2f} |")
     lines += ["", "## Runtime overhead per task (zero-duration sim tasks, S=4, M=64, no compute)",
-              "", "| loop | median us per task |", "|---|---|"]
+              "", "The reserving policy (the default) also sends a forecast notice for every task "
+              "that feeds a peer and keeps the forecast's bookkeeping (docs/hot_path.md).", "",
+              "| loop | policy | median us per task |", "|---|---|---|"]
     for loop_name in ("uvloop", "asyncio"):
-        lines.append(f"| {loop_name} | {runtime_overhead(loop_name, 4, 64, 5 if args.quick else 20):.1f} |")
+        for policy in ("reserve", "greedy"):
+            us = runtime_overhead(loop_name, 4, 64, 5 if args.quick else 20, policy)
+            lines.append(f"| {loop_name} | {policy} | {us:.1f} |")
     body = "\n".join(lines)
     cmd = "python -m bench.arbiter" + (" --quick" if args.quick else "")
     write_result("arbiter", body, cmd)

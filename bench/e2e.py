@@ -36,8 +36,6 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from .common import RESULTS, median, write_result
 
 __all__ = ["SCENARIOS", "AIOREADY_CONFIGS", "TORCH_CONFIGS", "generate_trace", "run_scenario",
@@ -320,8 +318,43 @@ def _body(summaries: list[dict[str, Any]], args: argparse.Namespace, steps: int,
               "the sleeps. Loss: the same model and data on both sides.", ""]
     for s in summaries:
         lines += _table(s)
+    lines += _per_task(summaries, args.microbatches)
     lines += ["## Not run", "", _not_run(summaries)]
     return "\n".join(lines)
+
+
+SAME_SCHEDULE = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B",
+                 "interleaved-1f1b": "ScheduleInterleaved1F1B",
+                 "interleaved-zb": "ScheduleInterleavedZeroBubble", "zbv": "ScheduleZBVZeroBubble"}
+
+
+def cpu_us_per_task(row: dict[str, Any], microbatches: int, ranks: int = 4) -> float:
+    """A rank's process CPU per step divided by the tasks it runs in a step (F, B and, split,
+    W, for each chunk it holds): the runtime's CPU per task, on top of the same model compute
+    on both sides (docs/hot_path.md)."""
+    tasks = microbatches * (3 if row["split_backward"] else 2) * row["num_stages"] // ranks
+    return _mean(row.get("cpu_s_per_step", [])) / tasks * 1e6
+
+
+def _per_task(summaries: list[dict[str, Any]], microbatches: int) -> list[str]:
+    """CPU per task, aioready against torch.distributed.pipelining on the same schedule."""
+    lines = ["## CPU per task on the same schedule", "",
+             "A rank's CPU per step / its tasks per step, in us (both sides run the same model "
+             "compute, so the difference is the runtime's).", "",
+             "| scenario | schedule | aioready config | aioready us/task | torch us/task | "
+             "aioready / torch |", "|---|---|---|---|---|---|"]
+    for s in summaries:
+        torch_rows = {r["name"]: r for r in s["rows"] if r["side"] == "torch"}
+        for r in sorted(s["rows"], key=lambda r: r["name"]):
+            hint = r["name"].split("/")[0]
+            other = torch_rows.get(SAME_SCHEDULE.get(hint, ""))
+            if r["side"] != "aioready" or other is None or "@" in r["name"]:
+                continue
+            a, t = cpu_us_per_task(r, microbatches), cpu_us_per_task(other, microbatches)
+            if t:
+                lines.append(f"| `{s['scenario']}` | {hint} | {r['name']} | {a:.0f} | "
+                             f"{t:.0f} | {a / t:.2f} |")
+    return lines + [""]
 
 
 def _knobs() -> str:

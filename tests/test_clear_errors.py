@@ -112,3 +112,19 @@ def test_metrics_server_closes_idle_connections() -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+@pytest.mark.parametrize("value", ["fast", "-1"])
+def test_cpu_inline_threshold_from_env_is_checked(monkeypatch, value: str) -> None:
+    from aioready.devices.cpu import CPUDevice
+    from aioready.errors import ConfigError
+
+    monkeypatch.setenv("AIOREADY_CPU_INLINE_US", value)
+    with pytest.raises(ConfigError, match="AIOREADY_CPU_INLINE_US"):
+        CPUDevice()
+    monkeypatch.setenv("AIOREADY_CPU_INLINE_US", "50")
+    device = CPUDevice()
+    try:
+        assert device.inline_below_s == pytest.approx(50e-6)
+    finally:
+        device.close()

@@ -133,3 +133,28 @@ async def test_inline_device_matches_unsplit_model(mode: str) -> None:
     assert type(pipe.runtimes[0].device).__name__ == "InlineDevice"
     assert abs(float(loss) - float(ref_loss)) <= TOL
     assert max_grad_diff(stages, ref) <= TOL
+
+
+@pytest.mark.parametrize("inline_below_s", [0.0, 10.0], ids=["thread-only", "tiny-inline"])
+@pytest.mark.parametrize("mode", ["ready", "strict"])
+async def test_cpu_device_tiny_task_fast_path_matches_unsplit_model(
+        mode: str, inline_below_s: float) -> None:
+    """CPUDevice's fast path (a task whose last run was short runs on the loop thread), on and
+    off: the same loss and gradients; on, every repeat of a stage's kind ran inline."""
+    from aioready.devices.cpu import CPUDevice
+
+    stages = make_mlp_stages(3, seed=22)
+    xs, ys = batch(4, seed=6)
+    ref_loss, ref = reference_step(stages, mse_loss, xs, ys)
+    pipe = aioready.Pipeline(stages, mse_loss, microbatches=4, hint="1f1b", mode=mode,
+                             split_backward=True, device=lambda r: CPUDevice(
+                                 f"fast{r}", inline_below_s=inline_below_s))
+    try:
+        loss = await pipe.step(xs, ys)
+    finally:
+        pipe.close()
+    inline = [rt.device.num_inline for rt in pipe.runtimes]
+    # 3 kinds x 4 microbatches per rank; the first of each kind goes to the thread
+    assert inline == ([9, 9, 9] if inline_below_s else [0, 0, 0])
+    assert abs(float(loss) - float(ref_loss)) <= TOL
+    assert max_grad_diff(stages, ref) <= TOL

@@ -80,6 +80,46 @@ def test_pipeline_exact_over_mpi(n: int) -> None:
         assert float(_field(text, "grad_diff")) <= TOL, (case, text)
 
 
+FAST_CASES = ["1f1b:ready:1:1", "1f1b:strict:0:1", "interleaved-1f1b:ready:0:1", "dtypes"]
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("env", [{"AIOREADY_MPI_FAST": "0"},
+                                 {"AIOREADY_MPI_FAST": "1", "AIOREADY_CPU_INLINE_US": "1e7"}],
+                         ids=["fast-paths-off", "fast-paths-on"])
+def test_exact_over_mpi_with_fast_paths_on_and_off(env: dict[str, str]) -> None:
+    """The hot path's fast paths (docs/hot_path.md) off, and all on (the CPU device's tiny-task
+    path included): the same losses, gradients and payloads as the unsplit model."""
+    proc = run_mpi(2, [str(SCRIPTS / "exact.py"), *FAST_CASES], timeout=150, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = dict(line.split(" ", 2)[1:] for line in proc.stdout.splitlines()
+                   if line.startswith("RESULT "))
+    assert sorted(results) == sorted(FAST_CASES), proc.stdout
+    for case in FAST_CASES[:-1]:
+        assert _field(results[case], "loss_seen") == "1", (case, results[case])
+        assert float(_field(results[case], "loss_diff")) <= TOL, (case, results[case])
+        assert float(_field(results[case], "grad_diff")) <= TOL, (case, results[case])
+    assert _field(results["dtypes"], "bad") == "0", results["dtypes"]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("fast", ["1", "0"])
+def test_parked_rank_is_woken_by_the_doorbell(fast: str) -> None:
+    """A waiting rank parks on its doorbell and each message rings it (transports/doorbell.py);
+    with the fast paths off it parks on its timer alone. Either way every message arrives."""
+    proc = run_mpi(2, [str(SCRIPTS / "doorbell.py")], timeout=100,
+                   env={"AIOREADY_MPI_FAST": fast})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
+    assert _field(line, "got") == "10,11,12", line
+    if fast == "1":
+        assert int(_field(line, "doorbell_parks")) >= 3, line
+        assert int(_field(line, "rung")) >= 1, line
+    else:
+        assert _field(line, "doorbell_parks") == "0", line
+        assert _field(line, "rung") == "0", line
+
+
 @pytest.mark.timeout(200)
 def test_out_of_order_arrival_runs_first_arrival_first() -> None:
     """The sender sends microbatch 3 first: the receiver, in ready mode, runs F3 first."""

@@ -205,3 +205,60 @@ def test_virtual_clock_uses_call_later_and_completes_in_virtual_time() -> None:
     took, kind = run_virtual(main())
     assert kind == "call_later"
     assert 0.5 <= took <= 0.5 + ProgressConfig().backoff_max_s + 1e-9
+
+
+class BellSource(FakeSource):
+    """A FakeSource whose items arrive when `ring()` is called, as a doorbell would say."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, engine: ProgressEngine,
+                 can_arm: bool = True) -> None:
+        super().__init__(loop)
+        self.engine = engine
+        self.can_arm = can_arm
+        self.armed = False
+        self.num_armed = 0
+        self.num_rung = 0
+
+    def arm_doorbell(self) -> bool:
+        if self.can_arm:
+            self.armed = True
+            self.num_armed += 1
+        return self.can_arm
+
+    def disarm_doorbell(self) -> None:
+        self.armed = False
+
+    def arrive(self) -> None:
+        """The item is due now; ring only if the engine armed the doorbell (as a sender does)."""
+        self.items = [(self.loop.time(), f) for _, f in self.items]
+        if self.armed:
+            self.num_rung += 1
+            self.engine.kick()
+
+
+@pytest.mark.parametrize("can_arm", [True, False], ids=["doorbell", "timer-only"])
+def test_a_parked_engine_wakes_on_the_doorbell_not_the_timer(can_arm: bool) -> None:
+    """In a long bubble (8 ms parks) a source that can arm its doorbell is parked on it: the
+    item is completed the instant it arrives and rings, and the next parks are disarmed again.
+    A source without a doorbell waits for the next timer park (the plain policy)."""
+    async def main() -> tuple[float, BellSource, ProgressStatistics]:
+        loop = asyncio.get_running_loop()
+        engine = ProgressEngine(loop, ProgressConfig(park_s=250e-6, park_window_s=20e-3,
+                                                     backoff_max_s=8e-3))
+        src = BellSource(loop, engine, can_arm)
+        engine.add_source(src)
+        fut = src.add(100.0)  # pending, due only when it "arrives"
+        await asyncio.sleep(0.1003)  # past the park window: parks are 8 ms apart
+        t0 = loop.time()
+        src.arrive()
+        done = await fut
+        stats = engine.statistics()
+        engine.close()
+        return done - t0, src, stats
+
+    took, src, stats = run_virtual(main())
+    if can_arm:
+        assert took == 0.0 and src.num_rung == 1, took
+        assert src.num_armed >= 10 and not src.armed  # every long park armed it, then disarmed
+    else:
+        assert 0.0 < took <= 8e-3 + 1e-9 and src.num_rung == 0 and src.num_armed == 0, took

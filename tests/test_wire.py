@@ -39,9 +39,10 @@ def same(a: Message, b: Message) -> None:
         assert torch.equal(y, x)
 
 
+@pytest.mark.parametrize("fast", [True, False], ids=["fast", "plain"])
 @pytest.mark.parametrize("dtype", sorted(DTYPE_CODES))
-def test_every_dtype_roundtrips_twice_through_the_caches(dtype: str) -> None:
-    codec = WireCodec()
+def test_every_dtype_roundtrips_twice_through_the_caches(dtype: str, fast: bool) -> None:
+    codec = WireCodec(fast=fast)
     dt = getattr(torch, dtype)
     x = (torch.arange(24, dtype=torch.float64) * 1.5 - 7).to(dt).reshape(2, 3, 4)
     for step in range(3):  # first a cache miss, then hits
@@ -50,8 +51,9 @@ def test_every_dtype_roundtrips_twice_through_the_caches(dtype: str) -> None:
         same(roundtrip(codec, msg), msg)
 
 
-def test_tuples_none_slots_scalars_empty_and_strided_tensors() -> None:
-    codec = WireCodec()
+@pytest.mark.parametrize("fast", [True, False], ids=["fast", "plain"])
+def test_tuples_none_slots_scalars_empty_and_strided_tensors(fast: bool) -> None:
+    codec = WireCodec(fast=fast)
     base = torch.randn(6, 5, dtype=torch.float64)
     tensors = (base.t(), None, torch.tensor(3.5), torch.empty(0, 4), base[::2],
                torch.ones(3, requires_grad=True))

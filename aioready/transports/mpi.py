@@ -42,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import sys
 from functools import partial
 from typing import Any, Callable
 
@@ -51,6 +52,7 @@ from ..cuda.mpi import HostStager, cuda_mpi_support, mpi_device_buffer, transfer
 from ..errors import AioreadyError, InternalError, ProtocolError
 from ..progress import ProgressConfig, ProgressEngine
 from .base import Deliver, Message, MessageKind, OnFailure
+from .doorbell import Doorbell
 from .header import MAX_TENSORS, TensorSpec
 from .receive_pool import ReceivePool
 from .tensor_bytes import host_bytes, torch_module
@@ -83,7 +85,8 @@ class MPITransport:
     """The Transport protocol over MPI point-to-point; one per rank, on that rank's loop."""
 
     def __init__(self, comm: Any = None, *, device: Any = None,
-                 inline_bytes: int = INLINE_BYTES, hot_bytes: int = HOT_BYTES) -> None:
+                 inline_bytes: int = INLINE_BYTES, hot_bytes: int = HOT_BYTES,
+                 fast: bool | None = None) -> None:
         from mpi4py import MPI
         self._MPI = MPI
         comm = MPI.COMM_WORLD if comm is None else comm
@@ -100,12 +103,15 @@ class MPITransport:
         # (AIOREADY_MPI_INLINE_BYTES) is still served up to 16 MiB
         self._max_header_message = _MAX_HEADER + max(inline_bytes, 1 << 24)
         self.hot_bytes = hot_bytes
+        # fast paths (docs/hot_path.md), each with the plain path it replaces kept behind it
+        self.fast = os.environ.get("AIOREADY_MPI_FAST", "1") != "0" if fast is None else fast
+        self._bell = _doorbell(MPI, self._hdr) if self.fast else None  # collective
         how = ("device buffers straight to MPI" if self.cuda_aware else
                "through pooled pinned host buffers")
         log.info("rank %d/%d: CUDA tensors take the %s path, %s (%s: %s)", self._rank,
                  self._size, transfer_path(support), how, support.method, support.detail)
         self._seq = [0] * self._size
-        self._codec = WireCodec()
+        self._codec = WireCodec(fast=self.fast)
         self._pool = ReceivePool()
         self._host_device = device is None or str(device) == "cpu"
         self._cuda_device = not self._host_device and torch_module().device(device).type == "cuda"
@@ -145,6 +151,8 @@ class MPITransport:
         if self.oversubscribed:
             self._engine.reconfigure(ProgressConfig.from_env(oversubscribed=True))
         self._engine.add_source(self)
+        if self._bell is not None:
+            self._engine.loop.add_reader(self._bell.fileno(), self._on_ring)
 
     def send_nowait(self, dest: int, msg: Message) -> None:
         if self._error is not None and msg.kind is not MessageKind.CONTROL:
@@ -164,9 +172,13 @@ class MPITransport:
         if not on_cuda and sum(sizes) <= self.inline_bytes:
             buf = self._codec.encode_inline(msg, descriptors, sizes)
             self._isend(self._hdr, buf, dest, seq, len(buf) >= self.hot_bytes)
+            if self._bell is not None:
+                self._bell.ring(dest)
         else:
             header = self._codec.fixed(msg, len(sizes)) + descriptors
             self._isend(self._hdr, header, dest, seq, False)
+            if self._bell is not None:
+                self._bell.ring(dest)
             for i, (t, n) in enumerate(zip(tensors, sizes)):
                 if n:
                     self._send_payload(dest, seq * MAX_TENSORS + i, t, n)
@@ -186,6 +198,11 @@ class MPITransport:
         finally:
             if self._engine is not None:
                 self._engine.remove_source(self)
+            if self._bell is not None:
+                if self._engine is not None and not self._engine.loop.is_closed():
+                    self._engine.loop.remove_reader(self._bell.fileno())
+                self._bell.close()
+                self._bell = None  # an engine that armed it may still disarm it
             for stager in set(self._stagers.values()):
                 stager.close()
             self._deliver = None
@@ -222,6 +239,12 @@ class MPITransport:
     def _isend(self, comm: Any, buf: Any, dest: int, tag: int, big: bool,
                release: Callable[[], None] | None = None) -> None:
         req = comm.Isend(buf, dest, tag)
+        if self.fast and not big and req.Test():  # eager: done at once, nothing to track
+            if release is not None:
+                release()
+            if self._sent_waiters:  # a staged CUDA send was counted until here
+                self._maybe_idle()
+            return
         self._num_sending += 1
         self._track(req, partial(self._sent, buf, release), big)
 
@@ -311,6 +334,22 @@ class MPITransport:
 
     def wants_hot(self) -> bool:
         return self._num_big > 0
+
+    def arm_doorbell(self) -> bool:
+        """The engine is about to park: may a peer's message wake it (doorbell.py)? Only while
+        nothing but the next header is awaited (a tracked request needs polling)."""
+        if self._bell is None or self._reqs:
+            return False
+        self._bell.set_parked(True)
+        return True
+
+    def disarm_doorbell(self) -> None:
+        if self._bell is not None:
+            self._bell.set_parked(False)
+
+    def _on_ring(self) -> None:
+        self._bell.drain()  # type: ignore[union-attr]  # registered only with a doorbell
+        self._engine.kick()  # type: ignore[union-attr]
 
     # -- receiving ------------------------------------------------------------------------
     def _probe(self) -> int:
@@ -470,6 +509,17 @@ class MPITransport:
     def __repr__(self) -> str:
         return (f"<MPITransport rank={self._rank}/{self._size} sending={self._num_sending} "
                 f"requests={len(self._reqs)} cuda_aware={self.cuda_aware}>")
+
+
+def _doorbell(MPI: Any, comm: Any) -> Doorbell | None:
+    """A doorbell when every rank is on this host (Linux), else None (timer parks only)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    bell = Doorbell(MPI, comm)
+    if bell.usable:
+        return bell
+    bell.close()
+    return None
 
 
 def _oversubscribed(MPI: Any, comm: Any) -> bool:

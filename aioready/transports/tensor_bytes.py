@@ -15,7 +15,8 @@ import numpy as np
 from ..errors import ConfigError
 from .header import DTYPE_CODES, TensorSpec
 
-__all__ = ["torch_module", "spec_of", "cannot_travel", "host_bytes", "from_bytes", "torch_dtype", "numel"]
+__all__ = ["torch_module", "spec_of", "cannot_travel", "host_bytes", "from_bytes", "torch_dtype", "numel",
+           "numpy_dtype"]
 
 _TORCH: Any = None
 _CODEC: dict[Any, tuple[str, Any, Any]] = {}  # torch dtype -> (wire name, numpy dtype, torch)
@@ -77,6 +78,12 @@ def from_bytes(buf: np.ndarray, name: str, shape: tuple[int, ...]) -> Any:
     if npdt is not None:
         return torch.from_numpy(buf.view(npdt).reshape(shape))
     return torch.from_numpy(buf.view(np.int16)).view(dt).reshape(shape)
+
+
+def numpy_dtype(name: str) -> Any:
+    """The numpy dtype of wire dtype `name`, or None (bfloat16 has none)."""
+    torch_module()
+    return _BY_NAME[name][1]
 
 
 def torch_dtype(name: str) -> Any:

@@ -31,7 +31,14 @@ from .header import (
     decode_header,
     encode_descriptor,
 )
-from .tensor_bytes import cannot_travel, from_bytes, numel, torch_dtype, torch_module
+from .tensor_bytes import (
+    cannot_travel,
+    from_bytes,
+    numel,
+    numpy_dtype,
+    torch_dtype,
+    torch_module,
+)
 
 __all__ = ["ALIGN", "align", "Header", "Layout", "WireCodec"]
 
@@ -60,13 +67,14 @@ class Layout:
                       for s, d in zip(specs, self.dtypes)]
         self.header_len = _FIXED.size + sum(_DESC.size + 8 * len(s.shape) for s in specs)
         self.inline_len = align(self.header_len) + sum(align(n) for n in self.sizes)
-        views: list[tuple[int, int, str, Any, tuple[int, ...]] | None] = []
+        views: list[tuple[int, int, str, Any, tuple[int, ...], Any] | None] = []
         off = align(self.header_len)
         for s, d, n in zip(specs, self.dtypes, self.sizes):
             if d is None:
                 views.append(None)
                 continue
-            views.append((off, n, s.dtype, d, tuple(s.shape)))  # type: ignore[arg-type]
+            views.append((off, n, s.dtype, d, tuple(s.shape),  # type: ignore[arg-type]
+                          numpy_dtype(s.dtype)))  # type: ignore[arg-type]
             off += align(n)
         self.views = views
 
@@ -74,7 +82,8 @@ class Layout:
 class WireCodec:
     """Encodes and decodes messages of one transport; caches are per instance (not shared)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, fast: bool = True) -> None:
+        self.fast = fast  # inline tensors through a direct numpy constructor (1.8 -> 1.3 us)
         self._descriptors: dict[tuple[Any, Any], tuple[bytes, int]] = {}
         self._layouts: dict[bytes, Layout] = {}
 
@@ -136,7 +145,8 @@ class WireCodec:
         """The header fields, with the sending rank, and layout of a received header buffer."""
         if len(buf) < _FIXED.size:
             return self._decode_new(buf, source, None)
-        magic, version, kind, step, stage, mb, tag, n = _FIXED.unpack_from(buf, 0)
+        view = memoryview(buf)  # ints and slices of a memoryview, not numpy scalars: 3 -> 1 us
+        magic, version, kind, step, stage, mb, tag, n = _FIXED.unpack_from(view, 0)
         if magic != HEADER_MAGIC or version != _VERSION or kind >= len(_KINDS) or \
                 n > MAX_TENSORS or _KINDS[kind] is MessageKind.CONTROL:
             return self._decode_new(buf, source, None)  # control: bounds of its own, rare
@@ -145,10 +155,10 @@ class WireCodec:
         for _ in range(n):
             if end + _DESC.size > size:
                 return self._decode_new(buf, source, None)
-            end += _DESC.size + 8 * int(buf[end + 1])
+            end += _DESC.size + 8 * view[end + 1]
         if end > size:
             return self._decode_new(buf, source, None)
-        key = bytes(buf[_FIXED.size:end])
+        key = bytes(view[_FIXED.size:end])
         layout = self._layouts.get(key)
         if layout is None:
             return self._decode_new(buf, source, key)
@@ -167,20 +177,24 @@ class WireCodec:
         step, kind, stage, mb, tag, source = header
         return Message(step, kind, stage, mb, tensors, tag, source)
 
-    @staticmethod
-    def inline_tensors(buf: np.ndarray, layout: Layout) -> tuple[Any, ...]:
+    def inline_tensors(self, buf: np.ndarray, layout: Layout) -> tuple[Any, ...]:
         """Tensors viewing an inline message's payload bytes (no copy)."""
         if not any(layout.views):  # no payload: no torch needed (simulated stages)
             return tuple(None for _ in layout.views)
         torch = torch_module()
+        fast = self.fast
         out = []
         for view in layout.views:
             if view is None:
                 out.append(None)
                 continue
-            off, n, name, dtype, shape = view
-            out.append(from_bytes(buf[off:off + n], name, shape) if n else
-                       torch.empty(shape, dtype=dtype))
+            off, n, name, dtype, shape, npdt = view
+            if not n:
+                out.append(torch.empty(shape, dtype=dtype))
+            elif fast and npdt is not None:  # the same view as from_bytes, built in one call
+                out.append(torch.from_numpy(np.ndarray(shape, npdt, buf, off)))
+            else:
+                out.append(from_bytes(buf[off:off + n], name, shape))
         return tuple(out)
 
 
