@@ -111,11 +111,13 @@ def config_from_args(args: argparse.Namespace) -> Any:
     from .trainer import TrainConfig
     return TrainConfig(
         stages=args.stages, microbatches=args.microbatches, hint=args.hint, mode=args.mode,
-        cap=args.cap, memory=args.memory, jitter=args.jitter, seed=args.seed, trace=args.trace, steps=args.steps,
+        cap=args.cap, memory=args.memory, jitter=args.jitter, seed=args.seed, trace=args.trace,
+        steps=args.steps,
         split_backward=args.split_backward, task_ms=args.task_ms, batch=args.batch,
         seq=args.seq, dim=args.dim, lr=args.lr, metrics_port=args.metrics_port,
         sleep_only=args.sleep_only, checkpoint_dir=args.checkpoint_dir, resume=args.resume,
-        policy=args.policy, on_nan=args.on_nan, check_config=args.check_config, key_file=args.key_file,
+        policy=args.policy, on_nan=args.on_nan, check_config=args.check_config,
+        key_file=args.key_file,
         dp=args.dp, tp=args.tp, dashboard=args.dashboard,
         layers_per_stage=args.layers_per_stage)
 
@@ -225,7 +227,9 @@ def _print_summary(result: Any, cfg: Any) -> None:
              if result.world_size > 1 else "in-process")
     if result.key_fingerprint:
         where += f", sealed with key {result.key_fingerprint}"
-    print(f"{cfg.mode} {cfg.hint}, S={cfg.stages} M={cfg.microbatches}, {where}, "
+    greedy = cfg.mode == "ready" and cfg.policy != "reserve"
+    how = f"{cfg.mode}/{cfg.policy}" if greedy else cfg.mode
+    print(f"{how} {cfg.hint}, S={cfg.stages} M={cfg.microbatches}, {where}, "
           f"{result.durations}")
     for step, choice in result.choices:
         print(f"hint=auto: {choice.label} {choice.how} from step {step}, caps "
