@@ -34,7 +34,8 @@ from .tasks import Task
 __all__ = ["ReadySet", "ReadySetStatistics", "InFlightReport", "Fits"]
 
 Fits = Callable[[Task, Task], bool]
-"""`fits(candidate, reserved)`: may `candidate` run now without delaying `reserved` (forecast.py)."""
+"""`fits(candidate, reserved)`: may `candidate` run now without delaying `reserved`
+(forecast.py)."""
 
 
 @dataclass(frozen=True, slots=True)
