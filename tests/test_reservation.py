@@ -162,3 +162,27 @@ def test_the_simulator_uses_the_reservation_by_default() -> None:
     assert reserve.num_tasks == greedy.num_tasks and reserve.num_messages == greedy.num_messages
     with pytest.raises(Exception, match="policy"):
         simulate(policy="eager", **kw)  # type: ignore[arg-type]
+
+
+def test_a_notice_says_which_task_and_how_long_and_refuses_a_stage_not_held() -> None:
+    from aioready.errors import ProtocolError
+    from aioready.placement import Placement
+    from aioready.runtime.notices import NOTICE_B, Notices
+    place = Placement.linear(3)
+    middle, last = Notices(1, place, (1,)), Notices(2, place, (2,))
+    fc = Forecast()
+    fc.new_step(Clock())
+    f0, b0 = Task.parse("F0"), Task.parse("B0")
+    assert middle.announce(f0, fc, step=4) is None  # no estimate yet
+    for d in (1.0, 3.0):
+        fc.observe(f0, d)
+        fc.observe(b0, 2 * d)
+    peer, msg = middle.announce(f0, fc, step=4)  # type: ignore[misc]
+    assert (peer, msg.stage, msg.step, msg.tag & NOTICE_B) == (2, 2, 4, 0)
+    assert last.read(msg, 8) == (f0, pytest.approx(2.0 - 1.0 / 2))  # the early side
+    peer, msg = middle.announce(b0, fc, step=4)  # type: ignore[misc]
+    assert (peer, msg.stage, bool(msg.tag & NOTICE_B)) == (0, 0, True)
+    assert Notices(0, place, (0,)).read(msg, 8) == (b0, pytest.approx(4.0 - 2.0 / 2))
+    assert last.announce(f0, fc, step=4) is None  # the last stage's F feeds nobody
+    with pytest.raises(ProtocolError, match="does not hold"):
+        middle.read(msg, 8)

@@ -22,7 +22,7 @@ from ..arbiter import ReadyQueue, Wakeup, run_arbiter
 from ..clock import clock_of
 from ..devices.base import Device, TaskInfo
 from ..errors import AioreadyError, ConfigError, InternalError, ProtocolError
-from ..forecast import COST_UNIT, Forecast, decode_duration, encode_duration
+from ..forecast import COST_UNIT, Forecast
 from ..held_bytes import HeldBytes
 from ..hints import HintOrder
 from ..in_flight import is_entry
@@ -32,6 +32,7 @@ from ..ready_set import ReadySet
 from ..tasks import Kind, Need, Task, step_needs
 from ..telemetry.spans import Span, StepReport
 from ..transports.base import Message, MessageKind, Transport
+from .notices import Notices
 
 if TYPE_CHECKING:
     from ..tp.coordination import StepCoordinator
@@ -48,7 +49,6 @@ BytesModel = Callable[[int, int, int], tuple[float, float]]
 """(step, stage, microbatch) -> (bytes its F holds for backward, its input's bytes): activation
 memory where no tensors exist (the simulator, sim/memory.py)."""
 
-_B_NOTICE = 1 << 31  # a notice's tag: the duration, with this bit set when it feeds a B
 
 
 def reservation_holds(hint: HintOrder, caps: Sequence[int]) -> bool:
@@ -139,18 +139,6 @@ class RankRuntime:
         self.grads_ready: Callable[[int], None] | None = None
         self._final_kind = Kind.W if self.split_backward else Kind.B
 
-    def _notice_targets(self) -> dict[tuple[int, Kind], tuple[int, int, int]]:
-        """(chunk, kind) -> (peer rank, peer's stage, tag bit) for the tasks whose output feeds
-        a task on another rank: F downstream, B (input gradient) upstream."""
-        out = {}
-        rank_of = self.placement.rank_of
-        for chunk, stage in enumerate(self.stages):
-            if stage + 1 < self.num_stages and rank_of(stage + 1) != self.rank:
-                out[(chunk, Kind.F)] = (rank_of(stage + 1), stage + 1, 0)
-            if stage > 0 and rank_of(stage - 1) != self.rank:
-                out[(chunk, Kind.B)] = (rank_of(stage - 1), stage - 1, _B_NOTICE)
-        return out
-
     def _configure(self, hint: HintOrder, mode: str, cap: int | None, policy: str,
                    caps: Sequence[int] | None) -> None:
         rank = self.rank
@@ -181,7 +169,7 @@ class RankRuntime:
         self._hint_peak = hint.peak(rank) if reserving else 0
         if self.held is not None:
             self.held.peak_count = hint.peak(rank)
-        self._notify = self._notice_targets() if reserving else {}
+        self._notices = Notices(rank, self.placement, self.stages) if reserving else None
 
     def reschedule(self, hint: HintOrder, mode: str, cap: int | None, *,
                    caps: Sequence[int] | None = None, policy: str | None = None) -> None:
@@ -290,19 +278,18 @@ class RankRuntime:
             self.fail(exc)
 
     def _notice(self, msg: Message) -> None:
-        """A peer started the task that feeds one of ours. Advisory: a notice for a step this
-        rank is not running (a late one after the message itself, an early one) is dropped."""
-        if self.forecast is None or not self._active or msg.step != self.step_index:
+        """A peer started the task that feeds one of ours (runtime/notices.py). Advisory: one
+        for a step this rank is not running (late after the message itself, or early) is
+        dropped."""
+        if self._notices is None or not self._active or msg.step != self.step_index:
             return
-        if msg.stage not in self.stages or not 0 <= msg.microbatch < self.num_microbatches:
-            self.fail(ProtocolError("notice for a task this rank does not hold", rank=self.rank,
-                                    step=msg.step, expected=f"stages {list(self.stages)}",
-                                    got=msg.describe()))
+        try:
+            task, duration = self._notices.read(msg, self.num_microbatches)
+        except ProtocolError as exc:
+            self.fail(exc)
             return
-        kind = Kind.B if msg.tag & _B_NOTICE else Kind.F
-        task = Task(kind, msg.microbatch, self.stages.index(msg.stage))
         if self._missing.get(task, 0) > 0:
-            self.forecast.notice(task, decode_duration(msg.tag & ~_B_NOTICE))
+            self.forecast.notice(task, duration)  # type: ignore[union-attr]
 
     def fail(self, exc: BaseException) -> None:
         """Stop the running step with `exc` (from a message handler or a watchdog)."""
@@ -416,20 +403,10 @@ class RankRuntime:
             self._satisfy(heir)
 
     def _announce(self, task: Task) -> None:
-        """Tell the rank this task feeds that it starts now, with its expected duration."""
-        target = self._notify.get((task.chunk, task.kind))
-        if target is None:
-            return
-        forecast = self.forecast
-        duration = forecast.estimate(task)  # type: ignore[union-attr]
-        if duration is None:
-            return
-        # the early side of its estimate: a feeder that runs short must not find us busy
-        duration = max(0.0, duration - forecast.margin(task) / 2)  # type: ignore[union-attr]
-        peer, stage, bit = target
-        tag = min(encode_duration(duration), _B_NOTICE - 1) | bit
-        self.transport.send_nowait(peer, Message(self.step_index, MessageKind.NOTICE, stage,
-                                                 task.microbatch, (), tag))
+        """Tell the rank this task feeds that it starts now (runtime/notices.py)."""
+        sent = self._notices.announce(task, self.forecast, self.step_index)  # type: ignore
+        if sent is not None:
+            self.transport.send_nowait(*sent)
 
     def _measure_forward(self, task: Task) -> int:
         """Record a forward's duration; return the cost factor its activation carries on."""

@@ -1,0 +1,68 @@
+"""Notices: the reserving policy's one message, "I started the task that feeds yours".
+
+A rank that starts a task whose output goes to another rank (an F to the next stage, a B's input
+gradient to the previous one) tells that rank when to expect it, so the receiver's forecast
+(aioready/forecast.py) knows whether its reserved task is near. A notice is header only: the
+receiver's stage and microbatch, and a tag holding the expected duration in millionths of the
+clock's unit (forecast.encode_duration) with NOTICE_B set when it feeds a B. Notices are advisory:
+one for a step the receiver is not running is dropped, and none is needed for correctness.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from ..errors import ProtocolError
+from ..forecast import Forecast, decode_duration, encode_duration
+from ..placement import Placement
+from ..tasks import Kind, Task
+from ..transports.base import Message, MessageKind
+
+__all__ = ["Notices", "NOTICE_B"]
+
+NOTICE_B = 1 << 31
+"""The tag bit of a notice that feeds a B (clear: it feeds an F)."""
+
+
+class Notices:
+    """Whom one rank tells when its tasks start, and what a peer's notice means there."""
+
+    __slots__ = ("rank", "stages", "_targets")
+
+    def __init__(self, rank: int, placement: Placement, stages: Sequence[int]) -> None:
+        self.rank = rank
+        self.stages = tuple(stages)
+        # (chunk, kind) -> (peer rank, the peer's stage, tag bit): outputs that leave the rank
+        self._targets: dict[tuple[int, Kind], tuple[int, int, int]] = {}
+        last = placement.num_stages - 1
+        for chunk, stage in enumerate(self.stages):
+            if stage < last and placement.rank_of(stage + 1) != rank:
+                self._targets[(chunk, Kind.F)] = (placement.rank_of(stage + 1), stage + 1, 0)
+            if stage > 0 and placement.rank_of(stage - 1) != rank:
+                self._targets[(chunk, Kind.B)] = (placement.rank_of(stage - 1), stage - 1,
+                                                  NOTICE_B)
+
+    def announce(self, task: Task, forecast: Forecast, step: int) -> tuple[int, Message] | None:
+        """(peer, notice) for `task` starting now, or None (its output stays here, or there is
+        no estimate yet). The duration sent is the early side of the estimate: a feeder that
+        runs short must not find the receiver busy."""
+        target = self._targets.get((task.chunk, task.kind))
+        if target is None:
+            return None
+        duration = forecast.estimate(task)
+        if duration is None:
+            return None
+        duration = max(0.0, duration - forecast.margin(task) / 2)
+        peer, stage, bit = target
+        tag = min(encode_duration(duration), NOTICE_B - 1) | bit
+        return peer, Message(step, MessageKind.NOTICE, stage, task.microbatch, (), tag)
+
+    def read(self, msg: Message, num_microbatches: int) -> tuple[Task, float]:
+        """The local task a peer's notice is about, and the duration it announced."""
+        if msg.stage not in self.stages or not 0 <= msg.microbatch < num_microbatches:
+            raise ProtocolError("notice for a task this rank does not hold", rank=self.rank,
+                                step=msg.step, expected=f"stages {list(self.stages)}",
+                                got=msg.describe())
+        kind = Kind.B if msg.tag & NOTICE_B else Kind.F
+        return (Task(kind, msg.microbatch, self.stages.index(msg.stage)),
+                decode_duration(msg.tag & ~NOTICE_B))
