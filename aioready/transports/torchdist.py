@@ -139,6 +139,12 @@ class TorchDistTransport:
             self._num_local += 1
             asyncio.get_running_loop().call_soon(self._arrive_local, msg)
             return
+        try:
+            self._send_remote(dest, msg)
+        except RuntimeError as exc:  # gloo refuses at once a send to a peer whose link closed
+            self._peer_failed(dest, exc)
+
+    def _send_remote(self, dest: int, msg: Message) -> None:
         tensors = msg.tensors
         descriptors, sizes, on_cuda = self._codec.describe(tensors)
         room = self.slot_bytes - _CONTENT
