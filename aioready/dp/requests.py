@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 from ..errors import CoordinationError
 from ..progress import ProgressEngine
+from ..transports.mpi_requests import PendingRequests
 
 __all__ = ["Requests", "HOT_BYTES", "BURST"]
 
@@ -36,10 +37,7 @@ class Requests:
         from mpi4py import MPI
         self._MPI = MPI
         self.what = what  # names the group in errors: "data-parallel all-reduce (member 0 of 2)"
-        self._reqs: list[Any] = []
-        self._done: list[Callable[[], None] | None] = []
-        self._big: list[bool] = []
-        self._num_big = 0
+        self._pending = PendingRequests(MPI.Request.Testsome)
         self._waiters: list[asyncio.Future[None]] = []
         self._engine: ProgressEngine | None = None
         self._error: BaseException | None = None
@@ -49,20 +47,16 @@ class Requests:
         """Complete `req` (moving `nbytes`) through the engine, then call `done` on the loop."""
         if self._error is not None:
             raise self._error
-        self._reqs.append(req)
-        self._done.append(done)
-        big = nbytes >= HOT_BYTES
-        self._big.append(big)
-        self._num_big += big
+        self._pending.add(req, done, nbytes >= HOT_BYTES)
         if self._engine is None:
             self._engine = ProgressEngine.for_loop()
             self._engine.add_source(self)
         self._engine.kick()
 
     async def wait_all(self) -> None:
-        if self._reqs and self._engine is not None:
+        if self._pending and self._engine is not None:
             self._engine.set_waiting(True)  # nothing else runs: completions are the critical path
-        while self._reqs:
+        while self._pending:
             fut = asyncio.get_running_loop().create_future()
             self._waiters.append(fut)
             await fut
@@ -76,41 +70,27 @@ class Requests:
 
     # -- CompletionSource -----------------------------------------------------------------
     def poll(self) -> int:
-        if not self._reqs:
+        if not self._pending:
             return 0
-        testsome = self._MPI.Request.Testsome
         try:
-            idx = testsome(self._reqs)
-            burst = BURST if self._num_big else 0
-            while not idx and burst:
-                idx = testsome(self._reqs)
-                burst -= 1
+            done = self._pending.completed(BURST)
         except self._MPI.Exception as exc:
             self._error = CoordinationError(
                 f"a {self.what} failed in MPI: {exc.Get_error_string()}",
                 expected="the same tensors, in the same order, on every member",
                 got="an MPI error")
-            self._reqs, self._done, self._big, self._num_big = [], [], [], 0
+            self._pending.clear()
             self._wake()
             return 1
-        if not idx:
-            return 0
-        finished = set(idx)
-        done = [self._done[i] for i in idx]
-        keep = [i for i in range(len(self._reqs)) if i not in finished]
-        self._num_big -= sum(self._big[i] for i in idx)
-        self._reqs = [self._reqs[i] for i in keep]
-        self._done = [self._done[i] for i in keep]
-        self._big = [self._big[i] for i in keep]
         for fn in done:
             if fn is not None:
                 fn()
-        if not self._reqs:
+        if not self._pending:
             self._wake()
         return len(done)
 
     def num_pending(self) -> int:
-        return len(self._reqs)
+        return len(self._pending)
 
     def wants_hot(self) -> bool:
         return False  # see the module note: spinning starves the peers on shared cores
@@ -122,4 +102,4 @@ class Requests:
                 fut.set_result(None)
 
     def __repr__(self) -> str:
-        return f"<Requests {self.what}: {len(self._reqs)} pending>"
+        return f"<Requests {self.what}: {len(self._pending)} pending>"

@@ -54,6 +54,7 @@ from ..progress import ProgressConfig, ProgressEngine
 from .base import Deliver, Message, MessageKind, OnFailure
 from .doorbell import Doorbell
 from .header import MAX_TENSORS, TensorSpec
+from .mpi_requests import PendingRequests
 from .receive_pool import ReceivePool
 from .tensor_bytes import host_bytes, torch_module
 from .wire import Header, WireCodec
@@ -117,10 +118,7 @@ class MPITransport:
         self._cuda_device = not self._host_device and torch_module().device(device).type == "cuda"
         self._stagers: dict[Any, HostStager] = {}
         self._status = MPI.Status()
-        self._reqs: list[Any] = []
-        self._done: list[Callable[[], None]] = []
-        self._big: list[bool] = []
-        self._num_big = 0
+        self._pending = PendingRequests(MPI.Request.Testsome)
         self._num_sending = 0
         self._num_local = 0
         self._sent_waiters: list[asyncio.Future[None]] = []
@@ -291,10 +289,7 @@ class MPITransport:
 
     # -- CompletionSource -----------------------------------------------------------------
     def _track(self, req: Any, done: Callable[[], None], big: bool) -> None:
-        self._reqs.append(req)
-        self._done.append(done)
-        self._big.append(big)
-        self._num_big += big
+        self._pending.add(req, done, big)
 
     def poll(self) -> int:
         try:
@@ -308,37 +303,25 @@ class MPITransport:
 
     def _poll(self) -> int:
         n = self._probe() if self._deliver is not None else 0
-        if not self._reqs:
+        if not self._pending:
             return n
-        testsome = self._MPI.Request.Testsome
-        idx = testsome(self._reqs)
-        burst = BIG_BURST if self._num_big else 0
-        while not idx and burst:  # a large transfer moves one pipeline chunk per MPI call:
-            idx = testsome(self._reqs)  # give it a few calls per loop pass (bench: 64 MiB)
-            burst -= 1
-        if not idx:
-            return n
-        finished = set(idx)
-        done = [self._done[i] for i in idx]
-        keep = [i for i in range(len(self._reqs)) if i not in finished]
-        self._num_big -= sum(self._big[i] for i in idx)
-        self._reqs = [self._reqs[i] for i in keep]
-        self._done = [self._done[i] for i in keep]
-        self._big = [self._big[i] for i in keep]
+        # a large transfer moves one pipeline chunk per MPI call: BIG_BURST calls per loop
+        # pass while one is pending (bench: 64 MiB)
+        done = self._pending.completed(BIG_BURST)
         for fn in done:
             fn()
         return n + len(done)
 
     def num_pending(self) -> int:  # CUDA copies are pending in their stager's event source
-        return len(self._reqs) + (self._deliver is not None)
+        return len(self._pending) + (self._deliver is not None)
 
     def wants_hot(self) -> bool:
-        return self._num_big > 0
+        return self._pending.num_big > 0
 
     def arm_doorbell(self) -> bool:
         """The engine is about to park: may a peer's message wake it (doorbell.py)? Only while
         nothing but the next header is awaited (a tracked request needs polling)."""
-        if self._bell is None or self._reqs:
+        if self._bell is None or self._pending:
             return False
         self._bell.set_parked(True)
         return True
@@ -508,7 +491,7 @@ class MPITransport:
 
     def __repr__(self) -> str:
         return (f"<MPITransport rank={self._rank}/{self._size} sending={self._num_sending} "
-                f"requests={len(self._reqs)} cuda_aware={self.cuda_aware}>")
+                f"requests={len(self._pending)} cuda_aware={self.cuda_aware}>")
 
 
 def _doorbell(MPI: Any, comm: Any) -> Doorbell | None:
