@@ -21,7 +21,7 @@ from typing import Sequence, Union
 from .errors import ConfigError
 from .hints import HintOrder
 
-__all__ = ["CapSpec", "parse_cap", "resolve_caps"]
+__all__ = ["CapSpec", "parse_cap", "resolve_caps", "parse_factor"]
 
 CapSpec = Union[int, str, Sequence[Union[int, None]], None]
 """What a caller may pass as `cap` (see the module's note)."""
@@ -44,16 +44,23 @@ def _count(value: object, cap: object, rank: int | None = None) -> int:
     return count
 
 
+def parse_factor(text: str, what: str, expected: str) -> float:
+    """'2x' -> 2.0, '1.5X' -> 1.5: a positive finite multiple (the "Nx" form of caps and of
+    memory budgets); a ConfigError naming `what` and `expected` otherwise."""
+    try:
+        factor = float(text.strip().lower()[:-1])
+    except ValueError:
+        factor = math.nan
+    if not (factor > 0 and math.isfinite(factor)):
+        raise ConfigError(what, expected=expected, got=repr(text))
+    return factor
+
+
 def _parse_text(text: str) -> int | str | tuple[int | None, ...]:
     form = text.strip().lower()
     if form.endswith("x"):
-        try:
-            factor = float(form[:-1])
-        except ValueError:
-            factor = math.nan
-        if not (factor > 0 and math.isfinite(factor)):
-            raise ConfigError("cap factor", expected="a positive multiple of the hint's peak "
-                              "in-flight, like '2x' or '1.5x'", got=repr(text))
+        parse_factor(text, "cap factor", "a positive multiple of the hint's peak in-flight, "
+                     "like '2x' or '1.5x'")
         return form
     words = form.split(",")
     if not all(w.strip().isdigit() for w in words):

@@ -25,6 +25,7 @@ import re
 from dataclasses import dataclass
 from typing import Sequence, Union
 
+from .caps import parse_factor
 from .errors import ConfigError
 
 __all__ = ["MemorySpec", "Budget", "parse_memory", "resolve_memory", "parse_bytes",
@@ -90,20 +91,10 @@ def parse_bytes(value: object, memory: object = None, rank: int | None = None) -
     return int(count)
 
 
-def _factor(text: str) -> float:
-    try:
-        factor = float(text.strip()[:-1])
-    except ValueError:
-        factor = math.nan
-    if not (factor > 0 and math.isfinite(factor)):
-        raise ConfigError("memory factor", expected="a positive finite multiple of the hint's "
-                          "own peak bytes, like '2x' or '1.5x'", got=repr(text))
-    return factor
-
-
 def _one(value: object, memory: object, rank: int | None = None) -> Budget:
     if isinstance(value, str) and value.strip().lower().endswith("x"):
-        return Budget(factor=_factor(value.lower()))
+        return Budget(factor=parse_factor(value, "memory factor", "a positive finite multiple "
+                                          "of the hint's own peak bytes, like '2x' or '1.5x'"))
     return Budget(bytes=parse_bytes(value, memory, rank))
 
 
