@@ -32,15 +32,20 @@ def _drop_grad_b3_stage1(src: int, dest: int, msg: object) -> bool:
             and msg.microbatch == 3)  # type: ignore[attr-defined]
 
 
-def test_lost_message_stops_with_dump() -> None:
-    pipe = _sim_pipe(stall_timeout=5.0, policy="greedy")
+def _lost_b3_dump(pipe: Pipeline) -> str:
+    """Run a step of `pipe` whose gradient of B3 into stage 1 is lost; the stall dump."""
     pipe.runtimes[0].transport.world.drop = _drop_grad_b3_stage1  # type: ignore[attr-defined]
 
     async def main() -> None:
         await pipe.step()
     with pytest.raises(StallError) as info:
         run_virtual(main())
-    text = str(info.value)
+    return str(info.value)
+
+
+def test_lost_message_stops_with_dump() -> None:
+    pipe = _sim_pipe(stall_timeout=5.0, policy="greedy")
+    text = _lost_b3_dump(pipe)
     assert "step 0" in text and "stall_timeout=5 s" in text
     # rank 1 waits for B3's gradient from rank 2: the dump names the lost message's task
     assert "rank 1 step 0" in text and "'B3<-rank 2'" in text
@@ -54,13 +59,7 @@ def test_lost_message_under_the_reservation_names_the_task_held_for() -> None:
     """The default policy keeps rank 1's device for B3 (the hint's next task): B4 and B5 wait,
     so rank 2 does not finish either; the dump says what each rank holds out for."""
     pipe = _sim_pipe(stall_timeout=5.0)
-    pipe.runtimes[0].transport.world.drop = _drop_grad_b3_stage1  # type: ignore[attr-defined]
-
-    async def main() -> None:
-        await pipe.step()
-    with pytest.raises(StallError) as info:
-        run_virtual(main())
-    text = str(info.value)
+    text = _lost_b3_dump(pipe)
     assert "rank 1 step 0" in text and "'B3<-rank 2'" in text
     rank1 = next(line for line in text.splitlines() if line.startswith("rank 1 step 0"))
     assert "reserved for B3" in rank1 and "'B4'" in rank1 and "'B5'" in rank1
