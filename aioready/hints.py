@@ -36,7 +36,7 @@ from typing import Iterable, Sequence
 from .errors import ConfigError, HintError
 from .in_flight import peak_in_flight
 from .placement import Placement
-from .tasks import Kind, Task, all_tasks, needs
+from .tasks import Kind, Need, Task, all_tasks, needs
 
 __all__ = ["HintOrder", "peak_in_flight", "peak_chunk_activations", "first_dependency_violation"]
 
@@ -100,15 +100,12 @@ def _sequences_complete(hint: "HintOrder") -> bool:
         while pos[rank] < len(order):
             task = order[pos[rank]]
             stage = stages[task.chunk]
-            deps = []
-            if task.kind is Kind.F and stage > 0:
+            pred, need = needs(task, is_last_stage=stage == last)  # the one dependency rule
+            deps = [] if pred is None else [(stage, pred.kind, task.microbatch)]
+            if need is Need.INPUT and stage > 0:
                 deps.append((stage - 1, Kind.F, task.microbatch))
-            elif task.kind is Kind.B:
-                deps.append((stage, Kind.F, task.microbatch))
-                if stage < last:
-                    deps.append((stage + 1, Kind.B, task.microbatch))
-            elif task.kind is Kind.W:
-                deps.append((stage, Kind.B, task.microbatch))
+            elif need is Need.GRAD:
+                deps.append((stage + 1, Kind.B, task.microbatch))
             missing = next((d for d in deps if d not in done), None)
             if missing is not None:
                 waiting.setdefault(missing, []).append(rank)
