@@ -11,8 +11,10 @@ microbatch's input bytes (what its entry F receives, known once it arrived): act
 grows with the input (sequence length, image count), and the input is the one size known before
 the F runs. A chunk not measured yet is predicted like the rank's largest measured chunk, and
 before anything is measured there is no prediction (the gate then admits only into an empty
-rank). An admitted microbatch reserves its predicted bytes for the chunks it has not run yet,
-so deeper chunks of a V or interleaved placement cannot overfill the budget later.
+rank). An admitted microbatch counts its predicted bytes for the chunks it has not run yet,
+so deeper chunks of a V or interleaved placement cannot overfill the budget later; that count
+is derived from the current prediction whenever the gate asks (`held`), so a microbatch admitted
+before anything was measured is counted once something is.
 
 The runtime writes (`inputs`, `admit`, `measured`, `release`), the ready set only asks (`fits`,
 `fits_ahead`): the same split as forecast.Forecast. Pure Python, no torch.
@@ -34,7 +36,7 @@ class HeldBytes:
     """One rank's ledger of activation bytes and its budget (None: measure only, never gate)."""
 
     __slots__ = ("budget", "peak_count", "_chunks", "_last", "_sum_bytes", "_sum_in", "_n",
-                 "_input", "_measured", "_reserved", "live", "held", "peak", "_warned")
+                 "_input", "_measured", "_released", "_admitted", "live", "peak", "_warned")
 
     def __init__(self, budget: Budget | None, *, peak_count: int, num_chunks: int,
                  split_backward: bool) -> None:
@@ -51,11 +53,16 @@ class HeldBytes:
     def new_step(self) -> None:
         """Forget the last step's microbatches; keep what was learnt of their sizes."""
         self._input: dict[int, float] = {}
-        self._measured: dict[tuple[int, int], float] = {}
-        self._reserved: dict[tuple[int, int], float] = {}
+        self._measured: dict[tuple[int, int], float] = {}  # (microbatch, chunk) -> bytes
+        self._released: set[tuple[int, int]] = set()  # measured chunks whose graph was freed
+        self._admitted: dict[int, int] = {}  # admitted microbatch -> its chunks not released
         self.live = 0.0  # measured bytes held now
-        self.held = 0.0  # live plus the reservations of admitted microbatches
         self.peak = 0.0  # most measured bytes held at once this step
+
+    @property
+    def held(self) -> float:
+        """Live bytes plus the predicted bytes of admitted microbatches' chunks not run yet."""
+        return self.live + sum(self.predict(m) or 0.0 for m in self._admitted)
 
     # -- what the runtime tells ------------------------------------------------------------
     def inputs(self, microbatch: int, nbytes: float) -> None:
@@ -63,14 +70,9 @@ class HeldBytes:
         self._input[microbatch] = float(nbytes)
 
     def admit(self, microbatch: int) -> None:
-        """Its entry F starts: reserve the predicted bytes of every chunk."""
-        total = 0.0
-        for chunk in range(self._chunks):
-            guess = self._chunk_guess(microbatch, chunk)
-            if guess:
-                self._reserved[(microbatch, chunk)] = guess
-                self.held += guess
-                total += guess
+        """Its entry F starts: it counts its predicted bytes until each chunk is measured."""
+        self._admitted[microbatch] = self._chunks
+        total = self.predict(microbatch) or 0.0
         budget = self.budget_bytes()
         if budget is not None and total > budget and not self._warned:
             self._warned = True
@@ -82,7 +84,6 @@ class HeldBytes:
     def measured(self, microbatch: int, chunk: int, nbytes: float) -> None:
         """F(microbatch, chunk) ended holding `nbytes` for backward."""
         key = (microbatch, chunk)
-        self.held += nbytes - self._reserved.pop(key, 0.0)
         self._measured[key] = self._measured.get(key, 0.0) + nbytes
         self.live += nbytes
         self.peak = max(self.peak, self.live)
@@ -95,9 +96,15 @@ class HeldBytes:
         if task.kind is not self._last:
             return
         key = (task.microbatch, task.chunk)
-        freed = self._measured.pop(key, 0.0)
-        self.live -= freed
-        self.held -= freed + self._reserved.pop(key, 0.0)
+        if key in self._measured and key not in self._released:
+            self._released.add(key)
+            self.live -= self._measured[key]
+        left = self._admitted.get(task.microbatch)
+        if left is not None:
+            if left > 1:
+                self._admitted[task.microbatch] = left - 1
+            else:
+                del self._admitted[task.microbatch]
 
     # -- what the gate asks ----------------------------------------------------------------
     def _chunk_guess(self, microbatch: int, chunk: int) -> float:
@@ -149,8 +156,9 @@ class HeldBytes:
         if not self.fits(microbatch):
             return False
         room = self.budget_bytes() - self.peak_count * self.mean_bytes()  # type: ignore
-        held_ahead = sum(v for (m, _), v in self._measured.items() if m in ahead) + sum(
-            v for (m, _), v in self._reserved.items() if m in ahead)
+        held_ahead = sum(v for key, v in self._measured.items()
+                         if key[0] in ahead and key not in self._released) + sum(
+            self.predict(m) or 0.0 for m in ahead if m in self._admitted)
         return held_ahead + self.predict(microbatch) <= room  # type: ignore[operator]
 
     def __repr__(self) -> str:
