@@ -31,7 +31,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 from .errors import ConfigError, HintError
 from .in_flight import peak_in_flight
@@ -135,7 +135,7 @@ class HintOrder:
     source: str = ""
     sequence: tuple[tuple[Task, ...], ...] | None = None
     _priority: tuple[dict[Task, int], ...] = field(init=False, repr=False, compare=False)
-    _memo: dict[str, bool] = field(init=False, repr=False, compare=False)
+    _memo: dict[str, Any] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_memo", {})
@@ -212,9 +212,14 @@ class HintOrder:
         return self.orders[rank]
 
     def peak(self, rank: int) -> int:
-        """Peak in-flight microbatches of this rank when its strict order runs in sequence."""
-        return peak_in_flight(self.strict_order(rank), num_chunks=self.placement.num_chunks,
-                              split_backward=self.split_backward)
+        """Peak in-flight microbatches of this rank when its strict order runs in sequence.
+        Memoised: every rank asks for every rank's peak (rank.reservation_holds), O(R^2)."""
+        if "peaks" not in self._memo:
+            self._memo["peaks"] = tuple(
+                peak_in_flight(self.strict_order(r), num_chunks=self.placement.num_chunks,
+                               split_backward=self.split_backward)
+                for r in range(self.num_ranks))
+        return self._memo["peaks"][rank]
 
     def peak_chunk_activations(self, rank: int) -> int:
         """Peak (chunk, microbatch) activations held on `rank` under its strict order."""

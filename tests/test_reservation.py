@@ -112,6 +112,22 @@ def test_a_backfill_keeps_a_margin_of_one_standard_deviation() -> None:
     assert fc.fits(b0, f1)
 
 
+def test_a_weight_piece_backfills_until_the_reserved_task_is_announced() -> None:
+    fc = Forecast()
+    fc.new_step(Clock())
+    w0, b0, f1 = Task.parse("W0"), Task.parse("B0"), Task.parse("F1")
+    assert not fc.fits(w0, f1)  # no estimate of W yet: behave as strict
+    fc.observe(w0, 5.0)
+    fc.observe(b0, 5.0)
+    fc.observe(Task.parse("F0"), 1.0)
+    assert fc.fits(w0, f1)  # F1's feeder has not started: a W feeds no one, it may run
+    assert not fc.fits(b0, f1)  # a B of the same length may not (5 > 1)
+    fc.notice(f1, 1.0)  # the feeder started: now the W must end in time like any task
+    assert not fc.fits(w0, f1)
+    fc.notice(f1, 10.0)
+    assert fc.fits(w0, f1)
+
+
 def test_a_costly_microbatch_is_expected_to_stay_costly() -> None:
     fc = Forecast()
     fc.new_step(Clock())
