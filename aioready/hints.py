@@ -31,7 +31,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Hashable, Iterable, Sequence, TypeVar
 
 from .errors import ConfigError, HintError
 from .in_flight import peak_in_flight
@@ -39,6 +39,8 @@ from .placement import Placement
 from .tasks import Kind, Need, Task, all_tasks, needs
 
 __all__ = ["HintOrder", "peak_in_flight", "peak_chunk_activations", "first_dependency_violation"]
+
+T = TypeVar("T")
 
 
 def peak_chunk_activations(order: Sequence[Task], *, split_backward: bool) -> int:
@@ -135,7 +137,7 @@ class HintOrder:
     source: str = ""
     sequence: tuple[tuple[Task, ...], ...] | None = None
     _priority: tuple[dict[Task, int], ...] = field(init=False, repr=False, compare=False)
-    _memo: dict[str, Any] = field(init=False, repr=False, compare=False)
+    _memo: dict[Hashable, Any] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_memo", {})
@@ -210,6 +212,13 @@ class HintOrder:
         if self.sequence is not None:
             return self.sequence[rank]
         return self.orders[rank]
+
+    def memoised(self, key: Hashable, compute: Callable[[], T]) -> T:
+        """`compute()`, once per hint and `key`: what is derived from a hint and shared by all
+        its ranks in one process (the simulator runs them all) is derived once."""
+        if key not in self._memo:
+            self._memo[key] = compute()
+        return self._memo[key]  # type: ignore[no-any-return]
 
     def peak(self, rank: int) -> int:
         """Peak in-flight microbatches of this rank when its strict order runs in sequence.

@@ -6,12 +6,15 @@ on the virtual clock (times are exact, not wall clock).
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import pytest
 
 import aioready
 from aioready.clock import run_virtual
 from aioready.devices.base import TaskInfo
 from aioready.devices.sim import SimDevice
+from aioready.schedulers.listsched import sequence_at_caps
 from aioready.tasks import Kind, Task
 
 
@@ -21,23 +24,26 @@ def slow_b0_at_stage1(info: TaskInfo) -> float:
     return {Kind.F: 1.0, Kind.B: 2.0, Kind.W: 1.0}[info.kind]
 
 
-def run(mode: str, hint: str, cap: int | None = None, split: bool = False) -> aioready.Pipeline:
+def run(mode: str, hint: str, cap: int | None = None, split: bool = False,
+        policy: str = "reserve") -> aioready.Pipeline:
     async def main() -> aioready.Pipeline:
         pipe = aioready.Pipeline([None] * 4, None, microbatches=8, hint=hint, mode=mode,
-                                 cap=cap, split_backward=split,
+                                 cap=cap, split_backward=split, policy=policy,
                                  device=SimDevice(slow_b0_at_stage1, run_compute=False))
         await pipe.step()
         return pipe
     return run_virtual(main())
 
 
-def overtakes(pipe: aioready.Pipeline) -> list[tuple[int, str, str]]:
-    """(rank, task run, hint's next task) wherever a rank ran a task ahead of the hint's next
-    one because that one was not ready yet."""
+def overtakes(pipe: aioready.Pipeline, orders: Sequence[Sequence[Task]] | None = None
+              ) -> list[tuple[int, str, str]]:
+    """(rank, task run, next task of `orders`) wherever a rank ran a task ahead of the next one
+    of its order because that one was not ready yet. `orders`: the hint's (greedy, strict), or
+    the sequence the reservation protects."""
     found = []
     report = pipe.last_step
     for rank in range(4):
-        hint_order = [str(t) for t in pipe.hint.orders[rank]]
+        hint_order = [str(t) for t in (orders or pipe.hint.orders)[rank]]
         spans = {s.label: s for s in report.spans if s.rank == rank}
         done: set[str] = set()
         for label in report.order(rank):
@@ -51,13 +57,24 @@ def overtakes(pipe: aioready.Pipeline) -> list[tuple[int, str, str]]:
 
 
 @pytest.mark.parametrize("split", [False, True], ids=["full", "split"])
-def test_ready_runs_other_work_first_and_finishes_sooner(split: bool) -> None:
-    """1F1B hint; ready mode gets memory slack (cap 8 instead of 1F1B's 4..1) to use it."""
+@pytest.mark.parametrize("policy", ["reserve", "greedy"])
+def test_ready_runs_other_work_first_and_finishes_sooner(split: bool, policy: str) -> None:
+    """1F1B hint; ready mode gets memory slack (cap 8 instead of 1F1B's 4..1) to use it. Greedy
+    never passes over a ready task the hint ranks higher; the reservation never passes over a
+    ready task of the sequence it protects, which above the hint's peak is the sequence the
+    hint runs at those caps (listsched.sequence_at_caps)."""
     strict = run("strict", "1f1b", split=split)
-    ready = run("ready", "1f1b", cap=8, split=split)
+    ready = run("ready", "1f1b", cap=8, split=split, policy=policy)
     assert overtakes(strict) == []
-    moved = overtakes(ready)
-    assert moved, "ready mode never ran ahead of the hint"
+    if policy == "greedy":
+        assert overtakes(ready), "ready mode never ran ahead of the hint"
+    else:
+        protected = sequence_at_caps(ready.hint, [8] * 4).sequence
+        assert protected is not None
+        overtakes(ready, protected)  # asserts it never passed over a ready protected task
+        ran = [ready.last_step.order(rank) for rank in range(4)]
+        assert ran != [[str(t) for t in order] for order in ready.hint.orders], (
+            "ready mode ran the hint's own order: the memory above its peak went unused")
     assert ready.last_step.step_time < strict.last_step.step_time
     if not split:
         assert strict.last_step.step_time == 39.0  # (M+S-1)*(F+B) = 33, plus 6 extra units

@@ -29,6 +29,7 @@ from ..in_flight import is_entry
 from ..memory import Budget, format_bytes
 from ..progress import ProgressEngine
 from ..ready_set import ReadySet
+from ..schedulers.listsched import sequence_at_caps
 from ..tasks import Kind, Need, Task, step_needs
 from ..telemetry.spans import Span, StepReport
 from ..transports.base import Message, MessageKind, Transport
@@ -166,7 +167,11 @@ class RankRuntime:
             self.forecast = None
         elif self.forecast is None:  # a new hint keeps the durations learnt so far
             self.forecast = Forecast()
-        self._hint_peak = hint.peak(rank) if reserving else 0
+        # above the hint's own peaks (a count budget), protect the sequence run at those caps
+        raised = (reserving and self.memory is None and caps is not None
+                  and any(c > hint.peak(r) for r, c in enumerate(caps)))
+        self._reserve_hint = sequence_at_caps(hint, caps) if raised else hint  # type: ignore[arg-type]
+        self._hint_peak = self._reserve_hint.peak(rank) if reserving else 0
         if self.held is not None:
             self.held.peak_count = hint.peak(rank)
         self._notices = Notices(rank, self.placement, self.stages) if reserving else None
@@ -202,7 +207,7 @@ class RankRuntime:
             self.hint.priority(self.rank), cap=self.cap, num_chunks=n_chunks,
             split_backward=self.split_backward,
             strict_order=self.hint.strict_order(self.rank) if self.mode == "strict" else None,
-            reserve_order=self.hint.strict_order(self.rank) if self.forecast else None,
+            reserve_order=self._reserve_hint.strict_order(self.rank) if self.forecast else None,
             reserve_peak=self._hint_peak,
             fits=self.forecast.fits if self.forecast else None, held=self.held)
         self._ready: ReadyQueue = ready

@@ -17,15 +17,16 @@ fall out of event-loop callback order; here they are part of a written, stable m
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Mapping, Sequence
 
 from ..errors import HintError
+from ..hints import HintOrder
 from ..placement import Placement
 from ..ready_set import ReadySet
 from ..tasks import Kind, Task, step_needs
 
-__all__ = ["ListSchedule", "list_schedule", "unit_duration"]
+__all__ = ["ListSchedule", "list_schedule", "unit_duration", "sequence_at_caps"]
 
 Duration = Callable[[int, Task], float]  # (stage, task) -> time
 
@@ -67,11 +68,16 @@ def list_schedule(
     busy = [False] * R
     events: list[tuple[float, int, int, Task]] = []
     seq = 0
+    # an idle rank whose ready set did not change since it last found nothing still finds
+    # nothing: only these ranks are asked (the same decisions as asking every rank, in O(1)
+    # per event instead of O(R): seconds at R=128)
+    changed: set[int] = set(range(R))
 
     def satisfy(rank: int, task: Task) -> None:
         missing[(rank, task)] -= 1
         if missing[(rank, task)] == 0:
             sets[rank].push(task)
+            changed.add(rank)
 
     def at(stage: int, kind: Kind, mb: int) -> tuple[int, Task]:
         rank = placement.rank_of(stage)
@@ -81,7 +87,9 @@ def list_schedule(
         satisfy(*at(0, Kind.F, m))
     now, left = 0.0, len(missing)
     while True:
-        for r in range(R):
+        asked = sorted(changed)
+        changed.clear()
+        for r in asked:
             if not busy[r]:
                 task = sets[r].pop_nowait()
                 if task is not None:
@@ -94,6 +102,7 @@ def list_schedule(
             break
         now, r, _, task = heapq.heappop(events)
         busy[r] = False
+        changed.add(r)
         left -= 1
         sets[r].done(task)
         local = needs[r].unblocks.get(task)
@@ -110,3 +119,25 @@ def list_schedule(
                         fix="raise the caps (each must be >= 1)")
     return ListSchedule(tuple(tuple(o) for o in ran), now,
                         tuple(s.peak_in_flight for s in sets))
+
+
+def sequence_at_caps(hint: HintOrder, caps: Sequence[int]) -> HintOrder:
+    """`hint` with the sequence its ranking runs under `caps` instead of its own caps.
+
+    Why: ready mode's reservation (ready_set Note [reservation]) protects the hint's sequence.
+    Above the hint's own peak that sequence is the wrong thing to protect: it leaves the extra
+    memory to entry forwards run ahead of it, one at a time and late, and at three times the
+    peak the reserving rule reached 0.81 of greedy's efficiency (docs/policy.md). The sequence
+    derived here already uses the caps. It is a function of the hint and the caps alone, so
+    every rank derives the same one, and the list schedule that derives it is a run of all the
+    sequences together, so they run to completion and hold their caps (its peaks). Memoised on
+    the hint per caps.
+    """
+    key = ("sequence_at_caps", tuple(caps))
+
+    def derive() -> HintOrder:
+        derived = list_schedule(hint.placement, hint.num_microbatches, hint.split_backward,
+                                hint.orders, caps)
+        return replace(hint, sequence=derived.orders)
+
+    return hint.memoised(key, derive)
