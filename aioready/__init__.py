@@ -43,9 +43,15 @@ def _sim_chooser() -> Any:
     return SimChooser()
 
 
+def _policy_chooser() -> Any:
+    from .sim.tune import policy_chooser
+    return policy_chooser()
+
+
 # hint="auto" in a Pipeline chooses by simulation; the runtime sits below the simulator, so the
 # facade, which spans every layer, hands it the simulator's chooser (runtime/choosers.py)
 _choosers.CHOOSERS.setdefault("simulate", _sim_chooser)
+_choosers.CHOOSERS.setdefault("policy", _policy_chooser)  # policy="auto"
 
 
 def __getattr__(name: str) -> Any:

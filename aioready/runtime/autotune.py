@@ -28,6 +28,7 @@ from ..caps import CapSpec
 from ..clock import virtual_clock
 from ..errors import ConfigError
 from ..hints import HintOrder
+from ..schedulers import HINTS, hint_names
 from ..telemetry.spans import StepReport, merge_reports
 from .choosers import CHOOSERS, Choice, Chooser
 
@@ -108,6 +109,25 @@ class AutoTuning:
                                   "'auto:zbv' or another 'auto:<hint>'", got=repr(hint))
             start = start_hint("linear", split_backward)
         return cls(auto, budget), start
+
+    @classmethod
+    def for_policy(cls, hint: object, *, budget: CapSpec, coordinator: Any = None
+                   ) -> AutoTuning:
+        """The tuning state of `policy="auto"`: the pipeline keeps its hint and cap, and after
+        the first step runs whichever ready-mode policy the measured durations run faster
+        (docs/policy.md "Choosing the policy"), re-checked every `retune_every` steps."""
+        if coordinator is not None:
+            raise ConfigError("policy='auto' with a tensor-parallel coordinator",
+                              expected="policy 'reserve' or 'greedy'", got="'auto'")
+        name = hint.name if isinstance(hint, HintOrder) else hint
+        if not isinstance(name, str) or name not in HINTS:
+            raise ConfigError("policy='auto' switches between library schedules by name",
+                              expected=f"a library hint ({', '.join(hint_names())})",
+                              got=repr(name), fix="or choose policy='reserve' or 'greedy'")
+        if "policy" not in CHOOSERS:
+            raise ConfigError("policy='auto' has no chooser", expected="import aioready "
+                              "(it registers the simulator's)", got="none registered")
+        return cls(AutoHint(start=name, chooser=CHOOSERS["policy"]()), budget)
 
     def due(self, steps_done: int) -> bool:
         """After `steps_done` steps: the first choice after the warm-up window, then every

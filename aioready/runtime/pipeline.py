@@ -98,8 +98,9 @@ class Pipeline:
     """A pipeline-parallel training step, readiness-first (`ready`) or in hint order (`strict`).
 
     `policy` (ready mode): "reserve" keeps the device for the hint's next task and backfills
-    only what is predicted to end in time; "greedy" runs the best-ranked ready task at once
-    (docs/policy.md). `hint="auto"` (or AutoHint) chooses hint, mode, policy and cap by
+    only what is predicted to end in time; "greedy" runs the best-ranked ready task at once;
+    "auto" starts with reserve and after the first step keeps whichever of the two runs the
+    measured durations faster in simulation (docs/policy.md). `hint="auto"` (or AutoHint) chooses hint, mode, policy and cap by
     simulating the measured durations (docs/hints.md).
 
     Under MPI with `grid=` (a ProcessGrid or its GridComms) the stages are this rank's on its
@@ -167,6 +168,13 @@ class Pipeline:
                 hint, budget=cap, num_stages=total, split_backward=split_backward,
                 world_size=None if transport is None else transport.world_size,
                 coordinator=coordinator)
+        if policy == "auto" and mode == "ready" and self.auto is None:
+            if memory is not None:
+                raise ConfigError("policy='auto' chooses within a count budget",
+                                  expected="cap= with policy='auto'", got=f"memory={memory!r}")
+            self.auto = AutoTuning.for_policy(hint, budget=cap, coordinator=coordinator)
+        if policy == "auto":  # it starts from the rule that never loses to strict
+            policy = "reserve"
         try:
             self.hint = make_hint(hint, num_stages=total, num_microbatches=microbatches,
                                   split_backward=split_backward,

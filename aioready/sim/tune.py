@@ -21,7 +21,7 @@ from .choice import FACTORS, Run, Tuning, candidate_hints, choose_auto, choose_s
 from .simulator import SimResult, simulate
 from .traces import Trace, read_trace, trace_from_reports
 
-__all__ = ["tune", "SimChooser"]
+__all__ = ["tune", "SimChooser", "policy_chooser"]
 
 
 def _runner(trace: Trace, jitter: str) -> Run:
@@ -62,9 +62,10 @@ class SimChooser:
     candidate of its placement simulated on them."""
 
     def __init__(self, *, modes: Sequence[str] = MODES,
-                 factors: Sequence[float] = FACTORS) -> None:
+                 factors: Sequence[float] = FACTORS, same_hint: bool = False) -> None:
         self.modes = tuple(modes)
         self.factors = tuple(factors)
+        self.same_hint = same_hint  # policy="auto": only the pipeline's own hint is a candidate
         self.last: Tuning | None = None  # the latest table, for whoever wants to look
 
     def choose(self, reports: Sequence[StepReport], *, hint: HintOrder, budget: CapSpec,
@@ -72,11 +73,16 @@ class SimChooser:
         trace = trace_from_reports(reports, placement=hint.placement,
                                    num_microbatches=hint.num_microbatches,
                                    split_backward=hint.split_backward, unit_ms=unit_ms)
-        orders = candidate_hints(num_stages=hint.placement.num_stages,
-                                 num_ranks=hint.num_ranks,
-                                 num_microbatches=hint.num_microbatches,
-                                 split_backward=hint.split_backward,
-                                 placement=hint.placement.style)
+        orders = [hint] if self.same_hint else candidate_hints(
+            num_stages=hint.placement.num_stages, num_ranks=hint.num_ranks,
+            num_microbatches=hint.num_microbatches, split_backward=hint.split_backward,
+            placement=hint.placement.style)
         self.last = choose_schedule(_runner(trace, "none"), orders, budget=budget,
                                     reference=hint, modes=self.modes, factors=self.factors)
         return self.last.choice
+
+
+def policy_chooser() -> SimChooser:
+    """The chooser of `policy="auto"`: the pipeline's own hint and cap, ready mode, each policy
+    simulated on the measured durations (docs/policy.md "Choosing the policy")."""
+    return SimChooser(modes=("ready",), factors=(1.0,), same_hint=True)

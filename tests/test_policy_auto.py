@@ -1,0 +1,62 @@
+"""policy="auto": the pipeline keeps its hint and cap, starts under the reserving rule (which
+never loses to strict), and after the first step runs whichever ready-mode policy a simulation
+of the measured durations finds faster (docs/policy.md "Choosing the policy")."""
+
+from __future__ import annotations
+
+import pytest
+
+import aioready
+from aioready.clock import run_virtual
+from aioready.devices.sim import SimDevice
+from aioready.errors import ConfigError
+from aioready.hints import HintOrder
+from aioready.schedulers import make_hint
+from aioready.sim.durations import device_duration
+from aioready.sim.variability import JitterModel, parse_jitter
+
+S, M, STEPS = 8, 32, 3
+
+
+def run(policy: str, hint: str, split: bool) -> tuple[aioready.Pipeline, list[float]]:
+    order = make_hint(hint, num_stages=S, num_microbatches=M, split_backward=split)
+    model = JitterModel(parse_jitter("multimodal:0.3:3"), seed=0, placement=order.placement,
+                        num_microbatches=M, split_backward=split)
+
+    async def main() -> tuple[aioready.Pipeline, list[float]]:
+        pipe = aioready.Pipeline([None] * S, None, microbatches=M, hint=hint,
+                                 split_backward=split, policy=policy,
+                                 device=SimDevice(device_duration(model, scale=1.0),
+                                                  run_compute=False))
+        times = []
+        for _ in range(STEPS):
+            await pipe.step()
+            times.append(pipe.last_step.step_time)
+        return pipe, times
+    return run_virtual(main())
+
+
+@pytest.mark.parametrize("hint,split", [("interleaved-zb", True), ("bf", False)])
+def test_auto_runs_the_policy_the_first_step_says_is_faster(hint: str, split: bool) -> None:
+    auto, times = run("auto", hint, split)
+    _, reserve = run("reserve", hint, split)
+    _, greedy = run("greedy", hint, split)
+    assert times[0] == reserve[0]  # the first step runs the rule that never loses
+    [(at, choice)] = auto.auto.choices  # chosen once, after the first step
+    assert at == 1 and choice.hint == hint and choice.mode == "ready"
+    assert choice.cap == tuple(rt.cap for rt in auto.runtimes)  # the hint's own caps, kept
+    fixed = greedy if choice.policy == "greedy" else reserve
+    assert times[1:] == pytest.approx(fixed[1:], rel=1e-12)  # clock offsets round
+    # the choice is the faster one on the step it was made from
+    assert choice.policy == ("greedy" if greedy[0] < reserve[0] else "reserve")
+    # and on these durations each side has a case: greedy gains on interleaved-zb, loses on bf
+    assert choice.policy == ("greedy" if hint == "interleaved-zb" else "reserve")
+
+
+def test_auto_policy_is_refused_where_it_cannot_switch() -> None:
+    custom = make_hint("1f1b", num_stages=4, num_microbatches=8)
+    custom = HintOrder.from_orders("mine", custom.placement, 8, False, custom.orders)
+    with pytest.raises(ConfigError, match="library hint"):
+        aioready.Pipeline([None] * 4, None, microbatches=8, hint=custom, policy="auto")
+    with pytest.raises(ConfigError, match="count budget"):
+        aioready.Pipeline([None] * 4, None, microbatches=8, policy="auto", memory="2x")
