@@ -20,8 +20,9 @@ poll:
   `park_window_s` after the last progress, then longer, growing with the quiet time up to
   `backoff_max_s`, for long bubbles (~1-4 % CPU here, bench/results/transport.md). When every
   source with something pending has a doorbell (the MPI transport with all ranks on one host,
-  transports/doorbell.py), a park that is not busy arms them and sleeps until one rings, with
-  `backoff_max_s` as a backstop only: the message wakes the rank, not a timer sweep.
+  transports/doorbell.py), a park arms them and sleeps until one rings, waiting or busy alike,
+  with `bell_backstop_s` (50 ms) as a backstop only: the message wakes the rank, not a timer
+  sweep (bench/results/oversub.md: 16 ranks on 2 cores).
   Not `asyncio.sleep`: uvloop turns sub-millisecond sleeps into 0 (a spin) and the default loop
   stretches them to ~1.1 ms. Without a timerfd (non-Linux, or a loop without `add_reader` such as
   the virtual clock) the engine falls back to `loop.call_later` with at least `min_sleep_s` (1 ms);
@@ -94,6 +95,7 @@ class ProgressConfig:
     hot_max_s: float = 0.25  # AIOREADY_HOT_MAX_MS: cap on spinning for wants_hot() alone
     min_sleep_s: float = 1e-3  # AIOREADY_MIN_SLEEP_MS: shortest park without a timerfd
     busy_park_s: float = 5e-3  # AIOREADY_BUSY_PARK_US: timerfd period while a task runs
+    bell_backstop_s: float = 50e-3  # AIOREADY_BELL_BACKSTOP_MS: longest park on a doorbell
     yield_every: int = 0  # AIOREADY_YIELD_EVERY: hot passes between sched_yield() (0: never)
     timer: str = "auto"  # AIOREADY_TIMER: auto | timerfd | call_later
 
@@ -102,7 +104,8 @@ class ProgressConfig:
             "backoff_max_s": ("AIOREADY_BACKOFF_MAX_MS", 1e-3),
             "hot_max_s": ("AIOREADY_HOT_MAX_MS", 1e-3),
             "min_sleep_s": ("AIOREADY_MIN_SLEEP_MS", 1e-3),
-            "busy_park_s": ("AIOREADY_BUSY_PARK_US", 1e-6)}
+            "busy_park_s": ("AIOREADY_BUSY_PARK_US", 1e-6),
+            "bell_backstop_s": ("AIOREADY_BELL_BACKSTOP_MS", 1e-3)}
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -220,7 +223,10 @@ class ProgressEngine:
         self._waiting: bool | None = None  # None: no runtime hint, the plain policy
         self.num_completed = self.num_hot_passes = self.num_parks = self.num_idle_waits = 0
         self.num_doorbell_parks = 0
+        self.num_rings = 0  # doorbell parks ended by a ring
+        self.num_missed_rings = 0  # doorbell parks ended by the backstop that found something
         self._bell_grace = 0  # short timer parks left before arming the doorbells again
+        self._rung = False  # a doorbell rang since the last doorbell park began
         self._armed: list[CompletionSource] = []  # sources whose doorbell is armed (a park)
 
     @classmethod
@@ -273,6 +279,11 @@ class ProgressEngine:
             wake.set_result(None)
         if self._task is None or self._task.done():
             self._task = self.loop.create_task(self._run(), name="aioready-progress")
+
+    def ring(self) -> None:
+        """A source's doorbell rang: a message is there (see `_park_on_doorbells`)."""
+        self._rung = True
+        self.kick()
 
     def set_waiting(self, waiting: bool) -> None:
         """The arbiter is waiting for a task to become ready (True) or running one (False)."""
@@ -357,8 +368,8 @@ class ProgressEngine:
             self.num_parks += 1
             if self._bell_grace:  # just rung: the message may need a few polls to show
                 self._bell_grace -= 1
-            elif not busy and self._arm_doorbells():
-                await self._park_on_doorbells(cfg.backoff_max_s)
+            elif self._arm_doorbells():
+                await self._park_on_doorbells(cfg.bell_backstop_s)
                 continue
             await self._wait(delay)
 
@@ -379,21 +390,29 @@ class ProgressEngine:
         return bool(armed)
 
     async def _park_on_doorbells(self, backstop: float) -> None:
-        """Park until a doorbell rings (its reader kicks the engine) or the backstop timer; one
-        poll after arming finds what arrived before the doorbells could be rung.
+        """Park until a doorbell rings (the source calls `ring()`), something kicks the engine,
+        or the backstop timer; one poll after arming finds what arrived before the doorbells
+        could be rung.
 
-        A rung rank's first poll may not see the message yet (MPICH matches a message that
-        arrived since its last call only on a later one, see MPITransport._probe), and with no
-        spin window (an oversubscribed host) the engine would park again at once, on the
-        doorbell, until the backstop. So after a ring the next `_BELL_GRACE` parks are short
-        timer parks (`park_s`), and progress ends them early."""
+        A busy rank (a task runs) parks here too: a message that arrives meanwhile is routed
+        when it rings, and the task's end wakes the arbiter, not this engine, so a running task
+        costs no timer sweeps. A rung rank's first poll may not see the message yet (MPICH
+        matches a message that arrived since its last call only on a later one, see
+        MPITransport._probe), and with no spin window (an oversubscribed host) the engine would
+        park again at once, on the doorbell, until the backstop. So after a ring the next
+        `_BELL_GRACE` parks are short timer parks (`park_s`), and progress ends them early.
+        A park the backstop ended that then finds a message counts as a missed ring."""
         try:
+            self._rung = False
             if not self.poll():
                 self.num_doorbell_parks += 1
                 start = self.loop.time()
                 await self._wait(backstop)
-                if self.loop.time() - start < backstop / 2:  # woken by a ring, not the timer
+                if self._rung:
+                    self.num_rings += 1
                     self._bell_grace = _BELL_GRACE
+                elif self.loop.time() - start >= backstop / 2 and self.poll():
+                    self.num_missed_rings += 1
         finally:
             for src in self._armed:
                 src.disarm_doorbell()

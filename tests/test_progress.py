@@ -228,23 +228,25 @@ class BellSource(FakeSource):
     def disarm_doorbell(self) -> None:
         self.armed = False
 
-    def arrive(self) -> None:
-        """The item is due now; ring only if the engine armed the doorbell (as a sender does)."""
+    def arrive(self, ring: bool = True) -> None:
+        """The item is due now; ring only if the engine armed the doorbell (as a sender does);
+        `ring=False`: a sender that missed the armed doorbell."""
         self.items = [(self.loop.time(), f) for _, f in self.items]
-        if self.armed:
+        if self.armed and ring:
             self.num_rung += 1
-            self.engine.kick()
+            self.engine.ring()
 
 
 @pytest.mark.parametrize("can_arm", [True, False], ids=["doorbell", "timer-only"])
 def test_a_parked_engine_wakes_on_the_doorbell_not_the_timer(can_arm: bool) -> None:
-    """In a long bubble (8 ms parks) a source that can arm its doorbell is parked on it: the
-    item is completed the instant it arrives and rings, and the next parks are disarmed again.
-    A source without a doorbell waits for the next timer park (the plain policy)."""
+    """In a long bubble (8 ms parks, and an 8 ms backstop on the doorbell) a source that can arm
+    its doorbell is parked on it: the item is completed the instant it arrives and rings, and
+    the next parks are disarmed again. A source without a doorbell waits for the next timer
+    park (the plain policy)."""
     async def main() -> tuple[float, BellSource, ProgressStatistics]:
         loop = asyncio.get_running_loop()
         engine = ProgressEngine(loop, ProgressConfig(park_s=250e-6, park_window_s=20e-3,
-                                                     backoff_max_s=8e-3))
+                                                     backoff_max_s=8e-3, bell_backstop_s=8e-3))
         src = BellSource(loop, engine, can_arm)
         engine.add_source(src)
         fut = src.add(100.0)  # pending, due only when it "arrives"
@@ -262,3 +264,53 @@ def test_a_parked_engine_wakes_on_the_doorbell_not_the_timer(can_arm: bool) -> N
         assert src.num_armed >= 10 and not src.armed  # every long park armed it, then disarmed
     else:
         assert 0.0 < took <= 8e-3 + 1e-9 and src.num_rung == 0 and src.num_armed == 0, took
+
+
+def test_a_busy_engine_parks_on_the_doorbell_not_on_busy_timer_parks() -> None:
+    """While a task runs (`set_waiting(False)`) an engine whose sources can arm a doorbell sleeps
+    on it with only the backstop timer: 0.2 s hold 4 parks of 50 ms, where busy timer parks of
+    5 ms would be 40; an arrival still completes the instant it rings."""
+    async def main() -> tuple[float, int, ProgressEngine]:
+        loop = asyncio.get_running_loop()
+        engine = ProgressEngine(loop, ProgressConfig(busy_park_s=5e-3, bell_backstop_s=50e-3))
+        src = BellSource(loop, engine)
+        engine.add_source(src)
+        engine.set_waiting(False)
+        fut = src.add(100.0)
+        await asyncio.sleep(0.0003)
+        s0 = engine.statistics()
+        await asyncio.sleep(0.2)
+        s1 = engine.statistics()
+        t0 = loop.time()
+        src.arrive()
+        done = await fut
+        engine.close()
+        return done - t0, s1.num_parks - s0.num_parks, engine
+
+    took, parks, engine = run_virtual(main())
+    assert took == 0.0, took
+    assert 3 <= parks <= 5, parks
+    assert engine.num_doorbell_parks >= parks and engine.num_rings == 1
+
+
+def test_a_missed_ring_is_found_by_the_backstop_and_counted() -> None:
+    """A sender that misses the armed doorbell (the race doorbell.py bounds) costs at most the
+    backstop, and the engine counts the miss (bench/oversub reports it)."""
+    async def main() -> tuple[float, ProgressEngine]:
+        loop = asyncio.get_running_loop()
+        engine = ProgressEngine(loop, ProgressConfig(bell_backstop_s=50e-3))
+        src = BellSource(loop, engine)
+        engine.add_source(src)
+        engine.set_waiting(True)
+        fut = src.add(100.0)
+        await asyncio.sleep(0.1)
+        t0 = loop.time()
+        await asyncio.sleep(0.0203)  # not on a backstop's instant
+        src.arrive(ring=False)
+        done = await fut
+        engine.close()
+        return done - t0, engine
+
+    took, engine = run_virtual(main())
+    assert 0.0 < took <= 50e-3 + 1e-9, took
+    assert engine.num_missed_rings == 1 and engine.num_rings == 0
