@@ -38,7 +38,7 @@ TIMEOUT_S = 1800
 
 # per-rank figures gathered to rank 0, in this order
 FIELDS = ("wait_s", "wait_cpu_s", "wait_parks", "run_s", "run_cpu_s", "run_parks", "hot_passes",
-          "rung", "bell_parks")
+          "rung", "bell_parks", "rings", "missed_rings")
 
 
 class _Account:
@@ -104,6 +104,8 @@ def worker(args: argparse.Namespace) -> None:
     if engine is not None:
         acct.totals["hot_passes"] = engine.num_hot_passes
         acct.totals["bell_parks"] = engine.num_doorbell_parks
+        acct.totals["rings"] = getattr(engine, "num_rings", 0)
+        acct.totals["missed_rings"] = getattr(engine, "num_missed_rings", 0)
         acct.totals["rung"] = 0 if acct.bell is None else acct.bell.num_rung
     mine = np.array([acct.totals[k] for k in FIELDS], np.float64)
     every = np.zeros((S, len(FIELDS)), np.float64) if comm.Get_rank() == 0 else None
@@ -141,7 +143,8 @@ def summarize(run: dict[str, Any]) -> dict[str, float]:
     return {"wait_cpu": median(wait_pct), "run_cpu": median(run_pct),
             "wait_hz": median(wait_hz), "run_hz": median(run_hz),
             "overrun_med": median(over), "overrun_p90": _pct(over, 0.9),
-            "step_ratio": median(run["step_ms"]) / run["ideal_ms"]}
+            "step_ratio": median(run["step_ms"]) / run["ideal_ms"],
+            "missed_rings": sum(pr.get("missed_rings", [0]))}
 
 
 def launch(S: int, variant: tuple[str, str, str], args: argparse.Namespace, workdir: Path,
@@ -182,7 +185,8 @@ COLUMNS = (("wait_cpu", "waiting rank CPU %", ".2f"), ("run_cpu", "CPU % while a
            ("run_hz", "engine wakes/s in a task", ".0f"),
            ("overrun_med", "task overrun median ms", ".2f"),
            ("overrun_p90", "task overrun p90 ms", ".2f"),
-           ("step_ratio", "step / ideal 1F1B step", ".3f"))
+           ("step_ratio", "step / ideal 1F1B step", ".3f"),
+           ("missed_rings", "missed rings (all ranks)", ".0f"))
 
 
 def main(argv: list[str] | None = None) -> str:
