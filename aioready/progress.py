@@ -20,9 +20,9 @@ poll:
   `park_window_s` after the last progress, then longer, growing with the quiet time up to
   `backoff_max_s`, for long bubbles (~1-4 % CPU here, bench/results/transport.md). When every
   source with something pending has a doorbell (the MPI transport with all ranks on one host,
-  transports/doorbell.py), a park arms them and sleeps until one rings, waiting or busy alike,
-  with `bell_backstop_s` (50 ms) as a backstop only: the message wakes the rank, not a timer
-  sweep (bench/results/oversub.md: 16 ranks on 2 cores).
+  transports/doorbell.py), a waiting park arms them and sleeps until one rings, with
+  `bell_backstop_s` (50 ms) as a backstop only: the message wakes the rank, not a timer sweep
+  (bench/results/oversub.md: 8 and 16 ranks on 2 cores).
   Not `asyncio.sleep`: uvloop turns sub-millisecond sleeps into 0 (a spin) and the default loop
   stretches them to ~1.1 ms. Without a timerfd (non-Linux, or a loop without `add_reader` such as
   the virtual clock) the engine falls back to `loop.call_later` with at least `min_sleep_s` (1 ms);
@@ -33,7 +33,10 @@ The runtime tells the engine whether its arbiter is *waiting* (nothing ready: th
 is on the critical path) or *busy* (a task is running: arrivals only matter when it ends), via
 `set_waiting()`. Waiting: the spin window and `park_s` apply and the park never backs off.
 Busy: no spin window (a spinning loop thread steals the CPU and the GIL from the task it waits
-for) and parks of `busy_park_s`, unless a large transfer needs progress (`wants_hot`). Measured in
+for) and parks of `busy_park_s`, unless a large transfer needs progress (`wants_hot`); where the
+sources have doorbells and nothing is tracked, a busy engine sleeps through the task instead,
+with no rings and only the backstop, and the runtime's `task_ended()` polls before the arbiter
+decides (`_park_through_task`). Measured in
 bench/e2e (4 ranks on 2 cores, 20 ms tasks): with the plain policy a rank waiting through a long
 bubble backed off to 8 ms parks and each such wake-up added milliseconds to the critical path.
 When more ranks share the host than it has cores (`oversubscribed`), spinning only takes time
@@ -74,7 +77,7 @@ class CompletionSource(Protocol):
     - `wants_hot()`: True while an outstanding item only moves when polled (MPI rendezvous).
 
     Optional: `arm_doorbell() -> bool` and `disarm_doorbell()`, for a source that can wake the
-    engine itself (it calls `kick()`) while it is parked: see `ProgressEngine._arm_doorbells`.
+    engine itself (it calls `ring()`) while it is parked: see `ProgressEngine._arm_doorbells`.
     """
 
     def poll(self) -> int: ...
@@ -227,6 +230,8 @@ class ProgressEngine:
         self.num_missed_rings = 0  # doorbell parks ended by the backstop that found something
         self._bell_grace = 0  # short timer parks left before arming the doorbells again
         self._rung = False  # a doorbell rang since the last doorbell park began
+        self._through_task = False  # parked through a running task: task_ended() polls
+        self.num_task_parks = 0
         self._armed: list[CompletionSource] = []  # sources whose doorbell is armed (a park)
 
     @classmethod
@@ -368,14 +373,19 @@ class ProgressEngine:
             self.num_parks += 1
             if self._bell_grace:  # just rung: the message may need a few polls to show
                 self._bell_grace -= 1
-            elif self._arm_doorbells():
+            elif busy and self._arm_doorbells(ring=False):
+                await self._park_through_task(cfg.bell_backstop_s)
+                continue
+            elif not busy and self._arm_doorbells():
                 await self._park_on_doorbells(cfg.bell_backstop_s)
                 continue
             await self._wait(delay)
 
-    def _arm_doorbells(self) -> bool:
+    def _arm_doorbells(self, ring: bool = True) -> bool:
         """Whether every source with something pending can wake the engine itself (a source's
-        optional `arm_doorbell()`, transports/doorbell.py): then a park needs no short timer."""
+        optional `arm_doorbell()`, transports/doorbell.py): then a park needs no short timer.
+        `ring=False` only asks (the doorbells are disarmed again): nothing there needs polling
+        until the engine looks again."""
         armed = []
         for src in self._sources:
             if not src.num_pending():
@@ -386,8 +396,33 @@ class ProgressEngine:
                     other.disarm_doorbell()
                 return False
             armed.append(src)
-        self._armed = armed
+        if ring:
+            self._armed = armed
+        else:
+            for src in armed:
+                src.disarm_doorbell()
         return bool(armed)
+
+    async def _park_through_task(self, backstop: float) -> None:
+        """A task runs and nothing outstanding needs polling (what `_arm_doorbells` asks): sleep
+        through it with only the backstop timer, and ask for no rings either. A message that
+        arrives meanwhile waits in MPI's queue until the task ends, when `task_ended()` polls
+        before the arbiter decides, or until the arbiter waits (`set_waiting(True)` kicks).
+        Measured with 8-16 ranks on 2 cores (bench/results/oversub.md): a ring per message to a
+        busy rank woke it for nothing and preempted the sender, and 5 ms timer parks cost 200
+        wake-ups a second."""
+        self._through_task = True
+        self.num_task_parks += 1
+        try:
+            await self._wait(backstop)
+        finally:
+            self._through_task = False
+
+    def task_ended(self) -> None:
+        """The runtime's task ended and its arbiter decides next: if the engine slept through
+        the task (`_park_through_task`), poll now so the decision sees what arrived meanwhile."""
+        if self._through_task:
+            self.poll()
 
     async def _park_on_doorbells(self, backstop: float) -> None:
         """Park until a doorbell rings (the source calls `ring()`), something kicks the engine,

@@ -266,11 +266,12 @@ def test_a_parked_engine_wakes_on_the_doorbell_not_the_timer(can_arm: bool) -> N
         assert 0.0 < took <= 8e-3 + 1e-9 and src.num_rung == 0 and src.num_armed == 0, took
 
 
-def test_a_busy_engine_parks_on_the_doorbell_not_on_busy_timer_parks() -> None:
-    """While a task runs (`set_waiting(False)`) an engine whose sources can arm a doorbell sleeps
-    on it with only the backstop timer: 0.2 s hold 4 parks of 50 ms, where busy timer parks of
-    5 ms would be 40; an arrival still completes the instant it rings."""
-    async def main() -> tuple[float, int, ProgressEngine]:
+def test_a_busy_engine_sleeps_through_the_task_and_polls_when_it_ends() -> None:
+    """While a task runs (`set_waiting(False)`) an engine whose sources could arm a doorbell
+    sleeps with only the backstop timer and asks for no rings: 0.2 s hold 4 parks of 50 ms,
+    where busy timer parks of 5 ms would be 40. An item that arrives meanwhile rings nobody, and
+    is completed the moment the runtime says its task ended (`task_ended()` polls)."""
+    async def main() -> tuple[float, int, ProgressEngine, BellSource]:
         loop = asyncio.get_running_loop()
         engine = ProgressEngine(loop, ProgressConfig(busy_park_s=5e-3, bell_backstop_s=50e-3))
         src = BellSource(loop, engine)
@@ -281,16 +282,19 @@ def test_a_busy_engine_parks_on_the_doorbell_not_on_busy_timer_parks() -> None:
         s0 = engine.statistics()
         await asyncio.sleep(0.2)
         s1 = engine.statistics()
-        t0 = loop.time()
         src.arrive()
+        await asyncio.sleep(0.001)
+        assert not fut.done()  # no ring, no timer yet: it waits for the task's end
+        t0 = loop.time()
+        engine.task_ended()
         done = await fut
         engine.close()
-        return done - t0, s1.num_parks - s0.num_parks, engine
+        return done - t0, s1.num_parks - s0.num_parks, engine, src
 
-    took, parks, engine = run_virtual(main())
+    took, parks, engine, src = run_virtual(main())
     assert took == 0.0, took
     assert 3 <= parks <= 5, parks
-    assert engine.num_doorbell_parks >= parks and engine.num_rings == 1
+    assert engine.num_task_parks >= parks and src.num_rung == 0 and engine.num_rings == 0
 
 
 def test_a_missed_ring_is_found_by_the_backstop_and_counted() -> None:
