@@ -34,9 +34,9 @@ is on the critical path) or *busy* (a task is running: arrivals only matter when
 `set_waiting()`. Waiting: the spin window and `park_s` apply and the park never backs off.
 Busy: no spin window (a spinning loop thread steals the CPU and the GIL from the task it waits
 for) and parks of `busy_park_s`, unless a large transfer needs progress (`wants_hot`); where the
-sources have doorbells and nothing is tracked, a busy engine sleeps through the task instead,
-with no rings and only the backstop, and the runtime's `task_ended()` polls before the arbiter
-decides (`_park_through_task`). Measured in
+sources have doorbells and nothing is tracked, `busy_sleep` (off by default) has a busy engine
+sleep through the task instead, with no rings and only the backstop, and the runtime's
+`task_ended()` poll before the arbiter decides (`_park_through_task`). Measured in
 bench/e2e (4 ranks on 2 cores, 20 ms tasks): with the plain policy a rank waiting through a long
 bubble backed off to 8 ms parks and each such wake-up added milliseconds to the critical path.
 When more ranks share the host than it has cores (`oversubscribed`), spinning only takes time
@@ -99,6 +99,7 @@ class ProgressConfig:
     min_sleep_s: float = 1e-3  # AIOREADY_MIN_SLEEP_MS: shortest park without a timerfd
     busy_park_s: float = 5e-3  # AIOREADY_BUSY_PARK_US: timerfd period while a task runs
     bell_backstop_s: float = 50e-3  # AIOREADY_BELL_BACKSTOP_MS: longest park on a doorbell
+    busy_sleep: bool = False  # AIOREADY_BUSY_SLEEP=1: sleep through tasks (see _park_through_task)
     yield_every: int = 0  # AIOREADY_YIELD_EVERY: hot passes between sched_yield() (0: never)
     timer: str = "auto"  # AIOREADY_TIMER: auto | timerfd | call_later
 
@@ -142,6 +143,8 @@ class ProgressConfig:
                                   "integer", got=repr(env["AIOREADY_YIELD_EVERY"])) from None
         if "AIOREADY_TIMER" in env:
             kwargs["timer"] = env["AIOREADY_TIMER"]
+        if "AIOREADY_BUSY_SLEEP" in env:
+            kwargs["busy_sleep"] = env["AIOREADY_BUSY_SLEEP"] not in ("", "0")
         return cls(**kwargs)  # type: ignore[arg-type]
 
 
@@ -373,7 +376,7 @@ class ProgressEngine:
             self.num_parks += 1
             if self._bell_grace:  # just rung: the message may need a few polls to show
                 self._bell_grace -= 1
-            elif busy and self._arm_doorbells(ring=False):
+            elif busy and cfg.busy_sleep and self._arm_doorbells(ring=False):
                 await self._park_through_task(cfg.bell_backstop_s)
                 continue
             elif not busy and self._arm_doorbells():
@@ -408,9 +411,11 @@ class ProgressEngine:
         through it with only the backstop timer, and ask for no rings either. A message that
         arrives meanwhile waits in MPI's queue until the task ends, when `task_ended()` polls
         before the arbiter decides, or until the arbiter waits (`set_waiting(True)` kicks).
-        Measured with 8-16 ranks on 2 cores (bench/results/oversub.md): a ring per message to a
-        busy rank woke it for nothing and preempted the sender, and 5 ms timer parks cost 200
-        wake-ups a second."""
+        Measured with 8 ranks on 2 cores (bench/results/oversub.md): a ring per message to a
+        busy rank woke it for nothing and preempted the sender; this saves the 5 ms timer parks'
+        200 wake-ups a second (0.5-0.8 % of a core a rank) but tasks overran by 0.1-0.7 ms more,
+        as the scheduler (Linux EEVDF, a loaded host) wakes a long sleeper later, and a notice
+        read at the task's end dates its forecast from then: so it is off by default."""
         self._through_task = True
         self.num_task_parks += 1
         try:

@@ -9,7 +9,8 @@ completion engine's wake-ups per second in each, and each task's overrun: its sp
 given duration. The step is also compared with the ideal 1F1B step, (M + S - 1) * 3F.
 
 Each configuration runs `--repeats` times (separate launches, alternating the variants: the fast
-paths off and on, `AIOREADY_MPI_FAST`, and with `--baseline REV` the aioready of an older commit),
+paths off and on, `AIOREADY_MPI_FAST`, with `--busy-sleep` the fast paths and
+`AIOREADY_BUSY_SLEEP=1`, and with `--baseline REV` the aioready of an older commit),
 so every side sees the same machine load; figures are medians over repeats with the range in
 brackets.
 
@@ -147,15 +148,15 @@ def summarize(run: dict[str, Any]) -> dict[str, float]:
             "missed_rings": sum(pr.get("missed_rings", [0]))}
 
 
-def launch(S: int, variant: tuple[str, str, str], args: argparse.Namespace, workdir: Path,
-           i: int) -> dict[str, Any] | str:
-    label, tree, fast = variant
-    out = workdir / f"s{S}-{label}-{i}.json"
+def launch(S: int, variant: tuple[str, str, dict[str, str]], args: argparse.Namespace,
+           workdir: Path, i: int) -> dict[str, Any] | str:
+    label, tree, extra = variant
+    out = workdir / f"s{S}-{len(label)}-{abs(hash(label))}-{i}.json"
     cmd = [mpiexec(), "-n", str(S), sys.executable, "-m", "bench.oversub", "--worker",
            "--task-ms", str(args.task_ms), "--steps", str(args.steps), "--warmup",
            str(args.warmup), "--hint", args.hint, "--microbatches", str(args.microbatches),
            "--out", str(out), "--tree", tree]
-    env = {**os.environ, "AIOREADY_MPI_FAST": fast}
+    env = {**os.environ, **extra}
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600,
                               cwd=ROOT)
@@ -203,6 +204,8 @@ def main(argv: list[str] | None = None) -> str:
     ap.add_argument("--fast", default="0,1", help="AIOREADY_MPI_FAST values to alternate")
     ap.add_argument("--baseline", default="", help="a commit whose aioready runs beside this "
                     "tree's (fast paths on), alternating, as the 'before' rows")
+    ap.add_argument("--busy-sleep", action="store_true", help="add a variant with "
+                    "AIOREADY_BUSY_SLEEP=1 (fast paths on)")
     ap.add_argument("--out", default="")
     ap.add_argument("--tree", default="", help="(worker) import aioready from this directory")
     args = ap.parse_args(argv)
@@ -218,9 +221,14 @@ def main(argv: list[str] | None = None) -> str:
     rows: dict[tuple[int, str], list[dict[str, float]]] = {}
     failures: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
-        variants = [(f"fast={f}", str(ROOT), f) for f in args.fast.split(",")]
+        variants = [(f"AIOREADY_MPI_FAST={f}", str(ROOT), {"AIOREADY_MPI_FAST": f})
+                    for f in args.fast.split(",")]
+        if args.busy_sleep:
+            variants.append(("AIOREADY_BUSY_SLEEP=1", str(ROOT), {"AIOREADY_MPI_FAST": "1",
+                                                                 "AIOREADY_BUSY_SLEEP": "1"}))
         if args.baseline:
-            variants.insert(0, (args.baseline, baseline_tree(args.baseline, Path(tmp)), "1"))
+            variants.insert(0, (f"commit {args.baseline}", baseline_tree(args.baseline,
+                                                                         Path(tmp)), {}))
         for S in ranks:
             for i in range(args.repeats):
                 for variant in variants:
@@ -247,6 +255,7 @@ def main(argv: list[str] | None = None) -> str:
     command = "python -m bench.oversub" + (" --quick" if args.quick else
                                            f" --ranks {args.ranks} --repeats {args.repeats}")
     command += f" --baseline {args.baseline}" * bool(args.baseline)
+    command += " --busy-sleep" * args.busy_sleep
     write_result("oversub", body, command)
     print(body)
     return body

@@ -266,14 +266,17 @@ def test_a_parked_engine_wakes_on_the_doorbell_not_the_timer(can_arm: bool) -> N
         assert 0.0 < took <= 8e-3 + 1e-9 and src.num_rung == 0 and src.num_armed == 0, took
 
 
-def test_a_busy_engine_sleeps_through_the_task_and_polls_when_it_ends() -> None:
-    """While a task runs (`set_waiting(False)`) an engine whose sources could arm a doorbell
-    sleeps with only the backstop timer and asks for no rings: 0.2 s hold 4 parks of 50 ms,
-    where busy timer parks of 5 ms would be 40. An item that arrives meanwhile rings nobody, and
-    is completed the moment the runtime says its task ended (`task_ended()` polls)."""
+@pytest.mark.parametrize("busy_sleep", [True, False], ids=["busy-sleep", "busy-parks"])
+def test_a_busy_engine_sleeps_through_the_task_and_polls_when_it_ends(busy_sleep: bool) -> None:
+    """While a task runs (`set_waiting(False)`), with `busy_sleep`, an engine whose sources could
+    arm a doorbell sleeps with only the backstop timer and asks for no rings: 0.2 s hold 4 parks
+    of 50 ms, where busy timer parks (the default: 5 ms, backing off to 8) are 20-40. An item that
+    arrives meanwhile rings nobody either way; with `busy_sleep` it is completed the moment the
+    runtime says its task ended (`task_ended()` polls), by default at the next timer park."""
     async def main() -> tuple[float, int, ProgressEngine, BellSource]:
         loop = asyncio.get_running_loop()
-        engine = ProgressEngine(loop, ProgressConfig(busy_park_s=5e-3, bell_backstop_s=50e-3))
+        engine = ProgressEngine(loop, ProgressConfig(busy_park_s=5e-3, bell_backstop_s=50e-3,
+                                                     busy_sleep=busy_sleep))
         src = BellSource(loop, engine)
         engine.add_source(src)
         engine.set_waiting(False)
@@ -283,8 +286,9 @@ def test_a_busy_engine_sleeps_through_the_task_and_polls_when_it_ends() -> None:
         await asyncio.sleep(0.2)
         s1 = engine.statistics()
         src.arrive()
-        await asyncio.sleep(0.001)
-        assert not fut.done()  # no ring, no timer yet: it waits for the task's end
+        if busy_sleep:
+            await asyncio.sleep(0.001)
+            assert not fut.done()  # no ring, no timer yet: it waits for the task's end
         t0 = loop.time()
         engine.task_ended()
         done = await fut
@@ -292,9 +296,15 @@ def test_a_busy_engine_sleeps_through_the_task_and_polls_when_it_ends() -> None:
         return done - t0, s1.num_parks - s0.num_parks, engine, src
 
     took, parks, engine, src = run_virtual(main())
-    assert took == 0.0, took
-    assert 3 <= parks <= 5, parks
-    assert engine.num_task_parks >= parks and src.num_rung == 0 and engine.num_rings == 0
+    assert src.num_rung == 0 and engine.num_rings == 0
+    if busy_sleep:
+        assert took == 0.0, took
+        assert 3 <= parks <= 5, parks
+        assert engine.num_task_parks >= parks
+    else:
+        assert 0.0 < took <= 8e-3 + 1e-9, took  # 5 ms parks, backing off to 8 ms
+        assert 20 <= parks <= 40, parks
+        assert engine.num_task_parks == 0
 
 
 def test_a_missed_ring_is_found_by_the_backstop_and_counted() -> None:
