@@ -99,7 +99,7 @@ class ProgressConfig:
     min_sleep_s: float = 1e-3  # AIOREADY_MIN_SLEEP_MS: shortest park without a timerfd
     busy_park_s: float = 5e-3  # AIOREADY_BUSY_PARK_US: timerfd period while a task runs
     bell_backstop_s: float = 50e-3  # AIOREADY_BELL_BACKSTOP_MS: longest park on a doorbell
-    busy_sleep: bool = False  # AIOREADY_BUSY_SLEEP=1: sleep through tasks (see _park_through_task)
+    busy_sleep: bool = False  # AIOREADY_BUSY_SLEEP=1: sleep through tasks (_park_through_task)
     yield_every: int = 0  # AIOREADY_YIELD_EVERY: hot passes between sched_yield() (0: never)
     timer: str = "auto"  # AIOREADY_TIMER: auto | timerfd | call_later
 
@@ -411,10 +411,11 @@ class ProgressEngine:
         through it with only the backstop timer, and ask for no rings either. A message that
         arrives meanwhile waits in MPI's queue until the task ends, when `task_ended()` polls
         before the arbiter decides, or until the arbiter waits (`set_waiting(True)` kicks).
-        Measured with 8 ranks on 2 cores (bench/results/oversub.md): a ring per message to a
-        busy rank woke it for nothing and preempted the sender; this saves the 5 ms timer parks'
-        200 wake-ups a second (0.5-0.8 % of a core a rank) but tasks overran by 0.1-0.7 ms more,
-        as the scheduler (Linux EEVDF, a loaded host) wakes a long sleeper later, and a notice
+        Measured with 8 and 16 ranks on 2 cores (bench/results/oversub.md): ringing a busy rank
+        for each message woke it for nothing and preempted the sender; sleeping through saves
+        the timer parks' ~100 wake-ups a second (0.7 % of a core a rank at 8 ranks), but the
+        median task overran 1.1 against 0.7 ms at 8 ranks and 2.8 against 0.7 ms at 16, as the
+        scheduler (Linux EEVDF, a loaded host) gives a long sleeper a core later, and a notice
         read at the task's end dates its forecast from then: so it is off by default."""
         self._through_task = True
         self.num_task_parks += 1
@@ -434,9 +435,7 @@ class ProgressEngine:
         or the backstop timer; one poll after arming finds what arrived before the doorbells
         could be rung.
 
-        A busy rank (a task runs) parks here too: a message that arrives meanwhile is routed
-        when it rings, and the task's end wakes the arbiter, not this engine, so a running task
-        costs no timer sweeps. A rung rank's first poll may not see the message yet (MPICH
+        A rung rank's first poll may not see the message yet (MPICH
         matches a message that arrived since its last call only on a later one, see
         MPITransport._probe), and with no spin window (an oversubscribed host) the engine would
         park again at once, on the doorbell, until the backstop. So after a ring the next
