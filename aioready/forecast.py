@@ -49,13 +49,13 @@ def decode_duration(tag: int) -> float:
 class Forecast:
     """Duration estimates and notices of one rank; `fits(c, h)` is the backfill test."""
 
-    __slots__ = ("_now", "_sum", "_sq", "_count", "_feeder", "_expected", "_factor")
+    __slots__ = ("_now", "_stats", "_feeder", "_expected", "_factor")
 
     def __init__(self) -> None:
         self._now: Callable[[], float] = lambda: 0.0
-        self._sum: dict[tuple[int, Kind], float] = {}
-        self._sq: dict[tuple[int, Kind], float] = {}
-        self._count: dict[tuple[int, Kind], int] = {}
+        # (chunk, kind) -> [sum, sum of squares, count, mean, standard deviation]: the mean and
+        # deviation are derived once per observation, not at each of the many reads
+        self._stats: dict[tuple[int, Kind], list[float]] = {}
         self._feeder: dict[tuple[int, Kind], float] = {}  # the last duration a feeder announced
         self._expected: dict[Task, float] = {}  # task -> when its message is expected
         self._factor: dict[int, float] = {}  # microbatch -> cost factor carried by messages
@@ -67,15 +67,24 @@ class Forecast:
         self._factor.clear()
 
     def mean(self, chunk: int, kind: Kind) -> float | None:
-        n = self._count.get((chunk, kind))
-        return None if not n else self._sum[(chunk, kind)] / n
+        stats = self._stats.get((chunk, kind))
+        return None if stats is None else stats[3]
 
     def estimate(self, task: Task) -> float | None:
         """This rank's expected duration of `task`, or None before one of its kind ran."""
-        mean = self.mean(task.chunk, task.kind)
-        if mean is None:
+        stats = self._stats.get((task.chunk, task.kind))
+        if stats is None:
             return None
-        return mean * self._factor.get(task.microbatch, 1.0)
+        return stats[3] * self._factor.get(task.microbatch, 1.0)
+
+    def early_estimate(self, task: Task) -> float | None:
+        """The early side of `task`'s estimate, what a notice announces: the estimate less half
+        its margin, at least 0 (the same value as from `estimate` and `margin`)."""
+        stats = self._stats.get((task.chunk, task.kind))
+        if stats is None:
+            return None
+        factor = self._factor.get(task.microbatch, 1.0)
+        return max(0.0, stats[3] * factor - stats[4] * factor / 2)
 
     def cost_factor(self, task: Task, duration: float) -> float:
         """How much slower than this rank's mean `task` ran (what its messages carry on)."""
@@ -88,9 +97,15 @@ class Forecast:
         """A task of this rank ended after `duration` (clock units)."""
         key = (task.chunk, task.kind)
         x = duration / self._factor.get(task.microbatch, 1.0)
-        self._sum[key] = self._sum.get(key, 0.0) + x
-        self._sq[key] = self._sq.get(key, 0.0) + x * x
-        self._count[key] = self._count.get(key, 0) + 1
+        stats = self._stats.get(key)
+        if stats is None:
+            stats = self._stats[key] = [0.0, 0.0, 0, 0.0, 0.0]
+        stats[0] += x
+        stats[1] += x * x
+        stats[2] += 1
+        n = stats[2]
+        mean = stats[3] = stats[0] / n
+        stats[4] = max(0.0, stats[1] / n - mean * mean) ** 0.5
 
     def carry(self, microbatch: int, factor: float) -> None:
         """A message said how costly `microbatch` was upstream (clamped: it is a peer's word)."""
@@ -107,13 +122,10 @@ class Forecast:
     def margin(self, task: Task) -> float:
         """One standard deviation of `task`'s duration: a backfill must end in time with room
         for an ordinary overrun (jitter of 50 % is common), not just on average."""
-        key = (task.chunk, task.kind)
-        n = self._count.get(key)
-        if not n:
+        stats = self._stats.get((task.chunk, task.kind))
+        if stats is None:
             return 0.0
-        mean = self._sum[key] / n
-        return max(0.0, self._sq[key] / n - mean * mean) ** 0.5 * self._factor.get(
-            task.microbatch, 1.0)
+        return stats[4] * self._factor.get(task.microbatch, 1.0)
 
     def earliest_arrival(self, task: Task) -> float | None:
         """When `task`'s message may arrive at the earliest: as announced, or, before any
@@ -123,10 +135,9 @@ class Forecast:
             return expected
         feeder = self._feeder.get((task.chunk, task.kind))
         if feeder is None:
-            feeder = self.mean(task.chunk, task.kind)
+            feeder = self.estimate(task)
             if feeder is None:
                 return None
-            feeder *= self._factor.get(task.microbatch, 1.0)
         return self._now() + feeder
 
     def fits(self, candidate: Task, reserved: Task) -> bool:
@@ -139,12 +150,13 @@ class Forecast:
         is its own overrun on `reserved`, while keeping it for later costs its whole duration
         where the hint placed it. Measured (docs/policy.md "The rule today"): +2 to +6 % on the
         zero-bubble hints at their own caps, nothing lost elsewhere."""
-        duration = self.estimate(candidate)
-        if duration is None:
+        stats = self._stats.get((candidate.chunk, candidate.kind))
+        if stats is None:
             return False
         if candidate.kind is Kind.W and reserved not in self._expected:
             return True
         arrival = self.earliest_arrival(reserved)
         if arrival is None:
             return False
-        return self._now() + duration + self.margin(candidate) <= arrival
+        factor = self._factor.get(candidate.microbatch, 1.0)
+        return self._now() + stats[3] * factor + stats[4] * factor <= arrival

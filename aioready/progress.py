@@ -20,8 +20,9 @@ poll:
   `park_window_s` after the last progress, then longer, growing with the quiet time up to
   `backoff_max_s`, for long bubbles (~1-4 % CPU here, bench/results/transport.md). When every
   source with something pending has a doorbell (the MPI transport with all ranks on one host,
-  transports/doorbell.py), a park that is not busy arms them and sleeps until one rings, with
-  `backoff_max_s` as a backstop only: the message wakes the rank, not a timer sweep.
+  transports/doorbell.py), a waiting park arms them and sleeps until one rings, with
+  `bell_backstop_s` (50 ms) as a backstop only: the message wakes the rank, not a timer sweep
+  (bench/results/oversub.md: 8 and 16 ranks on 2 cores).
   Not `asyncio.sleep`: uvloop turns sub-millisecond sleeps into 0 (a spin) and the default loop
   stretches them to ~1.1 ms. Without a timerfd (non-Linux, or a loop without `add_reader` such as
   the virtual clock) the engine falls back to `loop.call_later` with at least `min_sleep_s` (1 ms);
@@ -32,7 +33,10 @@ The runtime tells the engine whether its arbiter is *waiting* (nothing ready: th
 is on the critical path) or *busy* (a task is running: arrivals only matter when it ends), via
 `set_waiting()`. Waiting: the spin window and `park_s` apply and the park never backs off.
 Busy: no spin window (a spinning loop thread steals the CPU and the GIL from the task it waits
-for) and parks of `busy_park_s`, unless a large transfer needs progress (`wants_hot`). Measured in
+for) and parks of `busy_park_s`, unless a large transfer needs progress (`wants_hot`); where the
+sources have doorbells and nothing is tracked, `busy_sleep` (off by default) has a busy engine
+sleep through the task instead, with no rings and only the backstop, and the runtime's
+`task_ended()` poll before the arbiter decides (`_park_through_task`). Measured in
 bench/e2e (4 ranks on 2 cores, 20 ms tasks): with the plain policy a rank waiting through a long
 bubble backed off to 8 ms parks and each such wake-up added milliseconds to the critical path.
 When more ranks share the host than it has cores (`oversubscribed`), spinning only takes time
@@ -73,7 +77,7 @@ class CompletionSource(Protocol):
     - `wants_hot()`: True while an outstanding item only moves when polled (MPI rendezvous).
 
     Optional: `arm_doorbell() -> bool` and `disarm_doorbell()`, for a source that can wake the
-    engine itself (it calls `kick()`) while it is parked: see `ProgressEngine._arm_doorbells`.
+    engine itself (it calls `ring()`) while it is parked: see `ProgressEngine._arm_doorbells`.
     """
 
     def poll(self) -> int: ...
@@ -94,6 +98,8 @@ class ProgressConfig:
     hot_max_s: float = 0.25  # AIOREADY_HOT_MAX_MS: cap on spinning for wants_hot() alone
     min_sleep_s: float = 1e-3  # AIOREADY_MIN_SLEEP_MS: shortest park without a timerfd
     busy_park_s: float = 5e-3  # AIOREADY_BUSY_PARK_US: timerfd period while a task runs
+    bell_backstop_s: float = 50e-3  # AIOREADY_BELL_BACKSTOP_MS: longest park on a doorbell
+    busy_sleep: bool = False  # AIOREADY_BUSY_SLEEP=1: sleep through tasks (_park_through_task)
     yield_every: int = 0  # AIOREADY_YIELD_EVERY: hot passes between sched_yield() (0: never)
     timer: str = "auto"  # AIOREADY_TIMER: auto | timerfd | call_later
 
@@ -102,7 +108,8 @@ class ProgressConfig:
             "backoff_max_s": ("AIOREADY_BACKOFF_MAX_MS", 1e-3),
             "hot_max_s": ("AIOREADY_HOT_MAX_MS", 1e-3),
             "min_sleep_s": ("AIOREADY_MIN_SLEEP_MS", 1e-3),
-            "busy_park_s": ("AIOREADY_BUSY_PARK_US", 1e-6)}
+            "busy_park_s": ("AIOREADY_BUSY_PARK_US", 1e-6),
+            "bell_backstop_s": ("AIOREADY_BELL_BACKSTOP_MS", 1e-3)}
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -136,6 +143,8 @@ class ProgressConfig:
                                   "integer", got=repr(env["AIOREADY_YIELD_EVERY"])) from None
         if "AIOREADY_TIMER" in env:
             kwargs["timer"] = env["AIOREADY_TIMER"]
+        if "AIOREADY_BUSY_SLEEP" in env:
+            kwargs["busy_sleep"] = env["AIOREADY_BUSY_SLEEP"] not in ("", "0")
         return cls(**kwargs)  # type: ignore[arg-type]
 
 
@@ -220,7 +229,12 @@ class ProgressEngine:
         self._waiting: bool | None = None  # None: no runtime hint, the plain policy
         self.num_completed = self.num_hot_passes = self.num_parks = self.num_idle_waits = 0
         self.num_doorbell_parks = 0
+        self.num_rings = 0  # doorbell parks ended by a ring
+        self.num_missed_rings = 0  # doorbell parks ended by the backstop that found something
         self._bell_grace = 0  # short timer parks left before arming the doorbells again
+        self._rung = False  # a doorbell rang since the last doorbell park began
+        self._through_task = False  # parked through a running task: task_ended() polls
+        self.num_task_parks = 0
         self._armed: list[CompletionSource] = []  # sources whose doorbell is armed (a park)
 
     @classmethod
@@ -273,6 +287,11 @@ class ProgressEngine:
             wake.set_result(None)
         if self._task is None or self._task.done():
             self._task = self.loop.create_task(self._run(), name="aioready-progress")
+
+    def ring(self) -> None:
+        """A source's doorbell rang: a message is there (see `_park_on_doorbells`)."""
+        self._rung = True
+        self.kick()
 
     def set_waiting(self, waiting: bool) -> None:
         """The arbiter is waiting for a task to become ready (True) or running one (False)."""
@@ -357,14 +376,19 @@ class ProgressEngine:
             self.num_parks += 1
             if self._bell_grace:  # just rung: the message may need a few polls to show
                 self._bell_grace -= 1
+            elif busy and cfg.busy_sleep and self._arm_doorbells(ring=False):
+                await self._park_through_task(cfg.bell_backstop_s)
+                continue
             elif not busy and self._arm_doorbells():
-                await self._park_on_doorbells(cfg.backoff_max_s)
+                await self._park_on_doorbells(cfg.bell_backstop_s)
                 continue
             await self._wait(delay)
 
-    def _arm_doorbells(self) -> bool:
+    def _arm_doorbells(self, ring: bool = True) -> bool:
         """Whether every source with something pending can wake the engine itself (a source's
-        optional `arm_doorbell()`, transports/doorbell.py): then a park needs no short timer."""
+        optional `arm_doorbell()`, transports/doorbell.py): then a park needs no short timer.
+        `ring=False` only asks (the doorbells are disarmed again): nothing there needs polling
+        until the engine looks again."""
         armed = []
         for src in self._sources:
             if not src.num_pending():
@@ -375,25 +399,59 @@ class ProgressEngine:
                     other.disarm_doorbell()
                 return False
             armed.append(src)
-        self._armed = armed
+        if ring:
+            self._armed = armed
+        else:
+            for src in armed:
+                src.disarm_doorbell()
         return bool(armed)
 
-    async def _park_on_doorbells(self, backstop: float) -> None:
-        """Park until a doorbell rings (its reader kicks the engine) or the backstop timer; one
-        poll after arming finds what arrived before the doorbells could be rung.
-
-        A rung rank's first poll may not see the message yet (MPICH matches a message that
-        arrived since its last call only on a later one, see MPITransport._probe), and with no
-        spin window (an oversubscribed host) the engine would park again at once, on the
-        doorbell, until the backstop. So after a ring the next `_BELL_GRACE` parks are short
-        timer parks (`park_s`), and progress ends them early."""
+    async def _park_through_task(self, backstop: float) -> None:
+        """A task runs and nothing outstanding needs polling (what `_arm_doorbells` asks): sleep
+        through it with only the backstop timer, and ask for no rings either. A message that
+        arrives meanwhile waits in MPI's queue until the task ends, when `task_ended()` polls
+        before the arbiter decides, or until the arbiter waits (`set_waiting(True)` kicks).
+        Measured with 8 and 16 ranks on 2 cores (bench/results/oversub.md): ringing a busy rank
+        for each message woke it for nothing and preempted the sender; sleeping through saves
+        the timer parks' ~100 wake-ups a second (0.7 % of a core a rank at 8 ranks), but the
+        median task overran 1.1 against 0.7 ms at 8 ranks and 2.8 against 0.7 ms at 16, as the
+        scheduler (Linux EEVDF, a loaded host) gives a long sleeper a core later, and a notice
+        read at the task's end dates its forecast from then: so it is off by default."""
+        self._through_task = True
+        self.num_task_parks += 1
         try:
+            await self._wait(backstop)
+        finally:
+            self._through_task = False
+
+    def task_ended(self) -> None:
+        """The runtime's task ended and its arbiter decides next: if the engine slept through
+        the task (`_park_through_task`), poll now so the decision sees what arrived meanwhile."""
+        if self._through_task:
+            self.poll()
+
+    async def _park_on_doorbells(self, backstop: float) -> None:
+        """Park until a doorbell rings (the source calls `ring()`), something kicks the engine,
+        or the backstop timer; one poll after arming finds what arrived before the doorbells
+        could be rung.
+
+        A rung rank's first poll may not see the message yet (MPICH
+        matches a message that arrived since its last call only on a later one, see
+        MPITransport._probe), and with no spin window (an oversubscribed host) the engine would
+        park again at once, on the doorbell, until the backstop. So after a ring the next
+        `_BELL_GRACE` parks are short timer parks (`park_s`), and progress ends them early.
+        A park the backstop ended that then finds a message counts as a missed ring."""
+        try:
+            self._rung = False
             if not self.poll():
                 self.num_doorbell_parks += 1
                 start = self.loop.time()
                 await self._wait(backstop)
-                if self.loop.time() - start < backstop / 2:  # woken by a ring, not the timer
+                if self._rung:
+                    self.num_rings += 1
                     self._bell_grace = _BELL_GRACE
+                elif self.loop.time() - start >= backstop / 2 and self.poll():
+                    self.num_missed_rings += 1
         finally:
             for src in self._armed:
                 src.disarm_doorbell()

@@ -34,7 +34,7 @@ def per_call(fn: Callable[[], Any], n: int, repeats: int) -> float:
     return median(out)
 
 
-def message_pieces(n: int, repeats: int) -> list[tuple[str, float]]:
+def message_pieces(n: int, repeats: int, nbytes: int = 8) -> list[tuple[str, float]]:
     import numpy as np
     import torch
     from mpi4py import MPI
@@ -44,7 +44,8 @@ def message_pieces(n: int, repeats: int) -> list[tuple[str, float]]:
 
     comm = MPI.COMM_SELF.Dup()
     codec = WireCodec()
-    t = torch.zeros(2, dtype=torch.float32)  # 8 B
+    t = torch.zeros(nbytes // 4, dtype=torch.float32)
+    size = "8 B" if nbytes == 8 else f"{nbytes >> 10} KiB"
     msg = Message(0, MessageKind.ACTIVATION, 1, 3, (t,), 0)
     status = MPI.Status()
     desc, sizes, _ = codec.describe(msg.tensors)
@@ -70,17 +71,17 @@ def message_pieces(n: int, repeats: int) -> list[tuple[str, float]]:
 
     rows.append(("send: describe (cached layout)", per_call(lambda: codec.describe(msg.tensors),
                                                             n, repeats)))
-    rows.append(("send: encode inline header + 8 B", per_call(
+    rows.append((f"send: encode inline header + {size}", per_call(
         lambda: codec.encode_inline(msg, desc, sizes), n, repeats)))
-    rows.append(("send: Isend + Test (+ a blocking Mprobe/Recv to drain it)",
+    rows.append((f"send: Isend + Test of {size} (+ a blocking Mprobe/Recv to drain it)",
                  per_call(isend_test, n, repeats)))
     rows.append(("receive: Improbe, nothing there (one hot poll)", per_call(probe_empty, n,
                                                                            repeats)))
-    rows.append(("receive: Isend + Improbe + Irecv + Test (the whole MPI part)",
+    rows.append((f"receive: Isend + Improbe + Irecv + Test of {size} (the whole MPI part)",
                  per_call(send_recv, n, repeats)))
     rows.append(("receive: decode header (cached layout)", per_call(
         lambda: codec.decode(arr, 0), n, repeats)))
-    rows.append(("receive: inline tensors (numpy view + torch.from_numpy)", per_call(
+    rows.append((f"receive: inline tensors of {size} (numpy view + torch.from_numpy)", per_call(
         lambda: codec.inline_tensors(arr, layout), n, repeats)))
     rows.append(("receive: Message object", per_call(
         lambda: codec.message(header, msg.tensors), n, repeats)))
@@ -220,7 +221,9 @@ def main(argv: list[str] | None = None) -> str:
     ap.add_argument("--profile", action="store_true", help="add a cProfile of a whole step")
     args = ap.parse_args(argv)
     n, reps = (2000, 5) if args.quick else (20000, 9)
-    rows = message_pieces(n, reps) + task_pieces(n, reps)
+    rows = message_pieces(n, reps) + [
+        row for row in message_pieces(max(1, n // 10), reps, 64 << 10)
+        if "64 KiB" in row[0]] + task_pieces(n, reps)
     lines = ["## The hot path, piece by piece (median us per call, one process)", "",
              "| piece | us |", "|---|---|"]
     lines += [f"| {name} | {us:.2f} |" for name, us in rows]

@@ -228,23 +228,25 @@ class BellSource(FakeSource):
     def disarm_doorbell(self) -> None:
         self.armed = False
 
-    def arrive(self) -> None:
-        """The item is due now; ring only if the engine armed the doorbell (as a sender does)."""
+    def arrive(self, ring: bool = True) -> None:
+        """The item is due now; ring only if the engine armed the doorbell (as a sender does);
+        `ring=False`: a sender that missed the armed doorbell."""
         self.items = [(self.loop.time(), f) for _, f in self.items]
-        if self.armed:
+        if self.armed and ring:
             self.num_rung += 1
-            self.engine.kick()
+            self.engine.ring()
 
 
 @pytest.mark.parametrize("can_arm", [True, False], ids=["doorbell", "timer-only"])
 def test_a_parked_engine_wakes_on_the_doorbell_not_the_timer(can_arm: bool) -> None:
-    """In a long bubble (8 ms parks) a source that can arm its doorbell is parked on it: the
-    item is completed the instant it arrives and rings, and the next parks are disarmed again.
-    A source without a doorbell waits for the next timer park (the plain policy)."""
+    """In a long bubble (8 ms parks, and an 8 ms backstop on the doorbell) a source that can arm
+    its doorbell is parked on it: the item is completed the instant it arrives and rings, and
+    the next parks are disarmed again. A source without a doorbell waits for the next timer
+    park (the plain policy)."""
     async def main() -> tuple[float, BellSource, ProgressStatistics]:
         loop = asyncio.get_running_loop()
         engine = ProgressEngine(loop, ProgressConfig(park_s=250e-6, park_window_s=20e-3,
-                                                     backoff_max_s=8e-3))
+                                                     backoff_max_s=8e-3, bell_backstop_s=8e-3))
         src = BellSource(loop, engine, can_arm)
         engine.add_source(src)
         fut = src.add(100.0)  # pending, due only when it "arrives"
@@ -262,3 +264,67 @@ def test_a_parked_engine_wakes_on_the_doorbell_not_the_timer(can_arm: bool) -> N
         assert src.num_armed >= 10 and not src.armed  # every long park armed it, then disarmed
     else:
         assert 0.0 < took <= 8e-3 + 1e-9 and src.num_rung == 0 and src.num_armed == 0, took
+
+
+@pytest.mark.parametrize("busy_sleep", [True, False], ids=["busy-sleep", "busy-parks"])
+def test_a_busy_engine_sleeps_through_the_task_and_polls_when_it_ends(busy_sleep: bool) -> None:
+    """While a task runs (`set_waiting(False)`), with `busy_sleep`, an engine whose sources could
+    arm a doorbell sleeps with only the backstop timer and asks for no rings: 0.2 s hold 4 parks
+    of 50 ms, where busy timer parks (the default: 5 ms, backing off to 8) are 20-40. An item that
+    arrives meanwhile rings nobody either way; with `busy_sleep` it is completed the moment the
+    runtime says its task ended (`task_ended()` polls), by default at the next timer park."""
+    async def main() -> tuple[float, int, ProgressEngine, BellSource]:
+        loop = asyncio.get_running_loop()
+        engine = ProgressEngine(loop, ProgressConfig(busy_park_s=5e-3, bell_backstop_s=50e-3,
+                                                     busy_sleep=busy_sleep))
+        src = BellSource(loop, engine)
+        engine.add_source(src)
+        engine.set_waiting(False)
+        fut = src.add(100.0)
+        await asyncio.sleep(0.0003)
+        s0 = engine.statistics()
+        await asyncio.sleep(0.2)
+        s1 = engine.statistics()
+        src.arrive()
+        if busy_sleep:
+            await asyncio.sleep(0.001)
+            assert not fut.done()  # no ring, no timer yet: it waits for the task's end
+        t0 = loop.time()
+        engine.task_ended()
+        done = await fut
+        engine.close()
+        return done - t0, s1.num_parks - s0.num_parks, engine, src
+
+    took, parks, engine, src = run_virtual(main())
+    assert src.num_rung == 0 and engine.num_rings == 0
+    if busy_sleep:
+        assert took == 0.0, took
+        assert 3 <= parks <= 5, parks
+        assert engine.num_task_parks >= parks
+    else:
+        assert 0.0 < took <= 8e-3 + 1e-9, took  # 5 ms parks, backing off to 8 ms
+        assert 20 <= parks <= 40, parks
+        assert engine.num_task_parks == 0
+
+
+def test_a_missed_ring_is_found_by_the_backstop_and_counted() -> None:
+    """A sender that misses the armed doorbell (the race doorbell.py bounds) costs at most the
+    backstop, and the engine counts the miss (bench/oversub reports it)."""
+    async def main() -> tuple[float, ProgressEngine]:
+        loop = asyncio.get_running_loop()
+        engine = ProgressEngine(loop, ProgressConfig(bell_backstop_s=50e-3))
+        src = BellSource(loop, engine)
+        engine.add_source(src)
+        engine.set_waiting(True)
+        fut = src.add(100.0)
+        await asyncio.sleep(0.1)
+        t0 = loop.time()
+        await asyncio.sleep(0.0203)  # not on a backstop's instant
+        src.arrive(ring=False)
+        done = await fut
+        engine.close()
+        return done - t0, engine
+
+    took, engine = run_virtual(main())
+    assert 0.0 < took <= 50e-3 + 1e-9, took
+    assert engine.num_missed_rings == 1 and engine.num_rings == 0

@@ -23,6 +23,7 @@ import torch
 
 from ..caps import CapSpec, parse_cap
 from ..devices.cpu import CPUDevice
+from ..devices.inline import InlineDevice
 from ..devices.paced import PacedDevice
 from ..errors import ConfigError, DivergedError
 from ..memory import MemorySpec, check_one_gate, parse_memory
@@ -208,7 +209,11 @@ async def train(cfg: TrainConfig, *, comm: Any = None,
     devices: list[PacedDevice] = []
 
     def make_device(r: int) -> Any:
-        devices.append(PacedDevice(CPUDevice(f"aioready-rank{r}"), duration))
+        # sleep-only tasks compute nothing: a worker-thread hand-off per task would only cost
+        # two wake-ups, and on an oversubscribed host its wait for a core (bench.oversub)
+        inner = InlineDevice() if cfg.sleep_only and cfg.tp == 1 else CPUDevice(
+            f"aioready-rank{r}")
+        devices.append(PacedDevice(inner, duration))
         return wrap(devices[-1])
 
     pipe = Pipeline(modules, lm_loss, microbatches=cfg.microbatches, mode=cfg.mode,

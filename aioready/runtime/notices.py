@@ -27,11 +27,12 @@ NOTICE_B = 1 << 31
 class Notices:
     """Whom one rank tells when its tasks start, and what a peer's notice means there."""
 
-    __slots__ = ("rank", "stages", "_targets")
+    __slots__ = ("rank", "stages", "_targets", "_chunk_of")
 
     def __init__(self, rank: int, placement: Placement, stages: Sequence[int]) -> None:
         self.rank = rank
         self.stages = tuple(stages)
+        self._chunk_of = {stage: chunk for chunk, stage in reversed(list(enumerate(stages)))}
         # (chunk, kind) -> (peer rank, the peer's stage, tag bit): outputs that leave the rank
         self._targets: dict[tuple[int, Kind], tuple[int, int, int]] = {}
         last = placement.num_stages - 1
@@ -49,20 +50,20 @@ class Notices:
         target = self._targets.get((task.chunk, task.kind))
         if target is None:
             return None
-        duration = forecast.estimate(task)
+        duration = forecast.early_estimate(task)
         if duration is None:
             return None
-        duration = max(0.0, duration - forecast.margin(task) / 2)
         peer, stage, bit = target
         tag = min(encode_duration(duration), NOTICE_B - 1) | bit
         return peer, Message(step, MessageKind.NOTICE, stage, task.microbatch, (), tag)
 
     def read(self, msg: Message, num_microbatches: int) -> tuple[Task, float]:
         """The local task a peer's notice is about, and the duration it announced."""
-        if msg.stage not in self.stages or not 0 <= msg.microbatch < num_microbatches:
+        chunk = self._chunk_of.get(msg.stage)
+        if chunk is None or not 0 <= msg.microbatch < num_microbatches:
             raise ProtocolError("notice for a task this rank does not hold", rank=self.rank,
                                 step=msg.step, expected=f"stages {list(self.stages)}",
                                 got=msg.describe())
-        kind = Kind.B if msg.tag & NOTICE_B else Kind.F
-        return (Task(kind, msg.microbatch, self.stages.index(msg.stage)),
-                decode_duration(msg.tag & ~NOTICE_B))
+        tag = msg.tag
+        return (Task(Kind.B if tag & NOTICE_B else Kind.F, msg.microbatch, chunk),
+                decode_duration(tag & ~NOTICE_B))

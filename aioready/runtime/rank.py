@@ -132,6 +132,7 @@ class RankRuntime:
         self._handlers = {Kind.F: self._run_f, Kind.B: self._run_b, Kind.W: self._run_w}
         self._opened = False
         self._now: Callable[[], float] = time.monotonic
+        self._engine: ProgressEngine | None = None  # the loop's completion engine, if any
         self.num_events = 0  # messages in, tasks started and ended: the watchdogs' progress count
         self._control_handlers: list[Callable[[Message], None]] = []
         self.running_task: Task | None = None
@@ -350,7 +351,7 @@ class RankRuntime:
         self.open()
         self._reset(step, inputs, targets)
         try:
-            engine = ProgressEngine.existing()
+            engine = self._engine = ProgressEngine.existing()
             await run_arbiter(self._ready, self._execute, self._wakeup, len(self._missing),
                               self._check, None if engine is None else engine.set_waiting)
             await self.transport.wait_sent()
@@ -406,6 +407,8 @@ class RankRuntime:
         heir = self._needs.unblocks.get(task)
         if heir is not None:
             self._satisfy(heir)
+        if self._engine is not None:  # the next decision sees what arrived during the task
+            self._engine.task_ended()
 
     def _announce(self, task: Task) -> None:
         """Tell the rank this task feeds that it starts now (runtime/notices.py)."""

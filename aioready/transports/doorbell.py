@@ -12,7 +12,7 @@ datagram: the receiver's loop wakes on it in tens of microseconds. A hot rank's 
 so the sender's cost is one shared-memory read per message.
 
 Lost wake-ups are bounded, not excluded: the byte and MPI's queue are two places, so a send that
-raced a park could miss the byte; the backstop (`backoff_max_s`, 8 ms) still finds the message.
+raced a park could miss the byte; the backstop (`bell_backstop_s`, 50 ms) still finds it.
 The bytes and the socket are made collectively with the transport (like its communicators);
 closing is local.
 """

@@ -180,7 +180,11 @@ class MPITransport:
             for i, (t, n) in enumerate(zip(tensors, sizes)):
                 if n:
                     self._send_payload(dest, seq * MAX_TENSORS + i, t, n)
-        self._engine.kick()  # type: ignore[union-attr]  # open() set it
+        engine = self._engine
+        # poll soon and spin for the reply; with a doorbell and no spin window (an
+        # oversubscribed host) a send that left at once needs neither: the reply rings
+        if self._bell is None or self._pending or engine.config.spin_s:  # type: ignore
+            engine.kick()  # type: ignore[union-attr]  # open() set it
 
     async def wait_sent(self) -> None:
         while self._num_sending or self._num_local:
@@ -244,12 +248,17 @@ class MPITransport:
                 self._maybe_idle()
             return
         self._num_sending += 1
-        self._track(req, partial(self._sent, buf, release), big)
+        # a header that did not leave at once rang its receiver too early: ring again once sent
+        ring = dest if self._bell is not None and comm is self._hdr else None
+        self._track(req, partial(self._sent, buf, release, ring), big)
 
-    def _sent(self, buf: Any, release: Callable[[], None] | None) -> None:
+    def _sent(self, buf: Any, release: Callable[[], None] | None,
+              ring: int | None = None) -> None:
         self._num_sending -= 1  # `buf` was kept alive until here by this partial
         if release is not None:  # MPI is done with the pinned buffer: back to the pool
             release()
+        if ring is not None:
+            self._bell.ring(ring)  # type: ignore[union-attr]
         self._maybe_idle()
 
     def _on_copied(self, then: Callable[[], None], sending: bool,
@@ -332,7 +341,7 @@ class MPITransport:
 
     def _on_ring(self) -> None:
         self._bell.drain()  # type: ignore[union-attr]  # registered only with a doorbell
-        self._engine.kick()  # type: ignore[union-attr]
+        self._engine.ring()  # type: ignore[union-attr]
 
     # -- receiving ------------------------------------------------------------------------
     def _probe(self) -> int:
