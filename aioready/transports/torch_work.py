@@ -124,10 +124,9 @@ class WorkWaiter:
             n += 1
         return n
 
-    async def aclose(self, timeout: float) -> None:
-        """Stop the threads once they finished what they hold, and wait (at most `timeout`)
-        until they have: torch's `destroy_process_group` aborts the process (std::terminate)
-        while a thread that waited on one of its Works is still running."""
+    def stop(self) -> list[_Channel]:
+        """Stop the threads once they finished what they hold, without waiting (for owners
+        closed outside the loop whose Works are all complete: the threads are idle)."""
         threads = list(self._threads.values())
         self._threads.clear()
         for thread in threads:
@@ -135,6 +134,13 @@ class WorkWaiter:
         if self._engine is not None:
             self._engine.remove_source(self)
             self._engine = None
+        return threads
+
+    async def aclose(self, timeout: float) -> None:
+        """Stop the threads once they finished what they hold, and wait (at most `timeout`)
+        until they have: torch's `destroy_process_group` aborts the process (std::terminate)
+        while a thread that waited on one of its Works is still running."""
+        threads = self.stop()
         if threads:
             await asyncio.wait([t.stopped for t in threads], timeout=timeout)
         for thread in threads:
