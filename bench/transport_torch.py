@@ -109,7 +109,7 @@ async def measure(args: argparse.Namespace) -> None:
     transport.open(echo.deliver)
     repeats = 3 if args.quick else 5
     rows = []
-    for label, size in SIZES:
+    for label, size in [(lb, sz) for lb, sz in SIZES if not args.sizes or lb in args.sizes]:
         n = iters_for(size, args.quick)
         raw, aio = [], []
         for _ in range(repeats):
@@ -152,6 +152,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="fewer iterations and repeats")
     p.add_argument("--no-write", action="store_true", help="print only")
+    p.add_argument("--sizes", nargs="+", metavar="LABEL", help="only these rows, e.g. '64 KiB'")
     return p.parse_args(argv)
 
 
