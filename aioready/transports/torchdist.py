@@ -10,10 +10,10 @@ peer and tag, in order), so readiness needs a framing of its own (docs/torchrun.
   whichever peer sends first is received first, and the thread that waits for a peer's slots
   never has to be woken for the next one. The slot holds the header of transports/header.py
   (as wire.py encodes it) and, when the whole message fits, the CPU payload right after it
-  (copied in once): one transfer per stage boundary up to 64 KiB. Gloo lets a send be shorter than the receive it matches, so only
-  the used bytes travel. (A 4 KiB slot with the 64 KiB payload as a second transfer measured
-  281 us one-way against 142 us this way, bench/transport_torch.py: every transfer costs a
-  thread and a loop wake-up.)
+  (copied in once): one transfer per stage boundary up to 64 KiB. Gloo lets a send be shorter than
+  the receive it matches, so only the used bytes travel. (A 4 KiB slot with the 64 KiB payload as a
+  second transfer measured 281 us one-way against 142 us this way, bench/transport_torch.py: every
+  transfer costs a thread and a loop wake-up.)
 - larger or CUDA payloads follow as one transfer per non-empty tensor, on the payload tag (gloo)
   or through the group's CUDA backend (flag in the slot). The receiver posts them, into tensors
   of the advertised dtype and shape (variable per microbatch), when their header arrived, then
