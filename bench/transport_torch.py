@@ -135,12 +135,14 @@ def report(args: argparse.Namespace, rows: list, version: str) -> None:
         lines.append(f"| {label} | {raw * 1e6:.1f} us | {aio * 1e6:.1f} us | {aio / raw:.2f} | "
                      f"{size / raw / 1e9:.2f} | {size / aio / 1e9:.2f} | {n} x {rep} |")
     lines += ["", "Reading it: one-way = median over repeats of each repeat's median RTT/2. The "
-              "transport sends one slot per message into a 68 KiB receive posted ahead (payloads "
-              "up to 64 KiB ride in it, larger ones follow as a second transfer) and learns of "
-              "each arrival from a waiter thread that wakes the loop (gloo's point-to-point Works "
-              "only complete in `wait()`); the raw column blocks in `wait()` on the calling "
-              "thread. With many more runnable threads than cores (see the load average) each "
-              "of those wake-ups waits for a core, which dominates small messages.", ""]
+              "transport sends one slot per message into one of two 68 KiB receives posted "
+              "ahead per peer (payloads up to 64 KiB ride in it, copied once into a reused send "
+              "buffer; larger ones follow as a second transfer) and learns of each arrival from "
+              "a waiter thread that wakes the loop (gloo's point-to-point Works only complete in "
+              "`wait()`); the raw column blocks in `wait()` on the calling thread. With many "
+              "more runnable threads than cores (see the load average) each of those wake-ups "
+              "waits for a core, which dominates small messages; docs/torchrun.md gives the "
+              "context switches and CPU time per message, which the load does not distort.", ""]
     text = "\n".join(lines)
     print(text, flush=True)
     if not args.no_write:

@@ -18,7 +18,9 @@ peer that died: "Connection closed by peer"), so the transport turns it into an 
 the peer. A *lazy* channel (sends: nobody waits for each one) does not wake the loop for a
 success: the completion waits in a queue that `drain()` empties (the transport drains on its
 next send, and asks for wake-ups with `eager` while it waits for its sends). On 2 busy cores a
-loop wake-up is tens of microseconds, and each message had one for its send. torch is not imported here: Works are whatever objects the transport hands in.
+loop wake-up is tens of microseconds, and each message had one for its send. torch is not
+imported here: Works are whatever objects the transport hands in. `stop()` ends the threads
+without waiting, for owners closed outside the loop (the DP reducer, dp/torch_requests.py).
 """
 
 from __future__ import annotations

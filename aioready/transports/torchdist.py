@@ -36,7 +36,7 @@ import logging
 import os
 import struct
 from functools import partial
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -45,6 +45,7 @@ from .base import Deliver, Message, OnFailure
 from .receive_pool import ReceivePool
 from .tensor_bytes import from_bytes, host_bytes, torch_dtype, torch_module
 from .torch_groups import cpu_backend, device_backend, resolve_group
+from .torch_staging import StagedSends
 from .torch_work import WorkWaiter
 from .wire import Header, WireCodec, align
 
@@ -103,6 +104,7 @@ class TorchDistTransport:
         self._slots_posted: dict[int, int] = {}  # peer -> slot receives outstanding
         self._lost: set[int] = set()  # peers whose transfers failed (reported once)
         self._free: list[tuple[np.ndarray, Any]] = []  # send slots whose sends completed
+        self._staged: StagedSends | None = None  # CUDA payloads without a CUDA backend
         self._closing = False
         self._goodbye_waiter: asyncio.Future[None] | None = None
         self._deliver: Deliver | None = None
@@ -159,11 +161,12 @@ class TorchDistTransport:
             if align(len(head)) + sum(align(n) for n in sizes) <= room:
                 self._send_inline(dest, head, tensors, sizes)
                 return
+        on_device = on_cuda and self.device_backend  # else staged through the host
         self._send_slot(dest, self._codec.fixed(msg, len(sizes)) + descriptors,
-                        _ON_DEVICE if on_cuda else 0)
+                        _ON_DEVICE if on_device else 0)
         for t, n in zip(tensors, sizes):
             if n:
-                self._send_payload(dest, t, on_cuda)
+                self._send_payload(dest, t, on_device)
 
     async def wait_sent(self) -> None:
         waiter = self._waiter
@@ -202,6 +205,8 @@ class TorchDistTransport:
                 await self._wait_goodbyes()
                 await self._waiter.aclose(CLOSE_TIMEOUT_S)
                 self._waiter = None
+            if self._staged is not None:
+                self._staged.close()
 
     # -- sending --------------------------------------------------------------------------
     def _peers(self) -> list[int]:
@@ -240,7 +245,11 @@ class TorchDistTransport:
                 off += align(n)
         buf = whole[:end]
         self._track_send(dest, self._group.send([buf], dest, HEADER_TAG), buf, False,
-                         (slot, whole))
+                         partial(self._reuse, slot, whole))
+
+    def _reuse(self, slot: np.ndarray, whole: Any) -> None:
+        if len(self._free) < FREE_SLOTS:
+            self._free.append((slot, whole))
 
     def _send_slot(self, dest: int, content: bytes, flags: int) -> None:
         torch = torch_module()
@@ -250,27 +259,47 @@ class TorchDistTransport:
         buf = torch.from_numpy(slot)
         self._track_send(dest, self._group.send([buf], dest, HEADER_TAG), buf, False)
 
-    def _send_payload(self, dest: int, t: Any, on_cuda: bool) -> None:
+    def _send_payload(self, dest: int, t: Any, on_device: bool) -> None:
+        """One payload transfer: through the CUDA backend (`on_device`), else through gloo,
+        CUDA tensors staged through pinned host memory (torch_staging.py)."""
         torch = torch_module()
-        if t.is_cuda:
+        if on_device:
+            if not t.is_cuda:  # a CPU tensor beside CUDA ones: the receiver expects the device
+                raise ProtocolError("a message mixes CPU and CUDA tensors", rank=self._rank,
+                                    expected="all on one kind of device", got="both")
             buf = t.detach().contiguous().reshape(-1).view(torch.uint8)
-        elif on_cuda:  # a CPU tensor beside CUDA ones: the receiver expects it on the device
-            raise ProtocolError("a message mixes CPU and CUDA tensors", rank=self._rank,
-                                expected="all on one kind of device", got="both")
-        else:
-            buf = torch.from_numpy(host_bytes(t))
-        if on_cuda and not self.device_backend:
-            raise ConfigError("CUDA tensors need a process group with a CUDA backend",
-                              rank=self._rank, expected="NCCL", got=str(self._group),
-                              fix="init_process_group('cpu:gloo,cuda:nccl')")
-        work = self._group.send([buf], dest, PAYLOAD_TAG)
-        self._track_send(dest, work, buf, on_cuda)
+            self._track_send(dest, self._group.send([buf], dest, PAYLOAD_TAG), buf, True)
+            return
+        buf = t if t.is_cuda else torch.from_numpy(host_bytes(t))
+        if t.is_cuda or (self._staged is not None and self._staged.busy(dest)):
+            if self._staged is None:
+                self._staged = StagedSends(self._send_staged, self._staging_failed)
+            self._num_sending += 1  # until its gloo send is posted (then counted there)
+            self._staged.push(dest, buf)
+            return
+        self._send_host(dest, buf, None)
+
+    def _send_staged(self, dest: int, buf: Any, release: Callable[[], None] | None) -> None:
+        self._num_sending -= 1
+        try:
+            self._send_host(dest, buf, release)
+        except RuntimeError as exc:  # the peer's link closed
+            self._peer_failed(dest, exc)
+
+    def _send_host(self, dest: int, buf: Any, release: Callable[[], None] | None) -> None:
+        self._track_send(dest, self._group.send([buf], dest, PAYLOAD_TAG), buf, False, release)
+
+    def _staging_failed(self, exc: BaseException) -> None:
+        self._raise(exc if isinstance(exc, AioreadyError) else InternalError(
+            f"a CUDA copy to host for gloo failed: {type(exc).__name__}: {exc}",
+            rank=self._rank))
 
     def _track_send(self, dest: int, work: Any, buf: Any, polled: bool,
-                    reuse: tuple[np.ndarray, Any] | None = None) -> None:
+                    release: Callable[[], None] | None = None) -> None:
+        """Count the send until its Work completed; then `release` its buffer, if given."""
         self._num_sending += 1
         assert self._waiter is not None
-        done = partial(self._sent, dest, buf, reuse)
+        done = partial(self._sent, dest, buf, release)
         if polled:
             self._waiter.add((dest, "dev-send"), work, done, pollable=True)
             return
@@ -296,13 +325,13 @@ class TorchDistTransport:
         for dest, work, done in batch:
             self._waiter.add((dest, "send"), work, done, lazy=True)  # type: ignore[union-attr]
 
-    def _sent(self, dest: int, buf: Any, reuse: tuple[np.ndarray, Any] | None,
+    def _sent(self, dest: int, buf: Any, release: Callable[[], None] | None,
               exc: BaseException | None) -> None:
         self._num_sending -= 1  # `buf` was kept alive until here by this partial
         if exc is not None:
             self._peer_failed(dest, exc)
-        elif reuse is not None and len(self._free) < FREE_SLOTS:
-            self._free.append(reuse)
+        elif release is not None:
+            release()
         self._maybe_idle()
 
     def _arrive_local(self, msg: Message) -> None:
