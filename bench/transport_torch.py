@@ -109,7 +109,7 @@ async def measure(args: argparse.Namespace) -> None:
     transport.open(echo.deliver)
     repeats = 3 if args.quick else 5
     rows = []
-    for label, size in SIZES:
+    for label, size in [(lb, sz) for lb, sz in SIZES if not args.sizes or lb in args.sizes]:
         n = iters_for(size, args.quick)
         raw, aio = [], []
         for _ in range(repeats):
@@ -135,12 +135,14 @@ def report(args: argparse.Namespace, rows: list, version: str) -> None:
         lines.append(f"| {label} | {raw * 1e6:.1f} us | {aio * 1e6:.1f} us | {aio / raw:.2f} | "
                      f"{size / raw / 1e9:.2f} | {size / aio / 1e9:.2f} | {n} x {rep} |")
     lines += ["", "Reading it: one-way = median over repeats of each repeat's median RTT/2. The "
-              "transport sends one slot per message into a 68 KiB receive posted ahead (payloads "
-              "up to 64 KiB ride in it, larger ones follow as a second transfer) and learns of "
-              "each arrival from a waiter thread that wakes the loop (gloo's point-to-point Works "
-              "only complete in `wait()`); the raw column blocks in `wait()` on the calling "
-              "thread. With many more runnable threads than cores (see the load average) each "
-              "of those wake-ups waits for a core, which dominates small messages.", ""]
+              "transport sends one slot per message into one of two 68 KiB receives posted "
+              "ahead per peer (payloads up to 64 KiB ride in it, copied once into a reused send "
+              "buffer; larger ones follow as a second transfer) and learns of each arrival from "
+              "a waiter thread that wakes the loop (gloo's point-to-point Works only complete in "
+              "`wait()`); the raw column blocks in `wait()` on the calling thread. With many "
+              "more runnable threads than cores (see the load average) each of those wake-ups "
+              "waits for a core, which dominates small messages; docs/torchrun.md gives the "
+              "context switches and CPU time per message, which the load does not distort.", ""]
     text = "\n".join(lines)
     print(text, flush=True)
     if not args.no_write:
@@ -152,6 +154,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="fewer iterations and repeats")
     p.add_argument("--no-write", action="store_true", help="print only")
+    p.add_argument("--sizes", nargs="+", metavar="LABEL", help="only these rows, e.g. '64 KiB'")
     return p.parse_args(argv)
 
 

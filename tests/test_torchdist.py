@@ -165,3 +165,15 @@ def test_cuda_tensors_over_nccl() -> None:
     proc = run_torchrun(2, [str(HERE / "torch_scripts" / "cuda_roundtrip.py")], timeout=150)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "CUDA OK" in proc.stdout, proc.stdout
+
+
+@pytest.mark.gpu
+def test_cuda_tensors_staged_through_the_host_over_gloo() -> None:
+    """A gloo-only group moves CUDA tensors through pinned host memory, in order, between 2
+    ranks that share one GPU (unverified until a machine with a CUDA GPU runs it)."""
+    import torch
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    proc = run_torchrun(2, [str(HERE / "torch_scripts" / "cuda_staged.py")], timeout=150)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "STAGED OK" in proc.stdout, proc.stdout + proc.stderr[-2000:]

@@ -24,6 +24,7 @@ EXAMPLES = """examples:
   mpiexec -n 4 python -m aioready train --stages 4 --microbatches 8 --steps 5
   mpiexec -n 4 python -m aioready train --stages 2 --dp 2 --steps 5   # PP=2 x DP=2
   mpiexec -n 8 python -m aioready train --stages 2 --tp 2 --dp 2       # PP=2 x TP=2 x DP=2
+  torchrun --nproc-per-node 4 -m aioready train --stages 2 --dp 2    # the same over gloo
   aioready train --steps 50 --checkpoint-dir ckpt --resume   # rerun it after a crash
 """
 
@@ -100,10 +101,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--on-nan", choices=("warn", "stop"), default="warn",
                    help="a loss that is not finite: warn (default) or stop the run")
     p.add_argument("--dp", type=int, default=1,
-                   help="data-parallel replicas under mpiexec (pipeline ranks = world / dp); "
+                   help="data-parallel replicas under mpiexec or torchrun (pipeline ranks = world / dp); "
                    "gradients are averaged over replicas while the step runs")
     p.add_argument("--tp", type=int, default=1,
-                   help="tensor-parallel size under mpiexec: each block's MLP is split over tp "
+                   help="tensor-parallel size under mpiexec or torchrun: each block's MLP is split over tp "
                    "ranks (pipeline ranks = world / (tp * dp))")
     p.set_defaults(func=run)
 

@@ -89,9 +89,9 @@ class TrainConfig:
     """a loss that is not finite: "warn" (once, on stderr, and in the summary) or "stop" (raise
     DivergedError)"""
     dp: int = 1
-    """data-parallel replicas under MPI (the pipeline has world / dp ranks)"""
+    """data-parallel replicas under MPI or torchrun (the pipeline has world / dp ranks)"""
     tp: int = 1
-    """tensor-parallel size under MPI: each block's MLP is split (aioready.tp.layers)"""
+    """tensor-parallel size under MPI or torchrun: each block's MLP is split (aioready.tp.layers)"""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cap", parse_cap(self.cap))  # "8" -> 8: the summary shows 8
@@ -317,11 +317,16 @@ def _grid(cfg: TrainConfig, comm: Any) -> tuple[Any, Any]:
     if cfg.dp == 1 and cfg.tp == 1:
         return None, comm
     if comm is None:
-        raise ConfigError("data and tensor parallelism run under MPI",
-                          expected="mpiexec -n pp*tp*dp", got=f"tp={cfg.tp}, dp={cfg.dp} in "
+        raise ConfigError("data and tensor parallelism run under MPI or torchrun",
+                          expected="mpiexec -n pp*tp*dp (or torchrun --nproc-per-node)", got=f"tp={cfg.tp}, dp={cfg.dp} in "
                           "one process")
+    from ..telemetry.torch_comm import TorchComm
     from ..tp.grid import ProcessGrid
-    grid = ProcessGrid.for_world(comm.Get_size(), tp=cfg.tp, dp=cfg.dp).split(comm)
+    shape = ProcessGrid.for_world(comm.Get_size(), tp=cfg.tp, dp=cfg.dp)
+    if isinstance(comm, TorchComm):  # torchrun: torch.distributed groups
+        groups = shape.torch_groups()
+        return groups, TorchComm(groups.pp)
+    grid = shape.split(comm)
     return grid, grid.pp
 
 
@@ -330,8 +335,13 @@ def _tensor_parallel(grid: Any, modules: list[Any]) -> Callable[[Any], Any]:
     if grid is None or grid.grid.tp_size == 1:
         return lambda device: device
     from ..tp.collectives import MPITPComm, TPDevice
+    from ..tp.grid import GridGroups
     from ..tp.layers import shard_gpt_mlps
-    comm = MPITPComm(grid.tp)
+    if isinstance(grid, GridGroups):
+        from ..tp.torch_collectives import TorchTPComm
+        comm: Any = TorchTPComm(grid.tp)
+    else:
+        comm = MPITPComm(grid.tp)
     for module in modules:
         if module is not None:
             shard_gpt_mlps(module, comm)

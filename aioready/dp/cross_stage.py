@@ -15,7 +15,9 @@ source of silent divergence when done per rank:
 One small all-reduce over the world (a duplicate of the grid's world communicator) carries the
 weight sum and the found-inf flag together; the norm is one more. In-process pipelines hold every
 stage, so their sums are local. Under MPI these need `grid=` (the world and the tie groups come
-from it). Collectives are nonblocking, completed by the progress engine (requests.py).
+from it). Collectives are nonblocking, completed by the progress engine (requests.py); under
+torchrun they run on the grid's torch.distributed groups (the world group of `torch_groups`, a
+group per tie made by its owners) and complete through torch_requests.py.
 """
 
 from __future__ import annotations
@@ -96,11 +98,17 @@ class CrossStage:
         self.executors = [(rt, ex) for rt in pipe.runtimes for ex in (rt.executors or ())]
         self._world: Any = None
         self._requests: Any = None
+        self._torch = False  # the grid's groups are torch.distributed ones (torchrun)
         if self.comms is not None:
-            from .requests import Requests
-            self._world = self.comms.world.Dup()
-            self._requests = Requests(f"cross-stage all-reduce (world rank "
-                                      f"{self.comms.world.Get_rank()})")
+            from ..tp.grid import GridGroups
+            self._torch = isinstance(self.comms, GridGroups)
+            what = f"cross-stage all-reduce (world rank {self.comms.grid.rank_of(c)})"
+            if self._torch:
+                from .torch_requests import TorchRequests
+                self._world, self._requests = self.comms.world, TorchRequests(what)
+            else:
+                from .requests import Requests
+                self._world, self._requests = self.comms.world.Dup(), Requests(what)
         elif self._spread(pipe) and (tied or scaler is not None or self.weighted):
             raise self._needs_grid(pipe, "tied weights, a GradScaler and normalize='weight'")
         self.ties = [self._tie(name, owners) for name, owners in sorted((tied or {}).items())]
@@ -140,7 +148,15 @@ class CrossStage:
         first = min(owners) in [ex.stage for _, ex in self.executors]
         ranks = sorted({placement.rank_of(s) for s in owners})
         comm = None
-        if self.comms is not None and len(ranks) > 1:
+        if self.comms is not None and len(ranks) > 1 and self._torch:
+            c, g = self.comms.coords, self.comms.grid
+            if c.pp_rank in ranks:  # only the owners make their group (as Split's colors do)
+                import torch.distributed as dist
+
+                from ..tp.grid import Coords
+                comm = dist.new_group([g.rank_of(Coords(c.dp, r, c.tp_rank)) for r in ranks],
+                                      use_local_synchronization=True)
+        elif self.comms is not None and len(ranks) > 1:
             from mpi4py import MPI
             c, g = self.comms.coords, self.comms.grid
             mine = c.pp_rank in ranks
@@ -213,11 +229,7 @@ class CrossStage:
             for g in grads[1:]:
                 total += g.to("cpu")
             if tie.comm is not None:
-                from mpi4py import MPI
-                array = total.numpy()
-                self._requests.track(tie.comm.Iallreduce(MPI.IN_PLACE, array, op=MPI.SUM),
-                                     nbytes=array.nbytes)
-                await self._requests.wait_all()
+                await self._allreduce(tie.comm, total.numpy())
             for p in tie.params:
                 p.grad = total.to(device=p.device, dtype=p.dtype, copy=True)
 
@@ -225,10 +237,20 @@ class CrossStage:
         """Sum over the world (in-process: the values themselves)."""
         array = np.array(values, dtype=np.float64)
         if self._world is not None:
-            from mpi4py import MPI
-            self._requests.track(self._world.Iallreduce(MPI.IN_PLACE, array, op=MPI.SUM))
-            await self._requests.wait_all()
+            await self._allreduce(self._world, array)
         return [float(v) for v in array]
+
+    async def _allreduce(self, comm: Any, array: np.ndarray) -> None:
+        """Sum `array` in place over `comm`: an MPI communicator, or a torch group."""
+        if self._torch:
+            import torch.distributed as dist
+            work = dist.all_reduce(torch.from_numpy(array), group=comm, async_op=True)
+            self._requests.track(work, channel=id(comm))
+        else:
+            from mpi4py import MPI
+            self._requests.track(comm.Iallreduce(MPI.IN_PLACE, array, op=MPI.SUM),
+                                 nbytes=array.nbytes)
+        await self._requests.wait_all()
 
     # -- clipping -------------------------------------------------------------------------
     def _counted(self, p: torch.Tensor) -> bool:
@@ -255,7 +277,7 @@ class CrossStage:
         if self._requests is not None:
             self._requests.close()
         comms = [c for c in [self._world] + [t.comm for t in self.ties] if c is not None]
-        if comms:
+        if comms and not self._torch:  # torch frees its groups with the world
             from mpi4py import MPI
             for comm in comms:
                 if comm != MPI.COMM_NULL:

@@ -33,8 +33,8 @@ import numpy as np
 
 from ..errors import ConfigError
 
-__all__ = ["GradReducer", "MPIGradReducer", "ReduceStatistics", "DEFAULT_BUCKET_BYTES",
-           "resolve_bucket_bytes", "plan_buckets"]
+__all__ = ["GradReducer", "BucketedReducer", "MPIGradReducer", "ReduceStatistics",
+           "DEFAULT_BUCKET_BYTES", "resolve_bucket_bytes", "plan_buckets", "flat_grads"]
 
 DEFAULT_BUCKET_BYTES = 4 << 20
 
@@ -101,28 +101,17 @@ def plan_buckets(params: Sequence[Any], bucket_bytes: int) -> list[list[Any]]:
     return buckets
 
 
-class MPIGradReducer:
-    """Mean of each chunk's gradients over an mpi4py communicator (the DP group).
+class BucketedReducer:
+    """What every reducer shares: the buckets of each chunk, unpacking a reduced flat buffer
+    into the gradients (divided by the group size), and the statistics."""
 
-    Constructing it duplicates `comm` once per chunk plus once for the loss: a collective call,
-    made by every member at the same point of the program.
-    """
-
-    def __init__(self, comm: Any, params: Sequence[Sequence[Any]], *,
-                 bucket_bytes: int | None = None) -> None:
-        from mpi4py import MPI
-
-        from .requests import Requests
-        self._MPI = MPI
-        self._size = comm.Get_size()
-        self.rank = comm.Get_rank()
+    def __init__(self, size: int, rank: int, params: Sequence[Sequence[Any]],
+                 bucket_bytes: int | None) -> None:
+        self._size = size
+        self.rank = rank
         self.bucket_bytes = resolve_bucket_bytes(bucket_bytes)
-        self._comms = [comm.Dup() for _ in params]
-        self._loss_comm = comm.Dup()
         self._buckets = [plan_buckets([p for p in ps if p.requires_grad], self.bucket_bytes)
                          for ps in params]
-        self._requests = Requests(f"data-parallel all-reduce (DP member {self.rank} of "
-                                  f"{self._size})")
         self._chunk_start: dict[int, float] = {}
         self._chunk_left: dict[int, int] = {}
         self.spans: list[tuple[int, float, float]] = []  # (chunk, start, end), monotonic s
@@ -133,48 +122,21 @@ class MPIGradReducer:
     def size(self) -> int:
         return self._size
 
-    # -- GradReducer ----------------------------------------------------------------------
-    def reduce_nowait(self, chunk: int) -> None:
-        buckets = self._buckets[chunk]
-        if self._size == 1 or not buckets:
-            return
-        self._chunk_start[chunk] = time.monotonic()
-        self._chunk_left[chunk] = len(buckets)
-        for bucket in buckets:
-            array = _pack(bucket)
-            req = self._comms[chunk].Iallreduce(self._MPI.IN_PLACE, array, op=self._MPI.SUM)
-            self.num_buckets += 1
-            self.num_bytes += array.nbytes
-            self._requests.track(req, partial(self._unpack, chunk, bucket, array),
-                                 nbytes=array.nbytes)
-
-    async def wait_reduced(self) -> None:
-        await self._requests.wait_all()
-
-    async def mean(self, value: Any) -> Any:
-        import torch
-        if self._size == 1:
-            return value
-        array = np.array([float(value)], dtype=np.float64)
-        self._requests.track(self._loss_comm.Iallreduce(self._MPI.IN_PLACE, array,
-                                                        op=self._MPI.SUM))
-        await self._requests.wait_all()
-        return torch.tensor(float(array[0]) / self._size,
-                            dtype=getattr(value, "dtype", torch.float64))
-
     def statistics(self) -> ReduceStatistics:
         return ReduceStatistics(self.num_buckets, self.num_bytes, self.busy_s)
 
-    def close(self) -> None:
-        """Stop polling and free the duplicated communicators (once)."""
-        self._requests.close()
-        for comm in (*self._comms, self._loss_comm):
-            if comm != self._MPI.COMM_NULL:
-                comm.Free()
+    def _begin(self, chunk: int) -> list[list[Any]]:
+        """The chunk's buckets to reduce now (none with one replica)."""
+        buckets = self._buckets[chunk]
+        if self._size == 1 or not buckets:
+            return []
+        self._chunk_start[chunk] = time.monotonic()
+        self._chunk_left[chunk] = len(buckets)
+        return buckets
 
-    def _unpack(self, chunk: int, bucket: list[Any], array: np.ndarray) -> None:
+    def _unpack(self, chunk: int, bucket: list[Any], flat: Any) -> None:
+        """Copy the reduced sum `flat` (a tensor) into the bucket's gradients, as a mean."""
         import torch
-        flat = torch.from_numpy(array)
         flat.div_(self._size)
         offset = 0
         with torch.no_grad():
@@ -192,18 +154,78 @@ class MPIGradReducer:
             self.spans.append((chunk, self._chunk_start[chunk], end))
             self.busy_s += end - self._chunk_start[chunk]
 
+
+class MPIGradReducer(BucketedReducer):
+    """Mean of each chunk's gradients over an mpi4py communicator (the DP group).
+
+    Constructing it duplicates `comm` once per chunk plus once for the loss: a collective call,
+    made by every member at the same point of the program.
+    """
+
+    def __init__(self, comm: Any, params: Sequence[Sequence[Any]], *,
+                 bucket_bytes: int | None = None) -> None:
+        from mpi4py import MPI
+
+        from .requests import Requests
+        super().__init__(comm.Get_size(), comm.Get_rank(), params, bucket_bytes)
+        self._MPI = MPI
+        self._comms = [comm.Dup() for _ in params]
+        self._loss_comm = comm.Dup()
+        self._requests = Requests(f"data-parallel all-reduce (DP member {self.rank} of "
+                                  f"{self._size})")
+
+    # -- GradReducer ----------------------------------------------------------------------
+    def reduce_nowait(self, chunk: int) -> None:
+        for bucket in self._begin(chunk):
+            array = _pack(bucket)
+            req = self._comms[chunk].Iallreduce(self._MPI.IN_PLACE, array, op=self._MPI.SUM)
+            self.num_buckets += 1
+            self.num_bytes += array.nbytes
+            self._requests.track(req, partial(self._unpack_array, chunk, bucket, array),
+                                 nbytes=array.nbytes)
+
+    async def wait_reduced(self) -> None:
+        await self._requests.wait_all()
+
+    async def mean(self, value: Any) -> Any:
+        import torch
+        if self._size == 1:
+            return value
+        array = np.array([float(value)], dtype=np.float64)
+        self._requests.track(self._loss_comm.Iallreduce(self._MPI.IN_PLACE, array,
+                                                        op=self._MPI.SUM))
+        await self._requests.wait_all()
+        return torch.tensor(float(array[0]) / self._size,
+                            dtype=getattr(value, "dtype", torch.float64))
+
+    def close(self) -> None:
+        """Stop polling and free the duplicated communicators (once)."""
+        self._requests.close()
+        for comm in (*self._comms, self._loss_comm):
+            if comm != self._MPI.COMM_NULL:
+                comm.Free()
+
+    def _unpack_array(self, chunk: int, bucket: list[Any], array: np.ndarray) -> None:
+        import torch
+        self._unpack(chunk, bucket, torch.from_numpy(array))
+
     def __repr__(self) -> str:
         return (f"<MPIGradReducer member {self.rank}/{self._size} chunks={len(self._comms)} "
                 f"pending={self._requests.num_pending()}>")
 
 
 def _pack(bucket: list[Any]) -> np.ndarray:
-    """A flat host copy of the bucket's gradients (zeros where a gradient is None), in the
-    parameters' dtype, or float32 for half precision (MPI has no standard half type)."""
+    """A flat host copy of the bucket's gradients (see `flat_grads`)."""
+    return flat_grads(bucket, "cpu").numpy()  # type: ignore[no-any-return]
+
+
+def flat_grads(bucket: list[Any], device: Any) -> Any:
+    """A flat copy of the bucket's gradients on `device` (zeros where a gradient is None), in
+    the parameters' dtype, or float32 for half precision (MPI has no standard half type, and
+    both backends then sum the same way)."""
     import torch
     p0 = bucket[0]
     wire = torch.float32 if p0.dtype in (torch.float16, torch.bfloat16) else p0.dtype
     with torch.no_grad():
-        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p))
-                          .reshape(-1).to(device="cpu", dtype=wire) for p in bucket])
-    return flat.numpy()
+        return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p))
+                          .reshape(-1).to(device=device, dtype=wire) for p in bucket])

@@ -49,6 +49,12 @@ class ZeroOptimizer:
         if grid is None:
             raise ConfigError("ZeRO shards over data-parallel replicas",
                               expected="Pipeline(..., grid=ProcessGrid(dp_size=N))", got=None)
+        if not hasattr(grid.comms.dp, "Dup"):
+            raise ConfigError("ZeRO shards over an MPI data-parallel group for now",
+                              expected="a grid split over MPI (mpiexec)",
+                              got="torch.distributed groups (torchrun)",
+                              fix="use a plain optimizer: the DP gradient mean runs under "
+                              "torchrun too")
         from .requests import Requests
         self.comm = grid.comms.dp.Dup()
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()

@@ -272,9 +272,9 @@ class Pipeline:
         if reducer is None and self.grid is not None and self.grid.comms.grid.dp_size > 1:
             if rt.executors is None:
                 return None
-            from ..dp.reducer import MPIGradReducer
-            reducer = MPIGradReducer(self.grid.comms.dp,
-                                     [list(ex.module.parameters()) for ex in rt.executors])
+            from ..dp.setup import grid_reducer
+            reducer = grid_reducer(self.grid.comms,
+                                   [list(ex.module.parameters()) for ex in rt.executors])
         if reducer is not None:
             if len(self.runtimes) != 1:
                 raise ConfigError("data parallelism runs one rank per process",

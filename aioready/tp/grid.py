@@ -121,7 +121,8 @@ class ProcessGrid:
         return GridComms(self, c, comm, tp, pp, dp)
 
     def torch_groups(self) -> "GridGroups":
-        """This rank's TP, TP-decision, PP and DP groups over the torch.distributed world.
+        """This rank's TP, TP-decision, PP and DP groups (and a world group of its own) over the
+        torch.distributed world.
 
         Collective over the world: every rank creates every group, in the same order (torch's
         `new_group` rule), and keeps its own.
@@ -145,7 +146,8 @@ class ProcessGrid:
                 group = dist.new_group(list(ranks))
                 if rank in ranks:
                     mine[name] = group
-        return GridGroups(self, self.coords(rank), **mine)
+        world = dist.new_group(list(range(self.world_size)))  # the cross-stage sums' own
+        return GridGroups(self, self.coords(rank), world=world, **mine)
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,11 +168,17 @@ class GridComms:
 
 @dataclass(frozen=True, slots=True)
 class GridGroups:
-    """One rank's place in the grid and its torch.distributed groups."""
+    """One rank's place in the grid and its torch.distributed groups (`world`: every rank, a
+    group of its own so the cross-stage sums never match a user's collective on the world)."""
 
     grid: ProcessGrid
     coords: Coords
+    world: Any
     tp: Any
     tp_decisions: Any
     pp: Any
     dp: Any
+
+    @property
+    def world_rank(self) -> int:
+        return self.grid.rank_of(self.coords)

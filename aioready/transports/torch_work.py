@@ -18,7 +18,9 @@ peer that died: "Connection closed by peer"), so the transport turns it into an 
 the peer. A *lazy* channel (sends: nobody waits for each one) does not wake the loop for a
 success: the completion waits in a queue that `drain()` empties (the transport drains on its
 next send, and asks for wake-ups with `eager` while it waits for its sends). On 2 busy cores a
-loop wake-up is tens of microseconds, and each message had one for its send. torch is not imported here: Works are whatever objects the transport hands in.
+loop wake-up is tens of microseconds, and each message had one for its send. torch is not
+imported here: Works are whatever objects the transport hands in. `stop()` ends the threads
+without waiting, for owners closed outside the loop (the DP reducer, dp/torch_requests.py).
 """
 
 from __future__ import annotations
@@ -124,10 +126,9 @@ class WorkWaiter:
             n += 1
         return n
 
-    async def aclose(self, timeout: float) -> None:
-        """Stop the threads once they finished what they hold, and wait (at most `timeout`)
-        until they have: torch's `destroy_process_group` aborts the process (std::terminate)
-        while a thread that waited on one of its Works is still running."""
+    def stop(self) -> list[_Channel]:
+        """Stop the threads once they finished what they hold, without waiting (for owners
+        closed outside the loop whose Works are all complete: the threads are idle)."""
         threads = list(self._threads.values())
         self._threads.clear()
         for thread in threads:
@@ -135,6 +136,13 @@ class WorkWaiter:
         if self._engine is not None:
             self._engine.remove_source(self)
             self._engine = None
+        return threads
+
+    async def aclose(self, timeout: float) -> None:
+        """Stop the threads once they finished what they hold, and wait (at most `timeout`)
+        until they have: torch's `destroy_process_group` aborts the process (std::terminate)
+        while a thread that waited on one of its Works is still running."""
+        threads = self.stop()
         if threads:
             await asyncio.wait([t.stopped for t in threads], timeout=timeout)
         for thread in threads:

@@ -6,25 +6,27 @@ NCCL has no probe and matches sends and receives per peer in posting order (gloo
 peer and tag, in order), so readiness needs a framing of its own (docs/torchrun.md):
 
 - a *header slot* per message, on the header tag, through the group's CPU backend (gloo). Each
-  rank keeps one slot receive of `slot_bytes` (68 KiB) posted ahead per peer, so whichever peer
-  sends first is received first. The slot holds the header of transports/header.py (as wire.py
-  encodes it) and, when the whole message fits, the CPU payload right after it: one transfer per
-  stage boundary up to 64 KiB. Gloo lets a send be shorter than the receive it matches, so only
-  the used bytes travel. (A 4 KiB slot with the 64 KiB payload as a second transfer measured
-  281 us one-way against 142 us this way, bench/transport_torch.py: every transfer costs a
-  thread and a loop wake-up.)
+  rank keeps SLOT_DEPTH (2) slot receives of `slot_bytes` (68 KiB) posted ahead per peer, so
+  whichever peer sends first is received first, and the thread that waits for a peer's slots
+  never has to be woken for the next one. The slot holds the header of transports/header.py
+  (as wire.py encodes it) and, when the whole message fits, the CPU payload right after it
+  (copied in once): one transfer per stage boundary up to 64 KiB. Gloo lets a send be shorter than
+  the receive it matches, so only the used bytes travel. (A 4 KiB slot with the 64 KiB payload as a
+  second transfer measured 281 us one-way against 142 us this way, bench/transport_torch.py: every
+  transfer costs a thread and a loop wake-up.)
 - larger or CUDA payloads follow as one transfer per non-empty tensor, on the payload tag (gloo)
   or through the group's CUDA backend (flag in the slot). The receiver posts them, into tensors
   of the advertised dtype and shape (variable per microbatch), when their header arrived, then
-  posts the next slot receive: both sides post a peer's transfers in the same order, which is
-  all NCCL needs to match them.
+  posts the next slot receive: the loop handles a peer's slots in arrival order, so both sides
+  post a peer's NCCL transfers in the same order, which is all NCCL needs to match them.
 
-Completion: transports/torch_work.py (gloo Works are waited on one thread per peer and direction,
-NCCL Works polled by the ProgressEngine); nothing blocks the loop thread. A send to this rank is
-delivered locally by reference. `close()` sends every peer an empty slot and waits (bounded) for
-theirs, so no slot receive stays posted on the group: another transport can use it later, as
-every rank closes its transport at the same point of the program. One transport per group at a
-time. A peer whose connection dropped (killed) fails the step with PeerLostError naming it.
+Completion: transports/torch_work.py (gloo Works are waited on one thread per peer and kind:
+slots, payload receives, sends; NCCL Works polled by the ProgressEngine); nothing blocks the
+loop thread. A send to this rank is delivered locally by reference. `close()` sends every peer
+one empty slot per slot receive it posted and waits (bounded) for theirs, so no slot receive
+stays posted on the group: another transport can use it later, as every rank closes its
+transport at the same point of the program. One transport per group at a time. A peer whose
+connection dropped (killed) fails the step with PeerLostError naming it.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import logging
 import os
 import struct
 from functools import partial
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -43,8 +45,9 @@ from .base import Deliver, Message, OnFailure
 from .receive_pool import ReceivePool
 from .tensor_bytes import from_bytes, host_bytes, torch_dtype, torch_module
 from .torch_groups import cpu_backend, device_backend, resolve_group
+from .torch_staging import StagedSends
 from .torch_work import WorkWaiter
-from .wire import Header, WireCodec
+from .wire import Header, WireCodec, align
 
 __all__ = ["TorchDistTransport", "SLOT_BYTES", "HEADER_TAG", "PAYLOAD_TAG"]
 
@@ -54,6 +57,8 @@ SLOT_BYTES = int(os.environ.get("AIOREADY_TORCH_SLOT_BYTES", 68 << 10))
 HEADER_TAG, PAYLOAD_TAG = 0x6A10, 0x6A11  # unlikely to meet a user's own point-to-point tags
 CLOSE_TIMEOUT_S = 10.0
 SEND_BATCH = 64  # sends handed to their waiter thread together (see _flush_sends)
+SLOT_DEPTH = 2  # slot receives posted ahead per peer (see _post_slot)
+FREE_SLOTS = 64  # send slot buffers kept for reuse (see _send_inline)
 _PREFIX = struct.Struct("<IB")  # content length (0: goodbye), flags
 _CONTENT = 16  # content offset: keeps inline tensors 16-byte aligned (wire.ALIGN)
 _ON_DEVICE = 1  # flag: the payload travels through the group's CUDA backend
@@ -95,8 +100,11 @@ class TorchDistTransport:
         self._num_sending = self._num_local = 0
         self._sent_waiters: list[asyncio.Future[None]] = []
         self._unwaited: list[tuple[int, Any, Any]] = []  # sends not yet handed to a thread
-        self._goodbyes: set[int] = set()
-        self._slots_posted: set[int] = set()  # peers with a slot receive outstanding
+        self._goodbyes: dict[int, int] = {}  # peer -> empty slots received (SLOT_DEPTH: gone)
+        self._slots_posted: dict[int, int] = {}  # peer -> slot receives outstanding
+        self._lost: set[int] = set()  # peers whose transfers failed (reported once)
+        self._free: list[tuple[np.ndarray, Any]] = []  # send slots whose sends completed
+        self._staged: StagedSends | None = None  # CUDA payloads without a CUDA backend
         self._closing = False
         self._goodbye_waiter: asyncio.Future[None] | None = None
         self._deliver: Deliver | None = None
@@ -149,15 +157,16 @@ class TorchDistTransport:
         descriptors, sizes, on_cuda = self._codec.describe(tensors)
         room = self.slot_bytes - _CONTENT
         if not on_cuda and len(descriptors) + sum(sizes) + 16 * (len(sizes) + 2) <= room:
-            content = self._codec.encode_inline(msg, descriptors, sizes)
-            if len(content) <= room:
-                self._send_slot(dest, content, 0)
+            head = self._codec.fixed(msg, len(sizes)) + descriptors
+            if align(len(head)) + sum(align(n) for n in sizes) <= room:
+                self._send_inline(dest, head, tensors, sizes)
                 return
+        on_device = on_cuda and self.device_backend  # else staged through the host
         self._send_slot(dest, self._codec.fixed(msg, len(sizes)) + descriptors,
-                        _ON_DEVICE if on_cuda else 0)
+                        _ON_DEVICE if on_device else 0)
         for t, n in zip(tensors, sizes):
             if n:
-                self._send_payload(dest, t, on_cuda)
+                self._send_payload(dest, t, on_device)
 
     async def wait_sent(self) -> None:
         waiter = self._waiter
@@ -184,15 +193,20 @@ class TorchDistTransport:
             self._closing = True
             self._deliver = None
             if self._waiter is not None:
-                for peer in self._peers():
-                    self._send_slot(peer, b"", 0)
+                for peer in self._peers():  # one goodbye per slot receive the peer posted
+                    for _ in range(SLOT_DEPTH):
+                        self._send_slot(peer, b"", 0)
                 self._flush_sends()
-                for peer in self._peers():
-                    if peer not in self._slots_posted and peer not in self._goodbyes:
-                        self._post_slot(peer)  # not reposted after an error: take its goodbye
+                for peer in self._peers():  # not reposted after an error: take its goodbyes
+                    missing = SLOT_DEPTH - self._goodbyes.get(peer, 0) - \
+                        self._slots_posted.get(peer, 0)
+                    for _ in range(max(0, missing)):
+                        self._post_slot(peer)
                 await self._wait_goodbyes()
                 await self._waiter.aclose(CLOSE_TIMEOUT_S)
                 self._waiter = None
+            if self._staged is not None:
+                self._staged.close()
 
     # -- sending --------------------------------------------------------------------------
     def _peers(self) -> list[int]:
@@ -204,7 +218,38 @@ class TorchDistTransport:
         self._posted = True
         self._waiter = WorkWaiter(asyncio.get_running_loop())
         for peer in self._peers():
-            self._post_slot(peer)
+            for _ in range(SLOT_DEPTH):
+                self._post_slot(peer)
+
+    def _send_inline(self, dest: int, head: bytes, tensors: tuple[Any, ...],
+                     sizes: list[int]) -> None:
+        """Header and CPU payloads written straight into a slot buffer: one copy of each
+        payload (the bytes of wire.encode_inline, without building them first). Slot buffers
+        are reused once their send completed: a fresh 64 KiB buffer per message cost its page
+        faults, about as much as the copy."""
+        start = _CONTENT + align(len(head))
+        end = start + sum(align(n) for n in sizes)
+        if self._free:
+            slot, whole = self._free.pop()
+        else:
+            slot = np.empty(self.slot_bytes, np.uint8)
+            whole = torch_module().from_numpy(slot)
+        slot[:start] = 0
+        _PREFIX.pack_into(slot, 0, end - _CONTENT, 0)
+        slot[_CONTENT:_CONTENT + len(head)] = np.frombuffer(head, np.uint8)
+        off = start
+        for t, n in zip(tensors, sizes):
+            if n:
+                slot[off:off + n] = host_bytes(t)
+                slot[off + n:off + align(n)] = 0
+                off += align(n)
+        buf = whole[:end]
+        self._track_send(dest, self._group.send([buf], dest, HEADER_TAG), buf, False,
+                         partial(self._reuse, slot, whole))
+
+    def _reuse(self, slot: np.ndarray, whole: Any) -> None:
+        if len(self._free) < FREE_SLOTS:
+            self._free.append((slot, whole))
 
     def _send_slot(self, dest: int, content: bytes, flags: int) -> None:
         torch = torch_module()
@@ -214,26 +259,47 @@ class TorchDistTransport:
         buf = torch.from_numpy(slot)
         self._track_send(dest, self._group.send([buf], dest, HEADER_TAG), buf, False)
 
-    def _send_payload(self, dest: int, t: Any, on_cuda: bool) -> None:
+    def _send_payload(self, dest: int, t: Any, on_device: bool) -> None:
+        """One payload transfer: through the CUDA backend (`on_device`), else through gloo,
+        CUDA tensors staged through pinned host memory (torch_staging.py)."""
         torch = torch_module()
-        if t.is_cuda:
+        if on_device:
+            if not t.is_cuda:  # a CPU tensor beside CUDA ones: the receiver expects the device
+                raise ProtocolError("a message mixes CPU and CUDA tensors", rank=self._rank,
+                                    expected="all on one kind of device", got="both")
             buf = t.detach().contiguous().reshape(-1).view(torch.uint8)
-        elif on_cuda:  # a CPU tensor beside CUDA ones: the receiver expects it on the device
-            raise ProtocolError("a message mixes CPU and CUDA tensors", rank=self._rank,
-                                expected="all on one kind of device", got="both")
-        else:
-            buf = torch.from_numpy(host_bytes(t))
-        if on_cuda and not self.device_backend:
-            raise ConfigError("CUDA tensors need a process group with a CUDA backend",
-                              rank=self._rank, expected="NCCL", got=str(self._group),
-                              fix="init_process_group('cpu:gloo,cuda:nccl')")
-        work = self._group.send([buf], dest, PAYLOAD_TAG)
-        self._track_send(dest, work, buf, on_cuda)
+            self._track_send(dest, self._group.send([buf], dest, PAYLOAD_TAG), buf, True)
+            return
+        buf = t if t.is_cuda else torch.from_numpy(host_bytes(t))
+        if t.is_cuda or (self._staged is not None and self._staged.busy(dest)):
+            if self._staged is None:
+                self._staged = StagedSends(self._send_staged, self._staging_failed)
+            self._num_sending += 1  # until its gloo send is posted (then counted there)
+            self._staged.push(dest, buf)
+            return
+        self._send_host(dest, buf, None)
 
-    def _track_send(self, dest: int, work: Any, buf: Any, polled: bool) -> None:
+    def _send_staged(self, dest: int, buf: Any, release: Callable[[], None] | None) -> None:
+        self._num_sending -= 1
+        try:
+            self._send_host(dest, buf, release)
+        except RuntimeError as exc:  # the peer's link closed
+            self._peer_failed(dest, exc)
+
+    def _send_host(self, dest: int, buf: Any, release: Callable[[], None] | None) -> None:
+        self._track_send(dest, self._group.send([buf], dest, PAYLOAD_TAG), buf, False, release)
+
+    def _staging_failed(self, exc: BaseException) -> None:
+        self._raise(exc if isinstance(exc, AioreadyError) else InternalError(
+            f"a CUDA copy to host for gloo failed: {type(exc).__name__}: {exc}",
+            rank=self._rank))
+
+    def _track_send(self, dest: int, work: Any, buf: Any, polled: bool,
+                    release: Callable[[], None] | None = None) -> None:
+        """Count the send until its Work completed; then `release` its buffer, if given."""
         self._num_sending += 1
         assert self._waiter is not None
-        done = partial(self._sent, dest, buf)
+        done = partial(self._sent, dest, buf, release)
         if polled:
             self._waiter.add((dest, "dev-send"), work, done, pollable=True)
             return
@@ -259,10 +325,13 @@ class TorchDistTransport:
         for dest, work, done in batch:
             self._waiter.add((dest, "send"), work, done, lazy=True)  # type: ignore[union-attr]
 
-    def _sent(self, dest: int, buf: Any, exc: BaseException | None) -> None:
+    def _sent(self, dest: int, buf: Any, release: Callable[[], None] | None,
+              exc: BaseException | None) -> None:
         self._num_sending -= 1  # `buf` was kept alive until here by this partial
         if exc is not None:
             self._peer_failed(dest, exc)
+        elif release is not None:
+            release()
         self._maybe_idle()
 
     def _arrive_local(self, msg: Message) -> None:
@@ -279,15 +348,24 @@ class TorchDistTransport:
 
     # -- receiving ------------------------------------------------------------------------
     def _post_slot(self, peer: int) -> None:
+        """Post one slot receive from `peer`, on its own channel (thread).
+
+        SLOT_DEPTH of them stay posted per peer (gloo matches a peer's receives of one tag in
+        posting order): while the loop handles one slot the thread already waits on the next,
+        so reposting only queues a Work and wakes no thread. With one slot, each message woke
+        the thread again, and it then fought the loop thread for the GIL while the loop ran
+        the message's task. Payload receives have a channel of their own: a payload must not
+        wait behind a slot that the peer has no message for yet.
+        """
         torch = torch_module()
         slot = np.empty(self.slot_bytes, np.uint8)  # fresh: inline tensors keep viewing it
         work = self._group.recv([torch.from_numpy(slot)], peer, HEADER_TAG)
-        self._slots_posted.add(peer)
+        self._slots_posted[peer] = self._slots_posted.get(peer, 0) + 1
         assert self._waiter is not None
-        self._waiter.add((peer, "recv"), work, partial(self._on_slot, peer, slot))
+        self._waiter.add((peer, "slot"), work, partial(self._on_slot, peer, slot))
 
     def _on_slot(self, peer: int, slot: np.ndarray, exc: BaseException | None) -> None:
-        self._slots_posted.discard(peer)
+        self._slots_posted[peer] -= 1
         if exc is not None:
             self._peer_failed(peer, exc)
             return
@@ -304,7 +382,7 @@ class TorchDistTransport:
         except AioreadyError as exc:
             self._raise(exc)
             return
-        self._post_slot(peer)  # after the payload receives: the order NCCL matches in
+        self._post_slot(peer)  # slots are handled in arrival order: NCCL payloads match
 
     def _route(self, peer: int, buf: np.ndarray, flags: int) -> None:
         try:
@@ -392,29 +470,35 @@ class TorchDistTransport:
                                       rank=self._rank))
 
     # -- closing and failures ---------------------------------------------------------------
-    def _goodbye(self, peer: int) -> None:
-        self._goodbyes.add(peer)
+    def _goodbye(self, peer: int, *, all_of_them: bool = False) -> None:
+        self._goodbyes[peer] = SLOT_DEPTH if all_of_them else self._goodbyes.get(peer, 0) + 1
         if not self._closing:  # a peer left first: fine, as long as we expect nothing from it
             return
-        if len(self._goodbyes) == self._size - 1 and self._goodbye_waiter is not None:
+        if self._all_gone() and self._goodbye_waiter is not None:
             if not self._goodbye_waiter.done():
                 self._goodbye_waiter.set_result(None)
 
+    def _all_gone(self) -> bool:
+        return all(self._goodbyes.get(p, 0) >= SLOT_DEPTH for p in self._peers())
+
     async def _wait_goodbyes(self) -> None:
-        if len(self._goodbyes) >= self._size - 1:
+        if self._all_gone():
             return
         self._goodbye_waiter = asyncio.get_running_loop().create_future()
         try:
             await asyncio.wait_for(self._goodbye_waiter, CLOSE_TIMEOUT_S)
         except asyncio.TimeoutError:
-            missing = sorted(set(self._peers()) - self._goodbyes)
+            missing = [p for p in self._peers() if self._goodbyes.get(p, 0) < SLOT_DEPTH]
             log.warning("rank %d: ranks %s did not close their transports within %.0f s; their "
                         "slot receives stay posted", self._rank, missing, CLOSE_TIMEOUT_S)
 
     def _peer_failed(self, peer: int, exc: BaseException) -> None:
         if self._closing:  # a peer that died after we said goodbye: nothing is lost
-            self._goodbye(peer)
+            self._goodbye(peer, all_of_them=True)
             return
+        if peer in self._lost:  # its other transfers fail too: one error per peer
+            return
+        self._lost.add(peer)
         self._raise(PeerLostError(f"transfer with rank {peer} failed: {exc}", lost_rank=peer,
                                   rank=self._rank))
 

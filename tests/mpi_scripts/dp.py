@@ -1,6 +1,8 @@
 """Pipeline x data parallel (x tensor parallel) over MPI vs one unsplit model on the whole batch.
 
 Usage: mpiexec -n R python tests/mpi_scripts/dp.py TP DP CASE [CASE ...]
+   or: torchrun --nproc-per-node R tests/mpi_scripts/dp.py TP DP CASE [CASE ...] (the grid is
+       then split into torch.distributed groups, gloo; every case but zero runs there too)
 CASE = hint:mode:split[:feature,...], features: clip (clip_grad_norm_ every step), weight
 (token-weighted loss, microbatches of different sizes), tied (a weight shared by the first and
 the last stage), scaler (a GradScaler; an inf injected on the last world rank at step 1 must make
@@ -27,20 +29,45 @@ import sys
 
 import numpy as np
 import torch
-from mpi4py import MPI
 from torch import nn
 
 from aioready.devices.cpu import CPUDevice
 from aioready.devices.delayed import DelayedDevice
 from aioready.dp.cross_stage import GradScaler
 from aioready.errors import ConfigError
-from aioready.launch import run, say
+from aioready.launch import launcher, run, say
 from aioready.runtime.pipeline import Pipeline
 from aioready.schedulers import HINTS, make_hint
 from aioready.testing.helpers import make_mlp_stages, mse_loss
 from aioready.tp.grid import ProcessGrid
 
 WIDTH, STEPS, LR, CLIP, SCALE = 16, 3, 0.05, 0.05, 2.0 ** 10
+TORCH = launcher() == "torchrun"
+
+
+class TorchWorld:
+    """The three calls of COMM_WORLD this script makes, over the torch.distributed world."""
+
+    def __init__(self) -> None:
+        import torch.distributed as dist
+        dist.init_process_group("gloo")
+        self.dist = dist
+
+    def Get_rank(self) -> int:  # noqa: N802 - mpi4py's names
+        return self.dist.get_rank()
+
+    def Get_size(self) -> int:  # noqa: N802
+        return self.dist.get_world_size()
+
+    def Barrier(self) -> None:  # noqa: N802
+        self.dist.barrier()
+
+
+if TORCH:
+    WORLD = TorchWorld()
+else:
+    from mpi4py import MPI
+    WORLD = MPI.COMM_WORLD
 
 
 def batch(n: int, step: int, varlen: bool) -> tuple[list, list]:
@@ -56,6 +83,10 @@ def weighted_mse(out: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor,
 
 
 def all_max(comm, value: float) -> float:
+    if TORCH:
+        t = torch.tensor([float(value)], dtype=torch.float64)
+        comm.dist.all_reduce(t, op=comm.dist.ReduceOp.MAX)
+        return float(t[0])
     out = np.zeros(1)
     comm.Allreduce(np.array([float(value)]), out, op=MPI.MAX)
     return float(out[0])
@@ -72,7 +103,7 @@ def full_model(S: int, seed: int, tied: bool) -> list[nn.Module]:
 
 def build(comms, tp: int, S: int, seed: int, tied: bool):
     """(this rank's modules by stage, the reference stages, grad-diff function, device)."""
-    world_rank = comms.world.Get_rank()
+    world_rank = WORLD.Get_rank()
     rng = random.Random(f"{seed}/{world_rank}")
     inner = CPUDevice(f"rank{world_rank}")
     device = DelayedDevice(inner, lambda info: rng.uniform(0.0, 2e-3))
@@ -86,7 +117,11 @@ def build(comms, tp: int, S: int, seed: int, tied: bool):
         return mine, ref, diff, device
     from aioready.tp.collectives import MPITPComm, TPDevice
     from aioready.tp.layers import make_tp_mlp_stages, max_tp_grad_diff
-    tpcomm = MPITPComm(comms.tp, timeout=20.0)
+    if TORCH:
+        from aioready.tp.torch_collectives import TorchTPComm
+        tpcomm = TorchTPComm(comms.tp, timeout=20.0)
+    else:
+        tpcomm = MPITPComm(comms.tp, timeout=20.0)
     ref, shards = make_tp_mlp_stages(S, tpcomm, width=WIDTH, seed=seed)
 
     def diff(stages):
@@ -110,9 +145,9 @@ async def one_case(tp: int, dp: int, case: str, seed: int) -> None:
     hint, mode, split, *rest = case.split(":")
     features = set(rest[0].split(",")) if rest else set()
     split_b, weighted = split == "1", "weight" in features
-    world = MPI.COMM_WORLD
+    world = WORLD
     grid = ProcessGrid.for_world(world.Get_size(), tp=tp, dp=dp)
-    comms = grid.split()
+    comms = grid.torch_groups() if TORCH else grid.split()
     c = comms.coords
     S = grid.pp_size * HINTS[hint].chunks
     M = 2 * grid.pp_size
@@ -204,7 +239,7 @@ async def one_case(tp: int, dp: int, case: str, seed: int) -> None:
 
 
 def grid_errors() -> None:
-    world = MPI.COMM_WORLD
+    world = WORLD
     texts = []
     for make in (lambda: Pipeline([torch.nn.Linear(2, 2)], mse_loss, microbatches=2,
                                   grid=ProcessGrid(pp_size=3, dp_size=2)),
@@ -224,7 +259,7 @@ async def checkpoints() -> None:
 
     from aioready.errors import CheckpointError
     from aioready.runtime.checkpoint import load_checkpoint, save_checkpoint
-    world = MPI.COMM_WORLD
+    world = WORLD
     root = Path(os.environ["DP_CKPT_DIR"])
     grid = ProcessGrid(pp_size=2, dp_size=2)
     stages = make_mlp_stages(2, width=WIDTH, seed=1)
@@ -274,7 +309,7 @@ async def main() -> None:
             await checkpoints()
         else:
             await one_case(tp, dp, case, seed=100 + i)
-        MPI.COMM_WORLD.Barrier()
+        WORLD.Barrier()
 
 
 if __name__ == "__main__":
