@@ -9,6 +9,13 @@ durations: the real runtime on the virtual clock, so the step time is exact for 
 The fastest whose peak in-flight fits the budget wins; ties go to the smaller peak, then strict
 (the more predictable), then the hint's name, so the choice is a pure function of the durations.
 
+Pruning (`prune=True`, the default): each candidate's simulation is given the best fitting step
+time found so far as a bound, and stops as soon as its own is known to exceed it
+(sim/cutoff.py: a lower bound from the work each rank has left). A stopped candidate could not
+have won, so the choice is the one the full search makes; only its row says "more than"
+instead of a step time. Candidates run most memory first, since those usually win, so the bound
+is tight early.
+
 What it leaves out: durations are the measured ones, replayed as they were (another step's
 jitter differs); communication costs only what the `run` function adds; a different placement
 (ranks, chunks) is never a candidate, since the stages are already where they are.
@@ -21,6 +28,7 @@ three and nothing else.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable, Iterable, Protocol, Sequence
 
@@ -29,8 +37,9 @@ from ..errors import AioreadyError, ConfigError
 from ..hints import HintOrder
 from ..runtime.autotune import parse_auto, start_hint
 from ..runtime.choosers import STYLES, Choice
-from ..runtime.rank import MODES, POLICIES
+from ..runtime.rank import MODES, POLICIES, reservation_holds
 from ..schedulers import HINTS, hint_names, make_hint
+from .cutoff import Exceeded
 
 __all__ = ["FACTORS", "Candidate", "Row", "Tuning", "candidate_hints", "candidates",
            "choose_auto", "choose_schedule"]
@@ -51,8 +60,9 @@ class Simulated(Protocol):
     def peak_in_flight(self) -> Sequence[int]: ...
 
 
-Run = Callable[[HintOrder, str, tuple[int, ...], str], Simulated]
-"""run(hint, mode, caps, policy): one candidate simulated on the durations being tuned for."""
+Run = Callable[[HintOrder, str, tuple[int, ...], str, "float | None"], Simulated]
+"""run(hint, mode, caps, policy, bound): one candidate simulated on the durations being tuned
+for; with a bound, it may raise sim.cutoff.Exceeded once its step time is known to exceed it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,11 +80,13 @@ class Row:
     efficiency: float  # lower bound / step time
     peak_in_flight: tuple[int, ...]
     fits: bool
+    stopped: bool = False  # pruned: step_time is then only a lower bound, above the best's
 
     @property
     def key(self) -> tuple[object, ...]:
         c = self.candidate.choice
-        return (self.step_time, max(self.peak_in_flight), sum(self.peak_in_flight),
+        peak = self.peak_in_flight or (0,)
+        return (self.stopped, self.step_time, max(peak), sum(peak),
                 0 if c.mode == "strict" else 1, POLICIES.index(c.policy), c.hint, c.placement,
                 self.candidate.factor)
 
@@ -100,11 +112,21 @@ class Tuning:
                  f"{'vs best':>7} {'eff':>5}  peak in-flight (caps)"]
         for row in self.rows:
             c = row.candidate.choice
-            mark = "*" if row is self.best else (" " if row.fits else "-")
-            lines.append(f"{mark:1} {c.label:<20} {c.how:<12} {row.candidate.factor:>5g}x "
-                         f"{row.step_time:>10.4g} {row.step_time / base:>7.3f} "
+            mark = "*" if row is self.best else (" " if row.fits or row.stopped else "-")
+            head = f"{mark:1} {c.label:<20} {c.how:<12} {row.candidate.factor:>5g}x "
+            if row.stopped:
+                lines.append(head + f"{'>' + format(row.step_time, '.4g'):>10} "
+                             f"{'>' + format(row.step_time / base, '.3f'):>7} {'-':>5}  "
+                             f"stopped ({list(c.cap)})")
+                continue
+            lines.append(head + f"{row.step_time:>10.4g} {row.step_time / base:>7.3f} "
                          f"{row.efficiency:>5.3f}  {list(row.peak_in_flight)} "
                          f"({list(c.cap)})")
+        stopped = sum(r.stopped for r in self.rows)
+        if stopped:
+            lines.append(f"stopped: {stopped} of {len(self.rows)} candidates, as soon as they "
+                         "were known to be slower than the best (their step time is a lower "
+                         "bound)")
         lines.append(f"budget per rank: {list(self.limit)}; chosen: {self.best.candidate.choice.label} "
                      f"{self.best.candidate.choice.how} at {self.best.candidate.factor:g}x")
         return "\n".join(lines)
@@ -154,7 +176,9 @@ def candidates(orders: Iterable[HintOrder], limit: tuple[int, ...],
                ) -> list[tuple[HintOrder, Candidate]]:
     """Each hint in strict mode at its own peak (where the budget allows it) and in ready mode at
     each factor under each policy (the reserving default, and greedy: with memory to spare it
-    can gain more, docs/policy.md); candidates whose caps come out equal are simulated once."""
+    can gain more, docs/policy.md); candidates whose caps come out equal are simulated once,
+    and so is `reserve` where the reservation cannot hold (a cap below the hint's peak on some
+    rank, rank.reservation_holds): every rank then runs greedy, the same schedule."""
     out: list[tuple[HintOrder, Candidate]] = []
     seen: set[Choice] = set()
     for order in orders:
@@ -164,6 +188,9 @@ def candidates(orders: Iterable[HintOrder], limit: tuple[int, ...],
                 if mode == "strict" and any(c < order.peak(r) for r, c in enumerate(caps)):
                     continue  # strict cannot run under a cap below its own peak
                 for policy in (("reserve",) if mode == "strict" else POLICIES):
+                    if (mode, policy) == ("ready", "reserve") and not reservation_holds(
+                            order, caps):
+                        continue  # greedy, the candidate next to it
                     choice = Choice(order.name, order.placement.style, mode, caps, policy)
                     if choice not in seen:
                         seen.add(choice)
@@ -171,9 +198,18 @@ def candidates(orders: Iterable[HintOrder], limit: tuple[int, ...],
     return out
 
 
+def _promise(item: tuple[HintOrder, Candidate]) -> tuple[object, ...]:
+    """Simulation order under pruning: the most memory first (it usually wins, and the first
+    fast candidate sets a tight bound for the rest), ready before strict, greedy before
+    reserve; then the stable order of `candidates`."""
+    c = item[1].choice
+    return (-sum(c.cap), c.mode == "strict", c.policy != "greedy")
+
+
 def choose_auto(run: Run, hint: object, *, num_stages: int, num_ranks: int | None,
                 num_microbatches: int, split_backward: bool, budget: CapSpec = None,
-                modes: Sequence[str] = MODES, factors: Sequence[float] = FACTORS) -> Tuning:
+                modes: Sequence[str] = MODES, factors: Sequence[float] = FACTORS,
+                prune: bool = True) -> Tuning:
     """`choose_schedule` over the candidates of a shape; `hint` is "auto" (any placement style
     for `num_ranks`, default one rank per stage) or "auto:<hint>" (that hint's placement, and
     relative budgets measured against it)."""
@@ -187,13 +223,16 @@ def choose_auto(run: Run, hint: object, *, num_stages: int, num_ranks: int | Non
                              num_microbatches=num_microbatches, split_backward=split_backward,
                              placement=style)
     return choose_schedule(run, orders, budget=budget, reference=reference, modes=modes,
-                           factors=factors)
+                           factors=factors, prune=prune)
 
 
 def choose_schedule(run: Run, orders: Sequence[HintOrder], *, budget: CapSpec = None,
                     reference: HintOrder | None = None, modes: Sequence[str] = MODES,
-                    factors: Sequence[float] = FACTORS) -> Tuning:
+                    factors: Sequence[float] = FACTORS, prune: bool = True) -> Tuning:
     """Simulate every candidate with `run` and return them ranked, the fastest that fits first.
+
+    `prune`: stop a candidate once it is known to be slower than the best so far (the module's
+    note); the choice is the same either way.
 
     `reference`: the hint a relative budget ('2x') is measured against (default: the first of
     `orders` that an auto pipeline of that placement starts from, else the first).
@@ -211,10 +250,19 @@ def choose_schedule(run: Run, orders: Sequence[HintOrder], *, budget: CapSpec = 
         reference = next((o for o in orders if o.name == want), first)
     limit = _limit(budget, reference)
     rows = []
-    for order, cand in candidates(orders, limit, modes, factors):
-        result = run(order, cand.choice.mode, cand.choice.cap, cand.choice.policy)
+    bound: float | None = None
+    for order, cand in sorted(candidates(orders, limit, modes, factors), key=_promise):
+        c = cand.choice
+        try:
+            result = run(order, c.mode, c.cap, c.policy, bound if prune else None)
+        except Exceeded as stop:
+            rows.append(Row(cand, stop.at_least, math.nan, (), False, stopped=True))
+            continue
         peak = tuple(result.peak_in_flight)
-        rows.append(Row(cand, result.step_time, result.efficiency, peak, _fits(peak, limit)))
+        row = Row(cand, result.step_time, result.efficiency, peak, _fits(peak, limit))
+        rows.append(row)
+        if row.fits and (bound is None or row.step_time < bound):
+            bound = row.step_time
     rows.sort(key=lambda r: r.key)
     best = next((r for r in rows if r.fits), None)
     if best is None:

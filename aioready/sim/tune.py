@@ -27,10 +27,12 @@ __all__ = ["tune", "SimChooser"]
 def _runner(trace: Trace, jitter: str) -> Run:
     stages, split = trace.placement.num_stages, trace.split_backward
 
-    def run(order: HintOrder, mode: str, caps: tuple[int, ...], policy: str) -> SimResult:
+    def run(order: HintOrder, mode: str, caps: tuple[int, ...], policy: str,
+            bound: float | None = None) -> SimResult:
         return simulate(stages=stages, microbatches=trace.num_microbatches, hint=order,
                         mode=mode, trace=trace, jitter=jitter, cap=list(caps),
-                        split_backward=split, steps=trace.num_steps, policy=policy)
+                        split_backward=split, steps=trace.num_steps, policy=policy,
+                        stop_after=bound)
     return run
 
 
