@@ -40,7 +40,7 @@ from ..transports.inproc import InprocWorld
 from .choice import choose_auto
 from .cutoff import Cutoff, Exceeded
 from .durations import Durations, device_duration
-from .memory import bytes_model
+from .memory import bytes_model, mean_bytes
 from .traces import Trace, read_trace
 from .variability import BaseDurations, JitterModel, parse_jitter
 
@@ -253,7 +253,8 @@ def simulate(*, stages: int, microbatches: int, hint: str | HintOrder = "1f1b",
     (or "auto:<hint>", which fixes the placement) simulates the candidate hints, modes and caps
     within `cap` and returns the fastest, named "auto:<hint>", with `.tuning` (the table it
     chose from; `mode` is then chosen too, see sim/choice.py). `memory`: a byte budget per rank
-    instead of `cap` (any form of aioready.memory; bytes from the model of sim/memory.py). It
+    instead of `cap` (any form of aioready.memory; bytes from the model of sim/memory.py), also
+    with "auto" (then "Nx" is N times the start hint's own peak bytes, sim/budget.py). It
     runs its own
     virtual-clock loop and blocks until done (from async code: in a helper thread).
     `stop_after`: the tuner's bound; raise sim.cutoff.Exceeded as soon as the mean step time is
@@ -264,25 +265,29 @@ def simulate(*, stages: int, microbatches: int, hint: str | HintOrder = "1f1b",
     _check_int("steps", steps)
     _check_int("seed", seed, 0)
     check_one_gate(cap, memory)
-    if parse_auto(hint) is not None and memory is not None:
-        raise ConfigError("hint='auto' chooses within a count budget",
-                          expected="cap= with hint='auto'", got=f"memory={memory!r}")
     if parse_auto(hint) is not None:  # choose by simulating the candidates (sim/choice.py)
         done: dict[tuple[object, ...], SimResult] = {}
 
         def run(order: HintOrder, mode: str, caps: tuple[int, ...], policy: str,
-                bound: float | None = None) -> SimResult:
+                bound: float | None = None, memory: tuple[int, ...] | None = None
+                ) -> SimResult:
             result = simulate(stages=stages, microbatches=microbatches, hint=order, mode=mode,
-                              jitter=jitter, seed=seed, trace=trace, cap=list(caps),
+                              jitter=jitter, seed=seed, trace=trace,
+                              cap=None if memory else list(caps), memory=memory and list(memory),
                               split_backward=split_backward, steps=steps, base=base,
                               policy=policy, stop_after=bound)
-            done[(order.name, order.placement.style, mode, caps, policy)] = result
+            done[(order.name, order.placement.style, mode, caps, policy, memory)] = result
             return result
+
+        def per_microbatch(order: HintOrder) -> list[float]:
+            durations, _ = _durations(trace, jitter, seed, order, base, steps)
+            return mean_bytes(durations, order.placement, steps)
         tuning = choose_auto(run, hint, num_stages=stages, num_ranks=ranks,
                              num_microbatches=microbatches, split_backward=split_backward,
-                             budget=cap)
+                             budget=cap, memory=memory, mean_bytes=per_microbatch)
         best = tuning.best.candidate.choice
-        chosen = done[(best.hint, best.placement, best.mode, best.cap, best.policy)]
+        chosen = done[(best.hint, best.placement, best.mode, best.cap, best.policy,
+                       best.memory)]
         return replace(chosen, hint=f"auto:{best.label}", tuning=tuning)
     if mode not in MODES:
         raise ConfigError("mode", expected=" | ".join(MODES), got=repr(mode))
