@@ -13,6 +13,11 @@ A rank's work is known exactly (the durations are the tuner's input), so the bou
 on every task start at the cost of a subtraction and a comparison. Over several steps the bound
 is the finished steps' times, this step's bound, and each later step's busiest rank's work.
 
+On a linear placement (stage r on rank r) a second bound adds the cool-down: the last backward
+B(r, m) that rank r runs ends no earlier than `now + d + fb(r)` (fb: its F and B work not yet
+started), and after it the chain B(r-1, m), ..., B(0, m), W(0, m) must still run, one after the
+other. The chain is the shortest among the microbatches whose B on rank r has not started.
+
 The step time of a stopped candidate is unknown; only "more than the bound" is. The tuner's
 table says so.
 """
@@ -20,11 +25,16 @@ table says so.
 from __future__ import annotations
 
 import asyncio
+import heapq
+import math
 from typing import Callable
+
+import numpy as np
 
 from ..devices.base import TaskInfo
 from ..errors import AioreadyError
 from ..hints import HintOrder
+from ..tasks import Kind
 from .durations import Durations
 
 __all__ = ["Cutoff", "Exceeded"]
@@ -49,6 +59,8 @@ class Cutoff:
                         for t in hint.strict_order(rank)] for rank in range(hint.num_ranks)}
         self.work = [[sum(durations.ms(step, s, m, k) for s, m, k in kinds[rank])
                       for rank in range(hint.num_ranks)] for step in range(steps)]
+        busiest = [max(w) for w in self.work]
+        self.later = [sum(busiest[step + 1:]) for step in range(steps)]  # the steps after
         self.steps = steps
         self.limit = bound * steps
         self.bound = bound
@@ -60,10 +72,33 @@ class Cutoff:
         self.stopped = False
         self.task: asyncio.Task[None] | None = None
         self.now: Callable[[], float] = lambda: 0.0
+        self.chains: list[list[list[tuple[float, int]]]] | None = None
+        if place.num_chunks == 1:  # stage r on rank r
+            tables = [durations.table(step) for step in range(steps)]
+            self.fb_work = [[float(t[r, :, Kind.F].sum() + t[r, :, Kind.B].sum())
+                             for r in range(hint.num_ranks)] for t in tables]
+            self.chains = [self._chains(t, hint.split_backward) for t in tables]
+
+    @staticmethod
+    def _chains(table: np.ndarray, split: bool) -> list[list[tuple[float, int]]]:
+        """Per rank r, (the backward chain after B(r, m) to the step's end, m), as a heap."""
+        below = np.cumsum(table[:, :, Kind.B], axis=0) - table[:, :, Kind.B]  # sum over s < r
+        last = table[0, :, Kind.W] if split else np.zeros(table.shape[1])
+        out = []
+        for r in range(table.shape[0]):
+            heap = [(float(below[r, m] + last[m]), m) for m in range(table.shape[1])]
+            heapq.heapify(heap)
+            out.append(heap)
+        return out
 
     def begin_step(self, step: int, start: float, done: float) -> None:
         self.step, self.step_start, self.done = step, start, done
         self.rest = list(self.work[step])
+        if self.chains is not None:
+            self.rest_fb = list(self.fb_work[step])
+            self.heaps = [list(h) for h in self.chains[step]]
+            self.tail = [dict((m, t) for t, m in h) for h in self.chains[step]]
+            self.b_started: list[set[int]] = [set() for _ in self.heaps]
 
     def started(self, info: TaskInfo, duration: float) -> None:
         """A task of `duration` starts now on `info.rank`; cancel the run if the bound passed."""
@@ -72,13 +107,31 @@ class Cutoff:
         rest = self.rest[info.rank] - duration
         self.rest[info.rank] = rest
         end = self.now() + duration + rest
-        later = sum(max(w) for w in self.work[self.step + 1:])
-        at_least = self.done + (end - self.step_start) + later
+        if self.chains is not None:
+            end = max(end, self._cool_down(info, duration))
+        at_least = self.done + (end - self.step_start) + self.later[self.step]
         if at_least > self.limit * (1 + 1e-9) + 1e-9:  # sums round: a tie must run on
             self.stopped = True
             self.at_least = at_least / self.steps
             if self.task is not None:
                 self.task.cancel()
+
+    def _cool_down(self, info: TaskInfo, duration: float) -> float:
+        r, kind = info.rank, info.kind
+        if kind is not Kind.W:
+            self.rest_fb[r] -= duration
+        started = self.b_started[r]
+        current = math.inf
+        if kind is Kind.B:
+            started.add(info.microbatch)
+            current = self.tail[r][info.microbatch]
+        heap = self.heaps[r]
+        while heap and heap[0][1] in started:
+            heapq.heappop(heap)
+        chain = min(current, heap[0][0] if heap else math.inf)
+        if chain == math.inf:
+            return 0.0  # every B of this rank ran: the chain bound no longer applies
+        return self.now() + duration + self.rest_fb[r] + chain
 
     def wrap(self, duration: Callable[[TaskInfo], float]) -> Callable[[TaskInfo], float]:
         def watched(info: TaskInfo) -> float:
