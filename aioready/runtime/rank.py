@@ -56,17 +56,17 @@ def reservation_holds(hint: HintOrder, caps: Sequence[int]) -> bool:
     admits it. A rank that cannot follow the sequence (a cap below its peak) runs greedily, and
     a neighbour that waits for the sequence's next task could starve it: then nobody reserves
     (docs/policy.md "Why the reservation cannot deadlock")."""
-    key = (hint, tuple(caps))
-    last = _last_holds
-    if last and last[0][0] is hint and last[0][1] == key[1]:
-        return last[1]  # every rank of a pipeline asks the same: R peaks, not R * R
+    caps = tuple(caps)
+    last_hint, last_caps, last_holds = _last_holds[0]
+    if last_hint is hint and last_caps == caps:
+        return last_holds  # every rank of a pipeline asks the same: R peaks, not R * R
     holds = (len(caps) == hint.num_ranks and hint.runs_to_completion()
              and all(cap >= hint.peak(rank) for rank, cap in enumerate(caps)))
-    _last_holds[:] = [key, holds]
+    _last_holds[0] = (hint, caps, holds)  # one tuple, replaced whole: safe across threads
     return holds
 
 
-_last_holds: list[Any] = []
+_last_holds: list[tuple[Any, tuple[int, ...], bool]] = [(None, (), False)]
 """reservation_holds's last question and answer (HintOrder.peak replays a rank's sequence)."""
 
 
