@@ -29,7 +29,7 @@ Timing (2-core machine): `python -m bench.policy --seeds 10` and `python -m benc
 are sized to run in under 25 minutes together on two free cores; the report's last line gives
 the wall time and the CPU seconds the simulations took.
 
-Run: python -m bench.policy [--quick] [--seeds N] [--time-limit S] [--jobs N]
+Run: python -m bench.policy [--quick] [--seeds N] [--time-limit S] [--jobs N] [--opt-cases 4x8,..]
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ from aioready.sim.durations import device_duration
 from aioready.sim.simulator import simulate
 from aioready.sim.variability import JitterModel
 
-from .common import RESULTS, median, write_result
+from .common import RESULTS, lean_gc, median, write_result
 from .optimum import Instance, instance, schedule_of, solve
 
 
@@ -106,7 +106,9 @@ CONFIGS: list[Config] = [
 BUDGETS: dict[str, dict[str, Any]] = {"default": {}, "2x": {"cap": "2x"}}
 JITTERS = ("lognormal:0.5", "multimodal:0.3:3", "lognormal:0.2+straggler:1:1.5")
 STAGES = (4, 8, 16, 32)
-OPT_CASES = ((4, 8), (4, 16), (8, 16), (8, 32))  # (S, M) where the optimum is computed
+# (S, M) where the optimum is computed; at S=8, M=32 the solver rarely improved on the
+# simulated schedules within its time limit (docs/policy.md), so it is left out: --opt-cases
+OPT_CASES = ((4, 8), (4, 16), (8, 16))
 QUICK = {"stages": (4, 8), "seeds": 3, "opt_cases": ((4, 8), (8, 16)), "opt_seeds": 1}
 UNIT_MS = 1e-2
 
@@ -371,11 +373,14 @@ def main(argv: list[str] | None = None) -> str:
                     help="CP-SAT seconds per optimum instance (default 1.5)")
     ap.add_argument("--jobs", type=int, default=2, help="worker processes (at most 2)")
     ap.add_argument("--stages", default=None, help=f"comma-separated S values ({STAGES})")
+    ap.add_argument("--opt-cases", default=None,
+                    help="optimum cases as SxM, comma-separated (default 4x8,4x16,8x16)")
     args = ap.parse_args(argv)
     stages = (tuple(int(s) for s in args.stages.split(",")) if args.stages
               else QUICK["stages"] if args.quick else STAGES)
     seeds = args.seeds or (QUICK["seeds"] if args.quick else 10)
-    cases = QUICK["opt_cases"] if args.quick else OPT_CASES
+    cases = (tuple(tuple(int(v) for v in c.split("x")) for c in args.opt_cases.split(","))
+             if args.opt_cases else QUICK["opt_cases"] if args.quick else OPT_CASES)
     opt_seeds = args.opt_seeds or (QUICK["opt_seeds"] if args.quick else 2)
     cmd = shlex.join(["python", "-m", "bench.policy",
                       *(argv if argv is not None else sys.argv[1:])])
@@ -383,7 +388,7 @@ def main(argv: list[str] | None = None) -> str:
     points = [(S, j, seed) for S in stages for j in JITTERS for seed in range(seeds)]
     points.sort(key=lambda p: -p[0])  # the largest first: the pool ends evenly
     jobs = max(1, min(2, args.jobs))
-    with ProcessPoolExecutor(jobs) as pool:
+    with ProcessPoolExecutor(jobs, initializer=lean_gc) as pool:
         done = list(pool.map(sim_unit, *zip(*points)))
         results = {f"{j}@{S}": _summary([u for u, p in zip(done, points) if p[:2] == (S, j)])
                    for S in stages for j in JITTERS}

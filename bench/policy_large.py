@@ -24,7 +24,7 @@ from aioready.schedulers import make_hint
 from aioready.sim.choice import choose_auto
 from aioready.sim.simulator import simulate
 
-from .common import write_result
+from .common import lean_gc, write_result
 
 REFERENCE = ("bfw", "greedy", "4x")  # hint, policy, budget (x 1F1B's peak per rank)
 
@@ -66,7 +66,7 @@ def main() -> None:
     args = ap.parse_args()
     jitters = args.jitters.split(",")
     began = time.perf_counter()
-    with ProcessPoolExecutor(min(2, len(jitters))) as pool:
+    with ProcessPoolExecutor(min(2, len(jitters)), initializer=lean_gc) as pool:
         done = list(pool.map(one_jitter, [args.stages] * len(jitters), jitters,
                              [args.seed] * len(jitters), [args.budget] * len(jitters)))
     S = args.stages

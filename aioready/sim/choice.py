@@ -200,12 +200,18 @@ def candidates(orders: Iterable[HintOrder], limit: Limit | tuple[int, ...],
     return out
 
 
+PROMISING = ("zb-h2", "zb-h1", "interleaved-zb", "zbv", "bfw", "gpipe")
+"""Hints that most often won in bench.policy (they defer W, or run every F early), tried first
+among candidates of equal memory: only the order of the search, never its answer."""
+
+
 def _promise(item: tuple[HintOrder, Candidate]) -> tuple[object, ...]:
     """Simulation order under pruning: the most memory first (it usually wins, and the first
     fast candidate sets a tight bound for the rest), ready before strict, greedy before
-    reserve; then the stable order of `candidates`."""
+    reserve, PROMISING hints first; then the stable order of `candidates`."""
     c = item[1].choice
-    return (-sum(c.memory or c.cap), c.mode == "strict", c.policy != "greedy")
+    rank = PROMISING.index(c.hint) if c.hint in PROMISING else len(PROMISING)
+    return (-sum(c.memory or c.cap), c.mode == "strict", c.policy != "greedy", rank)
 
 
 def choose_auto(run: Run, hint: object, *, num_stages: int, num_ranks: int | None,
