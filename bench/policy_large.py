@@ -1,14 +1,12 @@
-"""The policy at S=128 (M=512, one seed): what `hint="auto"` at twice 1F1B's memory would pick.
+"""The policy at S=128 (M=512, one seed, split backward): `hint="auto"` within twice 1F1B's memory.
 
-Running `hint="auto"` itself at this size means simulating every candidate (minutes each), so
-this runs the candidates that win at S <= 32 (bench/results/policy.md): bfw, zb-h1, zb-h2 in
-ready mode under both policies, each at twice its own peak but capped at twice the 1F1B peak
-per rank (auto's budget "2x" of its 1F1B start hint) and, for reference, at four times it (bfw's
-own peak is already twice 1F1B's), beside strict 1F1B with the same split backward, on the same
-durations. The best of them is what auto would choose among them; auto's other candidates
-can only be faster. Each configuration's peak in-flight is reported (memory, microbatches).
+Per jitter, on the same durations: strict 1F1B (the baseline), `hint="auto"` with the budget
+"2x" (twice strict 1F1B's peak in-flight count on each rank; every candidate of sim/choice.py,
+pruned: a candidate stops once it is known to be slower than the best so far, so its row gives
+a lower bound, ">"), and for reference greedy bfw at four times 1F1B's peak (its own 2x), the
+configuration the earlier figures quoted. Each jitter runs in its own process.
 
-Run: python -m bench.policy_large [--stages 128] [--seed 0] [--jitters a,b]
+Run: python -m bench.policy_large [--stages 128] [--seed 0] [--jitters a,b] [--budget 2x]
 """
 
 from __future__ import annotations
@@ -18,29 +16,63 @@ import shlex
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
+from typing import Any
 
 from aioready.caps import resolve_caps
+from aioready.hints import HintOrder
 from aioready.schedulers import make_hint
+from aioready.sim.choice import choose_auto
 from aioready.sim.simulator import simulate
 
-from .common import write_result
+from .common import lean_gc, write_result
 
-CANDIDATES = [(h, p) for h in ("bfw", "zb-h1", "zb-h2") for p in ("reserve", "greedy")]
-BUDGETS = ("2x", "4x")  # of 1F1B's peak per rank; 4x is twice bfw's own default
+REFERENCE = ("bfw", "greedy", "4x")  # hint, policy, budget (x 1F1B's peak per rank)
 
 
-def one(S: int, jitter: str, seed: int, hint: str, mode: str, policy: str, budget: str
-        ) -> tuple[str, str, str, str, str, float, float, int]:
+def _compact(tuning: Any) -> list[str]:
+    """auto's rows as markdown, without the per-rank caps (S of them)."""
+    base = tuning.best.step_time
+    out = ["| candidate | mode | budget | step | vs best | efficiency | peak |",
+           "|---|---|---|---|---|---|---|"]
+    for row in tuning.rows:
+        c = row.candidate.choice
+        mark = " (chosen)" if row is tuning.best else ""
+        if row.stopped:
+            cells = [f"> {row.step_time:.1f}", f"> {row.step_time / base:.3f}", "-", "-"]
+        else:
+            cells = [f"{row.step_time:.1f}", f"{row.step_time / base:.3f}",
+                     f"{row.efficiency:.3f}", str(max(row.peak_in_flight))]
+        out.append(f"| {c.label}{mark} | {c.how} | {row.candidate.factor:g}x | "
+                   + " | ".join(cells) + " |")
+    return out
+
+
+def one_jitter(S: int, jitter: str, seed: int, budget: str) -> dict[str, Any]:
+    """Strict 1F1B, auto within `budget`, and the reference, on one jitter's durations."""
     M = 4 * S
+    began = time.process_time()
+
+    def sim(order: HintOrder | str, mode: str, caps: Any, policy: str,
+            bound: float | None = None) -> Any:
+        return simulate(stages=S, microbatches=M, hint=order, mode=mode, policy=policy,
+                        jitter=jitter, seed=seed, split_backward=True,
+                        cap=None if caps is None else list(caps), stop_after=bound)
+    strict = sim("1f1b", "strict", None, "reserve")
+    tuning = choose_auto(sim, "auto", num_stages=S, num_ranks=None, num_microbatches=M,
+                         split_backward=True, budget=budget)
+    hint, policy, times = REFERENCE
     base = make_hint("1f1b", num_stages=S, num_microbatches=M, split_backward=True)
-    limit = resolve_caps(budget, base)
     order = make_hint(hint, num_stages=S, num_microbatches=M, split_backward=True)
-    caps = None if mode == "strict" else [min(c, m) for c, m in zip(resolve_caps("2x", order),
-                                                                      limit)]
-    r = simulate(stages=S, microbatches=M, hint=order, mode=mode, policy=policy,
-                 jitter=jitter, seed=seed, split_backward=True, cap=caps)
-    return (jitter, budget, hint, mode, policy, r.step_time, r.efficiency,
-            max(r.peak_in_flight))
+    caps = [min(c, m) for c, m in zip(resolve_caps("2x", order), resolve_caps(times, base))]
+    ref = sim(order, "ready", caps, policy)
+    return {"jitter": jitter, "strict": (strict.step_time, strict.efficiency,
+                                         max(strict.peak_in_flight)),
+            "table": _compact(tuning), "best": (tuning.best.step_time, tuning.best.efficiency,
+                                              max(tuning.best.peak_in_flight)),
+            "chosen": f"{tuning.choice.label} {tuning.choice.how}",
+            "stopped": sum(r.stopped for r in tuning.rows), "rows": len(tuning.rows),
+            "ref": (ref.step_time, ref.efficiency, max(ref.peak_in_flight)),
+            "cpu_s": time.process_time() - began}
 
 
 def main() -> None:
@@ -48,29 +80,34 @@ def main() -> None:
     ap.add_argument("--stages", type=int, default=128)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--jitters", default="lognormal:0.5,multimodal:0.3:3")
+    ap.add_argument("--budget", default="2x", help="auto's budget (a cap form; default 2x)")
     args = ap.parse_args()
     jitters = args.jitters.split(",")
-    jobs = [(j, "1f1b", "strict", "reserve", "1x") for j in jitters]
-    jobs += [(j, h, "ready", p, b) for j in jitters for b in BUDGETS for h, p in CANDIDATES]
     began = time.perf_counter()
-    with ProcessPoolExecutor(2) as pool:
-        rows = list(pool.map(one, *zip(*[(args.stages, j, args.seed, h, m, p, b)
-                                          for j, h, m, p, b in jobs])))
-    lines = [f"S={args.stages}, M={4 * args.stages}, seed {args.seed}, split backward (F=B=W=1 "
-             "before jitter); speedup = strict 1F1B step time / step time; peak = the largest "
-             "in-flight count on any rank (strict 1F1B's is S).", ""]
-    for jitter in jitters:
-        mine = [r for r in rows if r[0] == jitter]
-        strict = next(r for r in mine if r[3] == "strict")[5]
-        lines += [f"### {jitter}", "", "| budget (x 1F1B peak) | configuration | step | speedup "
-                  "| efficiency | peak |", "|---|---|---|---|---|---|"]
-        for _, budget, hint, mode, policy, t, eff, peak in sorted(mine, key=lambda r: (r[1],
-                                                                                       r[5])):
-            name = f"{mode} {hint}" + (f" ({policy})" if mode == "ready" else "")
-            lines.append(f"| {budget} | {name} | {t:.1f} | {strict / t:.3f}x | {eff:.3f} | "
-                         f"{peak} |")
-        lines.append("")
-    lines.append(f"Running time {time.perf_counter() - began:.0f} s (2 processes).")
+    with ProcessPoolExecutor(min(2, len(jitters)), initializer=lean_gc) as pool:
+        done = list(pool.map(one_jitter, [args.stages] * len(jitters), jitters,
+                             [args.seed] * len(jitters), [args.budget] * len(jitters)))
+    S = args.stages
+    lines = [f"S={S}, M={4 * S}, seed {args.seed}, split backward (F=B=W=1 before jitter); "
+             "speedup = strict 1F1B step time / step time on the same durations; peak = the "
+             f"largest in-flight count on any rank (strict 1F1B's is S). auto's budget: "
+             f"{args.budget} of strict 1F1B's peak on each rank.", "",
+             "| jitter | configuration | step | speedup | efficiency | peak |",
+             "|---|---|---|---|---|---|"]
+    hint, policy, times = REFERENCE
+    for d in done:
+        strict_t = d["strict"][0]
+        for name, (t, eff, peak) in (("strict 1f1b", d["strict"]),
+                                     (f"auto ({d['chosen']})", d["best"]),
+                                     (f"ready {hint} ({policy}), {times}", d["ref"])):
+            lines.append(f"| {d['jitter']} | {name} | {t:.1f} | {strict_t / t:.3f}x | "
+                         f"{eff:.3f} | {peak} |")
+    for d in done:
+        lines += ["", f"### auto's candidates, {d['jitter']} ({d['stopped']} of {d['rows']} "
+                  f"stopped early, '>': a lower bound; CPU {d['cpu_s']:.0f} s for this jitter)",
+                  "", *d["table"]]
+    lines += ["", f"Running time {time.perf_counter() - began:.0f} s ({min(2, len(jitters))} "
+              "processes)."]
     body = "\n".join(lines)
     print(body)
     write_result("policy_large", body, shlex.join(["python", "-m", "bench.policy_large",

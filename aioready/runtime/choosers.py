@@ -36,6 +36,7 @@ class Choice:
     mode: str
     cap: tuple[int, ...]  # per rank; the budget the candidate ran under
     policy: str = "reserve"
+    memory: tuple[int, ...] | None = None  # per rank, bytes: the byte gate instead of the caps
     table: str = field(default="", compare=False, repr=False)  # what it was chosen from
 
     @property

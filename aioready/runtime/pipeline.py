@@ -139,8 +139,9 @@ class Pipeline:
         parse_memory(memory)
         check_one_gate(cap, memory)
         if memory is not None and parse_auto(hint) is not None:
-            raise ConfigError("hint='auto' chooses within a count budget",
-                              expected="cap= with hint='auto'", got=f"memory={memory!r}")
+            raise ConfigError("hint='auto' in a Pipeline chooses within a count budget",
+                              expected="cap= with hint='auto' (aioready.simulate and aioready "
+                              "tune choose within memory=)", got=f"memory={memory!r}")
         if normalize not in ("microbatches", "weight"):
             raise ConfigError("normalize", expected="'microbatches' or 'weight' (loss_fn "
                               "returns (loss, weight))", got=repr(normalize))

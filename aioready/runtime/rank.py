@@ -57,9 +57,18 @@ def reservation_holds(hint: HintOrder, caps: Sequence[int]) -> bool:
     admits it. A rank that cannot follow the sequence (a cap below its peak) runs greedily, and
     a neighbour that waits for the sequence's next task could starve it: then nobody reserves
     (docs/policy.md "Why the reservation cannot deadlock")."""
-    if len(caps) != hint.num_ranks or not hint.runs_to_completion():
-        return False
-    return all(cap >= hint.peak(rank) for rank, cap in enumerate(caps))
+    caps = tuple(caps)
+    last_hint, last_caps, last_holds = _last_holds[0]
+    if last_hint is hint and last_caps == caps:
+        return last_holds  # every rank of a pipeline asks the same: R peaks, not R * R
+    holds = (len(caps) == hint.num_ranks and hint.runs_to_completion()
+             and all(cap >= hint.peak(rank) for rank, cap in enumerate(caps)))
+    _last_holds[0] = (hint, caps, holds)  # one tuple, replaced whole: safe across threads
+    return holds
+
+
+_last_holds: list[tuple[Any, tuple[int, ...], bool]] = [(None, (), False)]
+"""reservation_holds's last question and answer (HintOrder.peak replays a rank's sequence)."""
 
 
 class Executor(Protocol):

@@ -9,28 +9,41 @@ durations: the real runtime on the virtual clock, so the step time is exact for 
 The fastest whose peak in-flight fits the budget wins; ties go to the smaller peak, then strict
 (the more predictable), then the hint's name, so the choice is a pure function of the durations.
 
+Pruning (`prune=True`, the default): each candidate's simulation is given the best fitting step
+time found so far as a bound, and stops as soon as its own is known to exceed it
+(sim/cutoff.py: a lower bound from the work each rank has left). A stopped candidate could not
+have won, so the choice is the one the full search makes; only its row says "more than"
+instead of a step time. Candidates run most memory first, since those usually win, so the bound
+is tight early.
+
 What it leaves out: durations are the measured ones, replayed as they were (another step's
 jitter differs); communication costs only what the `run` function adds; a different placement
 (ranks, chunks) is never a candidate, since the stages are already where they are.
 
 Note [budget form]: a candidate's budget is the value passed as `cap=` to `run` (one cap per
-rank), and "fits" compares the simulated peak in-flight with the caller's budget resolved the
-same way. Both live in `_limit`, `_caps` and `_fits` below, so a budget in bytes changes those
-three and nothing else.
+rank), or with a byte budget (`memory=`) the bytes passed as `memory=`, and "fits" compares the
+simulated peak in-flight count, or peak activation bytes, with the caller's budget resolved the
+same way. Both live in sim/budget.py (`Limit`), and nothing else here depends on the form.
 """
 
 from __future__ import annotations
 
+import logging
+import math
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterable, Protocol, Sequence
+from typing import Callable, Iterable, Iterator, Protocol, Sequence
 
-from ..caps import CapSpec, resolve_caps
+from ..caps import CapSpec
 from ..errors import AioreadyError, ConfigError
 from ..hints import HintOrder
+from ..memory import MemorySpec
 from ..runtime.autotune import parse_auto, start_hint
 from ..runtime.choosers import STYLES, Choice
-from ..runtime.rank import MODES, POLICIES
+from ..runtime.rank import MODES, POLICIES, reservation_holds
 from ..schedulers import HINTS, hint_names, make_hint
+from .budget import Limit, MeanBytes
+from .cutoff import Exceeded
 
 __all__ = ["FACTORS", "Candidate", "Row", "Tuning", "candidate_hints", "candidates",
            "choose_auto", "choose_schedule"]
@@ -50,9 +63,14 @@ class Simulated(Protocol):
     @property
     def peak_in_flight(self) -> Sequence[int]: ...
 
+    @property
+    def peak_activation_bytes(self) -> Sequence[int]: ...
 
-Run = Callable[[HintOrder, str, tuple[int, ...], str], Simulated]
-"""run(hint, mode, caps, policy): one candidate simulated on the durations being tuned for."""
+
+Run = Callable[[HintOrder, str, tuple[int, ...], str, "float | None"], Simulated]
+"""run(hint, mode, caps, policy, bound): one candidate simulated on the durations being tuned
+for; with a bound, it may raise sim.cutoff.Exceeded once its step time is known to exceed it.
+Under a byte budget it is also given `memory=` (bytes per rank), and read for its peak bytes."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,11 +88,14 @@ class Row:
     efficiency: float  # lower bound / step time
     peak_in_flight: tuple[int, ...]
     fits: bool
+    stopped: bool = False  # pruned: step_time is then only a lower bound, above the best's
+    peak: tuple[int, ...] = ()  # what the budget compares: peak_in_flight, or peak bytes
 
     @property
     def key(self) -> tuple[object, ...]:
         c = self.candidate.choice
-        return (self.step_time, max(self.peak_in_flight), sum(self.peak_in_flight),
+        peak = self.peak or self.peak_in_flight or (0,)
+        return (self.stopped, self.step_time, max(peak), sum(peak),
                 0 if c.mode == "strict" else 1, POLICIES.index(c.policy), c.hint, c.placement,
                 self.candidate.factor)
 
@@ -84,28 +105,43 @@ class Tuning:
     """What the tuner simulated, best first, and what it chose."""
 
     rows: tuple[Row, ...]
-    limit: tuple[int, ...]  # the caller's budget per rank
+    limit: tuple[int, ...]  # the caller's budget per rank (counts, or bytes with `in_bytes`)
     best: Row
+    in_bytes: bool = False
 
     @property
     def choice(self) -> Choice:
         return Choice(**{f: getattr(self.best.candidate.choice, f)
-                         for f in ("hint", "placement", "mode", "cap", "policy")},
+                         for f in ("hint", "placement", "mode", "cap", "policy", "memory")},
                       table=self.table())
 
     def table(self) -> str:
         """The rows as text, best first; '*' marks the choice, '-' a candidate over budget."""
         base = self.best.step_time
+        show = Limit(self.limit, self.in_bytes).text
         lines = [f"{'':1} {'hint':<20} {'mode':<12} {'budget':>6} {'step ms':>10} "
-                 f"{'vs best':>7} {'eff':>5}  peak in-flight (caps)"]
+                 f"{'vs best':>7} {'eff':>5}  " + ("peak bytes (budgets)" if self.in_bytes
+                                                  else "peak in-flight (caps)")]
         for row in self.rows:
             c = row.candidate.choice
-            mark = "*" if row is self.best else (" " if row.fits else "-")
-            lines.append(f"{mark:1} {c.label:<20} {c.how:<12} {row.candidate.factor:>5g}x "
-                         f"{row.step_time:>10.4g} {row.step_time / base:>7.3f} "
-                         f"{row.efficiency:>5.3f}  {list(row.peak_in_flight)} "
-                         f"({list(c.cap)})")
-        lines.append(f"budget per rank: {list(self.limit)}; chosen: {self.best.candidate.choice.label} "
+            mark = "*" if row is self.best else (" " if row.fits or row.stopped else "-")
+            head = f"{mark:1} {c.label:<20} {c.how:<12} {row.candidate.factor:>5g}x "
+            given = "strict: none" if self.in_bytes and c.memory is None else show(
+                c.memory if self.in_bytes else c.cap)  # type: ignore[arg-type]
+            if row.stopped:
+                lines.append(head + f"{'>' + format(row.step_time, '.4g'):>10} "
+                             f"{'>' + format(row.step_time / base, '.3f'):>7} {'-':>5}  "
+                             f"stopped ({given})")
+                continue
+            lines.append(head + f"{row.step_time:>10.4g} {row.step_time / base:>7.3f} "
+                         f"{row.efficiency:>5.3f}  {show(row.peak or row.peak_in_flight)} "
+                         f"({given})")
+        stopped = sum(r.stopped for r in self.rows)
+        if stopped:
+            lines.append(f"stopped: {stopped} of {len(self.rows)} candidates, as soon as they "
+                         "were known to be slower than the best (their step time is a lower "
+                         "bound)")
+        lines.append(f"budget per rank: {show(self.limit)}; chosen: {self.best.candidate.choice.label} "
                      f"{self.best.candidate.choice.how} at {self.best.candidate.factor:g}x")
         return "\n".join(lines)
 
@@ -134,46 +170,55 @@ def candidate_hints(*, num_stages: int, num_ranks: int, num_microbatches: int,
     return out
 
 
-def _limit(budget: CapSpec, reference: HintOrder) -> tuple[int, ...]:
-    """The caller's budget per rank, relative to `reference` like a Pipeline's `cap`: None is
-    its own peak (what the pipeline would hold without auto), 'Nx' N times that."""
-    return tuple(resolve_caps(budget, reference))
-
-
-def _caps(order: HintOrder, factor: float, limit: tuple[int, ...]) -> tuple[int, ...]:
-    own = resolve_caps(f"{factor:g}x", order)
-    return tuple(min(c, m) for c, m in zip(own, limit))
-
-
-def _fits(peak: Sequence[int], limit: tuple[int, ...]) -> bool:
-    return all(p <= m for p, m in zip(peak, limit))
-
-
-def candidates(orders: Iterable[HintOrder], limit: tuple[int, ...],
+def candidates(orders: Iterable[HintOrder], limit: Limit | tuple[int, ...],
                modes: Sequence[str] = MODES, factors: Sequence[float] = FACTORS
                ) -> list[tuple[HintOrder, Candidate]]:
     """Each hint in strict mode at its own peak (where the budget allows it) and in ready mode at
     each factor under each policy (the reserving default, and greedy: with memory to spare it
-    can gain more, docs/policy.md); candidates whose caps come out equal are simulated once."""
+    can gain more, docs/policy.md); candidates whose caps come out equal are simulated once,
+    and so is `reserve` where the reservation cannot hold (a cap below the hint's peak on some
+    rank, rank.reservation_holds): every rank then runs greedy, the same schedule."""
+    gate = limit if isinstance(limit, Limit) else Limit(tuple(limit))
     out: list[tuple[HintOrder, Candidate]] = []
     seen: set[Choice] = set()
     for order in orders:
         for mode in modes:
             for factor in ((1.0,) if mode == "strict" else factors):
-                caps = _caps(order, factor, limit)
-                if mode == "strict" and any(c < order.peak(r) for r, c in enumerate(caps)):
+                given = gate.gate(order, mode, factor)
+                if given is None:
                     continue  # strict cannot run under a cap below its own peak
+                caps, memory = given
                 for policy in (("reserve",) if mode == "strict" else POLICIES):
-                    choice = Choice(order.name, order.placement.style, mode, caps, policy)
+                    if (mode, policy) == ("ready", "reserve") and not reservation_holds(
+                            order, caps):
+                        continue  # greedy, the candidate next to it
+                    choice = Choice(order.name, order.placement.style, mode, caps, policy,
+                                    memory)
                     if choice not in seen:
                         seen.add(choice)
                         out.append((order, Candidate(choice, factor)))
     return out
 
 
+PROMISING = ("zb-h2", "zb-h1", "interleaved-zb", "zbv", "bfw", "gpipe")
+"""Hints that most often won in bench.policy (they defer W, or run every F early), tried first
+among candidates of equal memory: only the order of the search, never its answer."""
+
+
+def _promise(item: tuple[HintOrder, Candidate]) -> tuple[object, ...]:
+    """Simulation order under pruning: the most memory first (it usually wins, and the first
+    fast candidate sets a tight bound for the rest), ready before strict, greedy before
+    reserve, PROMISING hints first; then the stable order of `candidates`."""
+    c = item[1].choice
+    rank = PROMISING.index(c.hint) if c.hint in PROMISING else len(PROMISING)
+    return (-sum(c.memory or c.cap), c.mode == "strict", c.policy != "greedy", rank)
+
+
 def choose_auto(run: Run, hint: object, *, num_stages: int, num_ranks: int | None,
                 num_microbatches: int, split_backward: bool, budget: CapSpec = None,
-                modes: Sequence[str] = MODES, factors: Sequence[float] = FACTORS) -> Tuning:
+                modes: Sequence[str] = MODES, factors: Sequence[float] = FACTORS,
+                prune: bool = True, memory: MemorySpec = None,
+                mean_bytes: MeanBytes | None = None) -> Tuning:
     """`choose_schedule` over the candidates of a shape; `hint` is "auto" (any placement style
     for `num_ranks`, default one rank per stage) or "auto:<hint>" (that hint's placement, and
     relative budgets measured against it)."""
@@ -187,16 +232,22 @@ def choose_auto(run: Run, hint: object, *, num_stages: int, num_ranks: int | Non
                              num_microbatches=num_microbatches, split_backward=split_backward,
                              placement=style)
     return choose_schedule(run, orders, budget=budget, reference=reference, modes=modes,
-                           factors=factors)
+                           factors=factors, prune=prune, memory=memory, mean_bytes=mean_bytes)
 
 
 def choose_schedule(run: Run, orders: Sequence[HintOrder], *, budget: CapSpec = None,
                     reference: HintOrder | None = None, modes: Sequence[str] = MODES,
-                    factors: Sequence[float] = FACTORS) -> Tuning:
+                    factors: Sequence[float] = FACTORS, prune: bool = True,
+                    memory: MemorySpec = None, mean_bytes: MeanBytes | None = None) -> Tuning:
     """Simulate every candidate with `run` and return them ranked, the fastest that fits first.
+
+    `prune`: stop a candidate once it is known to be slower than the best so far (the module's
+    note); the choice is the same either way.
 
     `reference`: the hint a relative budget ('2x') is measured against (default: the first of
     `orders` that an auto pipeline of that placement starts from, else the first).
+    `memory`: a byte budget instead of `budget` (any form of aioready.memory; sim/budget.py),
+    with `mean_bytes` the bytes per microbatch of the durations.
     Raises ConfigError when no candidate fits the budget.
     """
     if not orders:
@@ -209,20 +260,62 @@ def choose_schedule(run: Run, orders: Sequence[HintOrder], *, budget: CapSpec = 
         first = orders[0]
         want = start_hint(first.placement.style, first.split_backward)
         reference = next((o for o in orders if o.name == want), first)
-    limit = _limit(budget, reference)
+    ref = reference
+
+    def reference_peak() -> Sequence[int]:
+        return run(ref, "strict", tuple(ref.default_caps), "reserve",  # type: ignore[arg-type]
+                   None).peak_activation_bytes
+    limit = Limit.resolve(budget, memory, reference, mean_bytes, reference_peak)
     rows = []
-    for order, cand in candidates(orders, limit, modes, factors):
-        result = run(order, cand.choice.mode, cand.choice.cap, cand.choice.policy)
-        peak = tuple(result.peak_in_flight)
-        rows.append(Row(cand, result.step_time, result.efficiency, peak, _fits(peak, limit)))
+    bound: float | None = None
+    with _quiet():
+        for order, cand in sorted(candidates(orders, limit, modes, factors), key=_promise):
+            _one(run, order, cand, limit, rows, bound if prune else None)
+            done = rows[-1]
+            if done.fits and (bound is None or done.step_time < bound):
+                bound = done.step_time
     rows.sort(key=lambda r: r.key)
     best = next((r for r in rows if r.fits), None)
     if best is None:
         tried = ", ".join(sorted({f"{r.candidate.choice.label} {r.candidate.choice.how}"
                                   for r in rows})) or "nothing (no mode allowed under it)"
         raise ConfigError("no candidate schedule fits the budget",
-                          expected=f"peak in-flight <= {list(limit)} per rank",
+                          expected=f"{limit.what} <= {limit.text(limit.per_rank)} per rank",
                           got=f"every candidate over it; tried {tried}",
                           fix="raise the budget, or allow mode 'ready' (it runs under any cap)")
-    return Tuning(tuple(rows), limit, best)
+    return Tuning(tuple(rows), limit.per_rank, best, limit.in_bytes)
 
+
+
+def _one(run: Run, order: HintOrder, cand: Candidate, limit: Limit, rows: list[Row],
+         bound: float | None) -> None:
+    """Simulate one candidate (stopped past `bound`) and append its row."""
+    c = cand.choice
+    extra = {} if c.memory is None else {"memory": c.memory}
+    try:
+        result = run(order, c.mode, c.cap, c.policy, bound, **extra)
+    except Exceeded as stop:
+        rows.append(Row(cand, stop.at_least, math.nan, (), False, stopped=True))
+        return
+    peak = limit.peak(result.peak_in_flight,
+                      result.peak_activation_bytes if limit.in_bytes else ())
+    rows.append(Row(cand, result.step_time, result.efficiency, tuple(result.peak_in_flight),
+                    limit.fits(peak), peak=peak))
+
+
+class _NotAlone(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "alone is predicted" not in record.getMessage()
+
+
+@contextmanager
+def _quiet() -> Iterator[None]:
+    """Candidates under small byte budgets warn that a microbatch alone exceeds them; the table
+    shows their peaks, so the tuner keeps those warnings out of the log."""
+    held = logging.getLogger("aioready.held_bytes")
+    quiet = _NotAlone()
+    held.addFilter(quiet)
+    try:
+        yield
+    finally:
+        held.removeFilter(quiet)

@@ -18,11 +18,12 @@ task (a backward's temporaries, recompute's second forward).
 
 from __future__ import annotations
 
+from ..placement import Placement
 from ..runtime.rank import BytesModel
 from ..tasks import Kind
 from .durations import Durations
 
-__all__ = ["BYTES_PER_MS", "bytes_model"]
+__all__ = ["BYTES_PER_MS", "bytes_model", "mean_bytes"]
 
 BYTES_PER_MS = float(2**20)
 """Activation bytes a microbatch holds on a stage per ms of its forward there."""
@@ -37,3 +38,13 @@ def bytes_model(durations: Durations, bytes_per_ms: float = BYTES_PER_MS) -> Byt
         source = ms(step, max(stage - 1, 0), microbatch, Kind.F) * bytes_per_ms
         return held, source
     return model
+
+
+def mean_bytes(durations: Durations, placement: Placement, steps: int,
+               bytes_per_ms: float = BYTES_PER_MS) -> list[float]:
+    """Each rank's mean bytes per microbatch over `steps` (every chunk it holds): what the byte
+    gate's "Nx" multiplies (held_bytes.py), by the model above."""
+    tables = [durations.table(step) for step in range(steps)]
+    return [sum(float(t[stage, :, Kind.F].mean()) for t in tables
+                for stage in placement.stages_of(rank)) * bytes_per_ms / steps
+            for rank in range(placement.num_ranks)]

@@ -38,8 +38,9 @@ from ..telemetry.bounds import lower_bound_table
 from ..telemetry.spans import StepReport
 from ..transports.inproc import InprocWorld
 from .choice import choose_auto
+from .cutoff import Cutoff, Exceeded
 from .durations import Durations, device_duration
-from .memory import bytes_model
+from .memory import bytes_model, mean_bytes
 from .traces import Trace, read_trace
 from .variability import BaseDurations, JitterModel, parse_jitter
 
@@ -183,9 +184,26 @@ def _durations(trace: str | Path | Trace | None, jitter: str, seed: int, hint: H
     return loaded, model
 
 
-async def _run_steps(runtimes: list[RankRuntime], steps: int) -> None:
-    for step in range(steps):
-        await run_ranks(runtimes, step)
+async def _run_steps(runtimes: list[RankRuntime], steps: int, cutoff: Cutoff | None = None
+                     ) -> None:
+    if cutoff is None:
+        for step in range(steps):
+            await run_ranks(runtimes, step)
+        return
+    loop = asyncio.get_running_loop()
+    cutoff.now = loop.time
+    done = 0.0
+    for step in range(steps):  # in a task the cutoff may cancel (sim/cutoff.py)
+        cutoff.begin_step(step, loop.time(), done)
+        cutoff.task = asyncio.ensure_future(run_ranks(runtimes, step))
+        try:
+            await cutoff.task
+        except asyncio.CancelledError:
+            if cutoff.stopped:
+                return
+            raise
+        reports = [rt.reports[step] for rt in runtimes]
+        done += max(r.end for r in reports) - min(r.start for r in reports)
 
 
 def _run_blocking(main: Coroutine[Any, Any, None]) -> None:
@@ -226,7 +244,7 @@ def simulate(*, stages: int, microbatches: int, hint: str | HintOrder = "1f1b",
              cap: CapSpec = None, split_backward: bool = False,
              steps: int = 1, ranks: int | None = None,
              base: BaseDurations | None = None, policy: str = "reserve",
-             memory: MemorySpec = None) -> SimResult:
+             memory: MemorySpec = None, stop_after: float | None = None) -> SimResult:
     """Simulate `steps` steps of a pipeline with the real runtime on a virtual clock.
 
     Durations come from `trace` (a CSV path or a Trace; `jitter` may then add only comm terms)
@@ -235,31 +253,41 @@ def simulate(*, stages: int, microbatches: int, hint: str | HintOrder = "1f1b",
     (or "auto:<hint>", which fixes the placement) simulates the candidate hints, modes and caps
     within `cap` and returns the fastest, named "auto:<hint>", with `.tuning` (the table it
     chose from; `mode` is then chosen too, see sim/choice.py). `memory`: a byte budget per rank
-    instead of `cap` (any form of aioready.memory; bytes from the model of sim/memory.py). It
+    instead of `cap` (any form of aioready.memory; bytes from the model of sim/memory.py), also
+    with "auto" (then "Nx" is N times the start hint's own peak bytes, sim/budget.py). It
     runs its own
     virtual-clock loop and blocks until done (from async code: in a helper thread).
+    `stop_after`: the tuner's bound; raise sim.cutoff.Exceeded as soon as the mean step time is
+    known to exceed it (sim/cutoff.py).
     """
     _check_int("stages", stages)
     _check_int("microbatches", microbatches)
     _check_int("steps", steps)
     _check_int("seed", seed, 0)
     check_one_gate(cap, memory)
-    if parse_auto(hint) is not None and memory is not None:
-        raise ConfigError("hint='auto' chooses within a count budget",
-                          expected="cap= with hint='auto'", got=f"memory={memory!r}")
     if parse_auto(hint) is not None:  # choose by simulating the candidates (sim/choice.py)
-        def run(order: HintOrder, mode: str, caps: tuple[int, ...], policy: str) -> SimResult:
-            return simulate(stages=stages, microbatches=microbatches, hint=order, mode=mode,
-                            jitter=jitter, seed=seed, trace=trace, cap=list(caps),
-                            split_backward=split_backward, steps=steps, base=base,
-                            policy=policy)
+        done: dict[tuple[object, ...], SimResult] = {}
+
+        def run(order: HintOrder, mode: str, caps: tuple[int, ...], policy: str,
+                bound: float | None = None, memory: tuple[int, ...] | None = None
+                ) -> SimResult:
+            result = simulate(stages=stages, microbatches=microbatches, hint=order, mode=mode,
+                              jitter=jitter, seed=seed, trace=trace,
+                              cap=None if memory else list(caps), memory=memory and list(memory),
+                              split_backward=split_backward, steps=steps, base=base,
+                              policy=policy, stop_after=bound)
+            done[(order.name, order.placement.style, mode, caps, policy, memory)] = result
+            return result
+
+        def per_microbatch(order: HintOrder) -> list[float]:
+            durations, _ = _durations(trace, jitter, seed, order, base, steps)
+            return mean_bytes(durations, order.placement, steps)
         tuning = choose_auto(run, hint, num_stages=stages, num_ranks=ranks,
                              num_microbatches=microbatches, split_backward=split_backward,
-                             budget=cap)
+                             budget=cap, memory=memory, mean_bytes=per_microbatch)
         best = tuning.best.candidate.choice
-        chosen = run(best.build(num_stages=stages, num_ranks=len(best.cap),
-                                num_microbatches=microbatches, split_backward=split_backward),
-                     best.mode, best.cap, best.policy)
+        chosen = done[(best.hint, best.placement, best.mode, best.cap, best.policy,
+                       best.memory)]
         return replace(chosen, hint=f"auto:{best.label}", tuning=tuning)
     if mode not in MODES:
         raise ConfigError("mode", expected=" | ".join(MODES), got=repr(mode))
@@ -274,7 +302,9 @@ def simulate(*, stages: int, microbatches: int, hint: str | HintOrder = "1f1b",
                           f"{order.num_microbatches}, split_backward={order.split_backward}")
     durations, model = _durations(trace, jitter, seed, order, base, steps)
     world = InprocWorld(order.num_ranks, delay=model.delay(scale=1.0))
-    device = SimDevice(device_duration(durations, scale=1.0), run_compute=False)
+    cutoff = None if stop_after is None else Cutoff(order, durations, steps, stop_after)
+    timing = device_duration(durations, scale=1.0)
+    device = SimDevice(timing if cutoff is None else cutoff.wrap(timing), run_compute=False)
     caps = resolve_caps(cap, order)
     budgets = resolve_memory(memory, order.num_ranks)
     if budgets is not None:  # the byte gate instead of the count (ready_set Note [byte gate])
@@ -286,7 +316,9 @@ def simulate(*, stages: int, microbatches: int, hint: str | HintOrder = "1f1b",
                             bytes_model=model)
                 for r in range(order.num_ranks)]
     began = time.perf_counter()
-    _run_blocking(_run_steps(runtimes, steps))
+    _run_blocking(_run_steps(runtimes, steps, cutoff))
+    if cutoff is not None and cutoff.stopped:
+        raise Exceeded(stop_after, cutoff.at_least)  # type: ignore[arg-type]
     wall = time.perf_counter() - began
     per_step = tuple(_step_stats([rt.reports[i] for rt in runtimes], durations.table(i), order)
                      for i in range(steps))

@@ -14,10 +14,12 @@ from typing import Sequence
 from ..caps import CapSpec
 from ..errors import ConfigError
 from ..hints import HintOrder
+from ..memory import MemorySpec
 from ..runtime.choosers import Choice
 from ..runtime.rank import MODES
 from ..telemetry.spans import StepReport
 from .choice import FACTORS, Run, Tuning, candidate_hints, choose_auto, choose_schedule
+from .memory import mean_bytes
 from .simulator import SimResult, simulate
 from .traces import Trace, read_trace, trace_from_reports
 
@@ -27,22 +29,28 @@ __all__ = ["tune", "SimChooser", "policy_chooser"]
 def _runner(trace: Trace, jitter: str) -> Run:
     stages, split = trace.placement.num_stages, trace.split_backward
 
-    def run(order: HintOrder, mode: str, caps: tuple[int, ...], policy: str) -> SimResult:
+    def run(order: HintOrder, mode: str, caps: tuple[int, ...], policy: str,
+            bound: float | None = None, memory: tuple[int, ...] | None = None) -> SimResult:
         return simulate(stages=stages, microbatches=trace.num_microbatches, hint=order,
-                        mode=mode, trace=trace, jitter=jitter, cap=list(caps),
-                        split_backward=split, steps=trace.num_steps, policy=policy)
+                        mode=mode, trace=trace, jitter=jitter,
+                        cap=None if memory else list(caps), memory=memory and list(memory),
+                        split_backward=split, steps=trace.num_steps, policy=policy,
+                        stop_after=bound)
     return run
 
 
 def tune(trace: str | Path | Trace, *, hint: str = "auto", stages: int | None = None,
          microbatches: int | None = None, budget: CapSpec = None, jitter: str = "none",
-         modes: Sequence[str] = MODES, factors: Sequence[float] = FACTORS) -> Tuning:
+         modes: Sequence[str] = MODES, factors: Sequence[float] = FACTORS,
+         memory: MemorySpec = None) -> Tuning:
     """Rank the candidate schedules on the durations of `trace` (every step of it, replayed).
 
     `hint`: "auto" (any placement style for the trace's ranks) or "auto:<hint>" (that hint's
     placement, and a relative budget measured against its peak); `stages`, `microbatches`:
     checked against the trace when given; `budget`: any form of aioready.caps (None: the start hint's own peak);
-    `jitter`: comm terms only ('comm:0.1'), added to every candidate alike.
+    `jitter`: comm terms only ('comm:0.1'), added to every candidate alike; `memory`: a byte
+    budget instead of `budget` (any form of aioready.memory, in the bytes of sim/memory.py's
+    model: "Nx" is N times the start hint's own peak bytes).
     """
     loaded = trace if isinstance(trace, Trace) else read_trace(trace)
     place = loaded.placement
@@ -54,7 +62,8 @@ def tune(trace: str | Path | Trace, *, hint: str = "auto", stages: int | None = 
     return choose_auto(_runner(loaded, jitter), hint, num_stages=place.num_stages,
                        num_ranks=place.num_ranks, num_microbatches=loaded.num_microbatches,
                        split_backward=loaded.split_backward, budget=budget, modes=modes,
-                       factors=factors)
+                       factors=factors, memory=memory,
+                       mean_bytes=lambda o: mean_bytes(loaded, o.placement, loaded.num_steps))
 
 
 class SimChooser:

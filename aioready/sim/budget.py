@@ -1,0 +1,97 @@
+"""The tuner's budget: what a candidate may hold, in microbatches (`cap=`) or bytes (`memory=`).
+
+The two forms differ only in what a candidate is given and what "fits" compares (the Note
+[budget form] of sim/choice.py), so both live here:
+
+- counts: the caller's budget resolved like a Pipeline's `cap` against the reference hint (the
+  one an auto pipeline starts from); a candidate at factor f runs under f times its own peak
+  in-flight count per rank, clipped to the budget; it fits when its simulated peak in-flight
+  count does.
+- bytes: the caller's budget in any form of aioready.memory; "Nx" is N times the bytes the
+  reference hint's strict order holds at its peak on each rank, simulated: what the pipeline
+  would hold without auto, as in the count form, so "1x" always admits the start hint. (The
+  byte gate's own "Nx" is the peak count times the mean bytes per microbatch, held_bytes.py;
+  with heavy microbatches a strict order holds more than that at its peak.) A ready candidate
+  at factor f runs under the byte gate's "fx" of its own order (its peak in-flight count times
+  the rank's mean bytes per microbatch), clipped to the budget; a strict one runs
+  its order (strict ignores budgets). Either fits when its simulated peak activation bytes do:
+  the reserving policy never holds back the order's own entry forward, so under a budget below
+  what its order needs it can exceed it, and is then not chosen.
+
+`mean_bytes(order)` is each rank's mean bytes per microbatch (every chunk) on the durations
+being tuned for; the simulator's comes from its bytes model (sim/memory.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from ..caps import CapSpec, resolve_caps
+from ..errors import ConfigError
+from ..hints import HintOrder
+from ..memory import MemorySpec, check_one_gate, format_bytes, resolve_memory
+
+__all__ = ["Limit", "MeanBytes"]
+
+MeanBytes = Callable[[HintOrder], Sequence[float]]
+"""order -> each rank's mean activation bytes per microbatch on the durations tuned for."""
+
+
+@dataclass(frozen=True, slots=True)
+class Limit:
+    """The caller's budget per rank: counts, or bytes (`in_bytes`)."""
+
+    per_rank: tuple[int, ...]
+    in_bytes: bool = False
+    mean_bytes: MeanBytes | None = None
+
+    @classmethod
+    def resolve(cls, budget: CapSpec, memory: MemorySpec, reference: HintOrder,
+                mean_bytes: MeanBytes | None,
+                reference_peak: Callable[[], Sequence[int]]) -> Limit:
+        """`reference_peak()`: the reference's strict peak bytes per rank (asked only for an
+        "Nx" byte budget)."""
+        check_one_gate(budget, memory)
+        if memory is None:
+            return cls(tuple(resolve_caps(budget, reference)))
+        if mean_bytes is None:
+            raise ConfigError("a memory budget needs the bytes per microbatch",
+                              expected="choose_schedule(..., mean_bytes=...)", got="none")
+        budgets = resolve_memory(memory, reference.num_ranks) or []
+        held = reference_peak() if any(b.bytes is None for b in budgets) else ()
+        per_rank = [max(1, int(b.bytes if b.bytes is not None else b.factor * held[r]))
+                    for r, b in enumerate(budgets)]  # type: ignore[operator]
+        return cls(tuple(per_rank), True, mean_bytes)
+
+    def gate(self, order: HintOrder, mode: str, factor: float
+             ) -> tuple[tuple[int, ...], tuple[int, ...] | None] | None:
+        """(caps, byte budgets or None) of `order` at `factor` in `mode`; None: strict under a
+        count budget below its own peak, which cannot run."""
+        if self.in_bytes:
+            if mode == "strict":
+                return tuple(resolve_caps(None, order)), None
+            mean = self.mean_bytes(order)  # type: ignore[misc]
+            memory = tuple(max(1, int(min(factor * order.peak(r) * mean[r], limit)))
+                           for r, limit in enumerate(self.per_rank))
+            return (order.num_microbatches,) * order.num_ranks, memory
+        own = resolve_caps(f"{factor:g}x", order)
+        caps = tuple(min(c, m) for c, m in zip(own, self.per_rank))
+        if mode == "strict" and any(c < order.peak(r) for r, c in enumerate(caps)):
+            return None
+        return caps, None
+
+    def peak(self, peak_in_flight: Sequence[int], peak_bytes: Sequence[int]) -> tuple[int, ...]:
+        """What is compared with the budget: the peak count or the peak bytes per rank."""
+        return tuple(peak_bytes if self.in_bytes else peak_in_flight)
+
+    def fits(self, peak: Sequence[int]) -> bool:
+        return all(p <= m for p, m in zip(peak, self.per_rank))
+
+    def text(self, values: Sequence[int]) -> str:
+        return (f"[{', '.join(format_bytes(v) for v in values)}]" if self.in_bytes
+                else str(list(values)))
+
+    @property
+    def what(self) -> str:
+        return "peak activation bytes" if self.in_bytes else "peak in-flight"
