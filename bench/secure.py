@@ -3,9 +3,10 @@
     mpiexec -n 2 python -m bench.secure [--quick]
 
 Ping-pong bandwidth at 4 MiB and 64 MiB (and one-way latency at 8 B): rank 1 echoes every
-message, rank 0 times the round trips; plain and sealed repeats are interleaved so both see the
-same background load, medians of per-repeat medians. Sealing costs one AES-256-GCM pass on each
-side, on the loop thread. Writes bench/results/secure.md (rank 0).
+message, rank 0 times the round trips; plain and sealed repeats (sealed with the default segment
+size and with one segment per message, `--segments` to choose) are interleaved so all see the
+same background load, medians of per-repeat medians and their range. Writes
+bench/results/secure.md (rank 0).
 """
 
 from __future__ import annotations
@@ -21,13 +22,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from aioready.launch import run  # noqa: E402
 from aioready.transports.mpi import MPITransport  # noqa: E402
-from aioready.transports.secure import SecureTransport, secure_session  # noqa: E402
+from aioready.transports.secure import (  # noqa: E402
+    SEGMENT_BYTES,
+    SecureTransport,
+    secure_session,
+)
 from bench.common import write_result  # noqa: E402
 from bench.transport import Echo, aio_pingpong  # noqa: E402
 
 MPI_RANKS = 2
 TIMEOUT_S = 600
 SIZES = [("8 B", 8), ("4 MiB", 4 << 20), ("64 MiB", 64 << 20)]
+ONE_SEGMENT = (1 << 32) - 1  # larger than any message here: the whole message at once
 
 
 def iters_for(size: int, quick: bool) -> int:
@@ -37,46 +43,64 @@ def iters_for(size: int, quick: bool) -> int:
 
 async def main(args: argparse.Namespace) -> None:
     comm = MPI.COMM_WORLD
-    plain = MPITransport(comm)
-    sealed = SecureTransport(MPITransport(comm), key=bytes(range(32)),  # the same on both
-                             session=await secure_session(comm))
-    echoes = {"plain": Echo(plain), "sealed": Echo(sealed)}  # type: ignore[arg-type]
-    for name, t in (("plain", plain), ("sealed", sealed)):
+    key, session = bytes(range(32)), await secure_session(comm)  # the same on both ranks
+    variants = {"plain": MPITransport(comm)}
+    for seg in args.segments:
+        variants[f"sealed {_mib(seg)}"] = SecureTransport(MPITransport(comm), key=key,
+                                                          session=session, segment_bytes=seg)
+    echoes = {name: Echo(t) for name, t in variants.items()}  # type: ignore[arg-type]
+    for name, t in variants.items():
         t.open(echoes[name].deliver)
-    repeats = 3 if args.quick else 5
+    repeats = args.repeats or (3 if args.quick else 5)
     rows = []
     for label, size in SIZES:
-        times: dict[str, list[float]] = {"plain": [], "sealed": []}
+        times: dict[str, list[float]] = {name: [] for name in variants}
         for _ in range(repeats):
-            for name in ("plain", "sealed"):
+            for name in variants:
                 comm.Barrier()
                 got = await aio_pingpong(echoes[name], comm, size, iters_for(size, args.quick))
                 if got:
                     times[name].append(statistics.median(got))
         if comm.Get_rank() == 0:
-            p, s = statistics.median(times["plain"]), statistics.median(times["sealed"])
-            rows.append(f"| {label} | {p * 1e6:.0f} us | {s * 1e6:.0f} us | "
-                        f"{size / p / 1e9:.2f} | {size / s / 1e9:.2f} | {p / s:.2f} |")
-    await plain.close()
-    await sealed.close()
+            p = statistics.median(times["plain"])
+            for name in variants:
+                t = statistics.median(times[name])
+                spread = f"{min(times[name]) * 1e6:.0f}-{max(times[name]) * 1e6:.0f}"
+                rows.append(f"| {label} | {name} | {t * 1e6:.0f} us | {spread} us | "
+                            f"{size / t / 1e9:.2f} | {p / t:.2f} |")
+    for t in variants.values():
+        await t.close()
     if comm.Get_rank() == 0:
         body = "\n".join([
             "# SecureTransport: sealed (AES-256-GCM) vs plain MPITransport", "",
-            "| size | plain one-way | sealed one-way | plain GB/s | sealed GB/s | "
-            "sealed / plain bandwidth |", "|---|---|---|---|---|---|", *rows, "",
-            f"{repeats} interleaved repeats; one-way = median RTT/2. Sealed bandwidth is bound "
-            "by one AEAD pass per side on the loop thread (encrypt_into / decrypt_into, no "
-            "extra copy for a single tensor).", ""])
+            "| size | transport (segment) | one-way | per-repeat range | GB/s | "
+            "bandwidth / plain |", "|---|---|---|---|---|---|", *rows, "",
+            f"{repeats} interleaved repeats; one-way = median RTT/2 (median of per-repeat "
+            "medians; the range is over the repeats). A message larger than one segment is "
+            "sealed and opened segment by segment in worker threads while the earlier segments "
+            "travel; 'one segment' rows seal the whole message on the loop thread, as before "
+            "segments.", ""])
         print(body, flush=True)
         if not args.no_write:
-            write_result("secure", body, f"mpiexec -n 2 python -m bench.secure"
-                         f"{' --quick' if args.quick else ''}")
+            write_result("secure", body, "mpiexec -n 2 python -m bench.secure" + (
+                " --quick" if args.quick else "") + (
+                f" --repeats {args.repeats}" if args.repeats else ""))
+
+
+def _mib(seg: int) -> str:
+    return "one segment" if seg >= ONE_SEGMENT else f"{seg >> 20} MiB segments"
 
 
 def parse() -> argparse.Namespace:
     p = argparse.ArgumentParser(description="SecureTransport vs plain MPITransport (2 ranks)")
     p.add_argument("--quick", action="store_true", help="fewer iterations and repeats")
     p.add_argument("--no-write", action="store_true", help="print only")
+    p.add_argument("--repeats", type=int, default=0, help="interleaved repeats (default 5)")
+    p.add_argument("--segments", type=lambda v: [int(float(x) * (1 << 20)) for x in
+                                                 v.split(",")],
+                   default=[SEGMENT_BYTES, ONE_SEGMENT],
+                   help="segment sizes in MiB to compare, comma separated (default: the "
+                   "transport's default and one segment per message)")
     return p.parse_args()
 
 
