@@ -46,8 +46,10 @@ async def main(args: argparse.Namespace) -> None:
     key, session = bytes(range(32)), await secure_session(comm)  # the same on both ranks
     variants = {"plain": MPITransport(comm)}
     for seg in args.segments:
-        variants[f"sealed {_mib(seg)}"] = SecureTransport(MPITransport(comm), key=key,
-                                                          session=session, segment_bytes=seg)
+        for threads in (False, True) if args.threads and seg < ONE_SEGMENT else (False,):
+            name = f"sealed {_mib(seg)}{', threads' if threads else ''}"
+            variants[name] = SecureTransport(MPITransport(comm), key=key, session=session,
+                                             segment_bytes=seg, threads=threads)
     echoes = {name: Echo(t) for name, t in variants.items()}  # type: ignore[arg-type]
     for name, t in variants.items():
         t.open(echoes[name].deliver)
@@ -95,6 +97,8 @@ def parse() -> argparse.Namespace:
     p = argparse.ArgumentParser(description="SecureTransport vs plain MPITransport (2 ranks)")
     p.add_argument("--quick", action="store_true", help="fewer iterations and repeats")
     p.add_argument("--no-write", action="store_true", help="print only")
+    p.add_argument("--threads", action="store_true",
+                   help="also seal and open segments in worker threads")
     p.add_argument("--repeats", type=int, default=0, help="interleaved repeats (default 5)")
     p.add_argument("--segments", type=lambda v: [int(float(x) * (1 << 20)) for x in
                                                  v.split(",")],

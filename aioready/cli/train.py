@@ -94,8 +94,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
                    help="with --resume: load a checkpoint written before SHA-256 checksums "
                    "(unverified)")
     p.add_argument("--key-file", metavar="F", default=None,
-                   help="under mpirun, seal every message between ranks (AES-256-GCM) with "
-                   "the key in F (mode 600); default: $AIOREADY_KEY_FILE, else plain")
+                   help="under mpirun or torchrun, seal every message between ranks "
+                   "(AES-256-GCM) with the key in F (mode 600); default: $AIOREADY_KEY_FILE, "
+                   "else plain")
     p.add_argument("--run-record", metavar="F", default=None,
                    help="append this run's record to F as JSON lines: configuration, package "
                    "versions, git revision, world layout, key fingerprint, start, end or error")
