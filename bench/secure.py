@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import time
 from pathlib import Path
 
 from mpi4py import MPI
@@ -27,7 +28,7 @@ from aioready.transports.secure import (  # noqa: E402
     SecureTransport,
     secure_session,
 )
-from bench.common import write_result  # noqa: E402
+from bench.common import other_load, write_result  # noqa: E402
 from bench.transport import Echo, aio_pingpong  # noqa: E402
 
 MPI_RANKS = 2
@@ -57,31 +58,42 @@ async def main(args: argparse.Namespace) -> None:
     rows = []
     for label, size in SIZES:
         times: dict[str, list[float]] = {name: [] for name in variants}
+        cpu: dict[str, list[float]] = {name: [] for name in variants}
         for _ in range(repeats):
             for name in variants:
                 comm.Barrier()
-                got = await aio_pingpong(echoes[name], comm, size, iters_for(size, args.quick))
+                iters = iters_for(size, args.quick)
+                c0 = time.process_time()
+                got = await aio_pingpong(echoes[name], comm, size, iters)
+                both = comm.allreduce(time.process_time() - c0)  # the two ranks' CPU time
+                cpu[name].append(both / (2 * (iters + 2)))  # per one-way message
                 if got:
                     times[name].append(statistics.median(got))
         if comm.Get_rank() == 0:
             p = statistics.median(times["plain"])
+            pc = statistics.median(cpu["plain"])
             for name in variants:
-                t = statistics.median(times[name])
+                t, c = statistics.median(times[name]), statistics.median(cpu[name])
                 spread = f"{min(times[name]) * 1e6:.0f}-{max(times[name]) * 1e6:.0f}"
                 rows.append(f"| {label} | {name} | {t * 1e6:.0f} us | {spread} us | "
-                            f"{size / t / 1e9:.2f} | {p / t:.2f} |")
+                            f"{size / t / 1e9:.2f} | {p / t:.2f} | {c * 1e6:.0f} us | "
+                            f"{pc / c:.2f} |")
     for t in variants.values():
         await t.close()
     if comm.Get_rank() == 0:
         body = "\n".join([
             "# SecureTransport: sealed (AES-256-GCM) vs plain MPITransport", "",
             "| size | transport (segment) | one-way | per-repeat range | GB/s | "
-            "bandwidth / plain |", "|---|---|---|---|---|---|", *rows, "",
+            "bandwidth / plain | CPU per message | plain CPU / this CPU |",
+            "|---|---|---|---|---|---|---|---|", *rows, "",
             f"{repeats} interleaved repeats; one-way = median RTT/2 (median of per-repeat "
             "medians; the range is over the repeats). A message larger than one segment is "
             "sealed and opened segment by segment in worker threads while the earlier segments "
             "travel; 'one segment' rows seal the whole message on the loop thread, as before "
-            "segments.", ""])
+            "segments. CPU per message: both ranks' process time (all threads, polling "
+            "included) per one-way message, median over the repeats; on a loaded machine the "
+            "bandwidth ratio tends to the CPU ratio, since every busy microsecond waits for a "
+            f"core. Load average at the end: {other_load()}.", ""])
         print(body, flush=True)
         if not args.no_write:
             write_result("secure", body, "mpiexec -n 2 python -m bench.secure" + (

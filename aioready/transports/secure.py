@@ -27,13 +27,16 @@ The plaintext (the tensors' bytes, each at a 16-byte aligned offset) is cut into
   replay), one not sealed at all, or one too far ahead is a ProtocolError naming the sender.
   Messages that the inner transport legitimately delivers out of order (a small one overtaking
   a large one) are held and delivered in the order they were sealed.
-- Overlap: a message of several segments is sealed segment by segment in a worker thread
-  (the cipher releases the GIL), each segment handed to `inner` as soon as it is sealed, and
-  opened segment by segment in another worker as they arrive, so the cipher runs while the
-  rest of the message is on the wire and the loop stays free to drive the transfer. A
-  one-segment message is sealed and opened on the loop thread (a thread hop costs more).
+- Overlap: a message of several segments is sealed one segment per loop pass, each handed to
+  `inner` as soon as it is sealed, so the transfer of the first segments (the progress engine
+  polls between passes) overlaps the sealing of the next ones; the receiver opens each segment
+  as it arrives, while the later ones travel. The loop is never blocked for more than one
+  segment's cipher pass (~0.2 ms per 4 MiB here), whatever the message size, so heartbeats
+  and watchdogs keep their timers. `threads=True` seals and opens in one worker thread per
+  direction instead (the cipher releases the GIL): a gain only where cores are idle; on this
+  2-core machine shared with other jobs it measured slower (bench/results/secure.md).
   Ciphertext and plaintext go straight into reused buffers (receive_pool.py): no extra copy
-  of a contiguous tensor. bench/secure.py measures the cost against plain.
+  of a contiguous tensor.
 
 Received tensors are CPU tensors viewing the decrypted buffer. The tensors given to
 `send_nowait` must not change until `wait_sent` returns (as for every transport).
@@ -44,43 +47,36 @@ from __future__ import annotations
 import asyncio
 import struct
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 import numpy as np
 
 from ..errors import AioreadyError, ConfigError, InternalError, ProtocolError
 from .base import Deliver, Message, MessageKind, OnFailure, Transport
-from .header import (
-    _FIXED,
-    DTYPE_SIZES,
-    HEADER_MAGIC,
-    MAX_NDIM,
-    MAX_TENSORS,
-    decode_header,
-    encode_descriptor,
-)
+from .header import _FIXED, HEADER_MAGIC, MAX_TENSORS, encode_descriptor
 from .receive_pool import ReceivePool
+from .sealed_layout import (
+    COMMON,
+    INDEX,
+    PREFIX_BYTES,
+    TAG_BYTES,
+    Segment,
+    align,
+    opened,
+    parse,
+    plaintext,
+)
 from .secure_key import CIPHERS, KEY_BYTES, key_fingerprint, load_key, make_aead, secure_session
-from .tensor_bytes import from_bytes, host_bytes, spec_of, torch_module
+from .tensor_bytes import spec_of, torch_module
 
 __all__ = ["SecureTransport", "load_key", "key_fingerprint", "secure_session", "CIPHERS",
            "KEY_BYTES", "MAX_AHEAD", "SEGMENT_BYTES"]
 
-TAG_BYTES = 16
 MAX_AHEAD = 4096  # messages of one sender held while an earlier one is still on its way
-SEGMENT_BYTES = 1 << 20  # bench/secure.py: small enough to overlap, large enough to amortize
-_COMMON = struct.Struct("<QIII")  # seq, descriptor length, segment bytes, count
-_INDEX = struct.Struct("<I")
-_PREFIX_BYTES = _COMMON.size + _INDEX.size
+SEGMENT_BYTES = 4 << 20  # bench/results/secure.md: 1 MiB segments cost more CPU than they hide
 _PAIR = struct.Struct("<HH")  # sender, receiver
 _NONCE = struct.Struct("<HHQ")  # sender, receiver, seq << _INDEX_BITS | index
 _INDEX_BITS = 24
 _MAX_SEQ = 1 << (64 - _INDEX_BITS)
-_MAX_DESC = MAX_TENSORS * (2 + 8 * MAX_NDIM)
-
-
-def _align(n: int) -> int:
-    return (n + 15) // 16 * 16
 
 
 class _Sealing:
@@ -235,14 +231,14 @@ class SecureTransport:
                                 got=len(tensors))
         s = _Sealing()
         s.dest, s.msg, s.seq = dest, msg, seq
-        s.plain = _plaintext(tensors)
+        s.plain = plaintext(tensors)
         s.total, s.seg = len(s.plain), self.segment_bytes
         s.count = max(1, -(-s.total // s.seg))
-        common = _COMMON.pack(seq, len(desc), s.seg, s.count)
+        common = COMMON.pack(seq, len(desc), s.seg, s.count)
         s.ad = self._ad(msg, self.rank, dest, common + desc)
         s.prefix = (common, desc)
-        s.head = _align(_PREFIX_BYTES + len(desc))
-        s.stride = _align(s.head + min(s.seg, s.total) + TAG_BYTES)
+        s.head = align(PREFIX_BYTES + len(desc))
+        s.stride = align(s.head + min(s.seg, s.total) + TAG_BYTES)
         s.out = self._buffer(s.stride * (s.count - 1) + s.head + s.seg_len(s.count - 1)
                              + TAG_BYTES)
         return s
@@ -251,7 +247,7 @@ class SecureTransport:
         """Seal segment `index` into its place in `s.out` (any thread)."""
         common, desc = s.prefix
         start = index * s.stride
-        prefix = common + _INDEX.pack(index) + desc
+        prefix = common + INDEX.pack(index) + desc
         out = s.out
         out[start:start + len(prefix)] = np.frombuffer(prefix, np.uint8)
         out[start + len(prefix):start + s.head] = 0
@@ -301,7 +297,7 @@ class SecureTransport:
         if src is None or not 0 <= src < self.world_size:
             raise ProtocolError("sealed message without a valid sender", rank=self.rank,
                                 expected=f"a source in 0..{self.world_size - 1}", got=src)
-        seg = _parse(self.rank, src, msg)
+        seg = parse(self.rank, src, msg)
         seq = seg.seq
         expected = self._next[src]
         if seq < expected or seq in self._held[src]:
@@ -315,7 +311,7 @@ class SecureTransport:
             plain = self._buffer(seg.total)
             if not self._decrypt(src, msg, seg, plain):
                 raise self._unauthentic(src, msg, seg)
-            self._hold(src, seq, _opened(msg, src, seg.specs, seg.sizes, plain))
+            self._hold(src, seq, opened(msg, src, seg.specs, seg.sizes, plain))
             return
         opening = self._opening[src].get(seq)
         if opening is None:
@@ -343,7 +339,7 @@ class SecureTransport:
         done = loop.run_in_executor(self._worker("open"), self._decrypt, src, msg, seg, part)
         done.add_done_callback(lambda f: self._opened_in_worker(f, src, msg, seg, opening))
 
-    def _decrypt(self, src: int, msg: Message, seg: "_Segment", plain: np.ndarray) -> bool:
+    def _decrypt(self, src: int, msg: Message, seg: Segment, plain: np.ndarray) -> bool:
         """Open one segment into `plain` (any thread); False if it fails its tag."""
         try:
             self._aead.decrypt_into(
@@ -353,7 +349,7 @@ class SecureTransport:
             return False
         return True
 
-    def _unauthentic(self, src: int, msg: Message, seg: "_Segment") -> ProtocolError:
+    def _unauthentic(self, src: int, msg: Message, seg: Segment) -> ProtocolError:
         where = f"segment {seg.index} of {seg.count} of " if seg.count > 1 else ""
         return ProtocolError(f"{where}message from rank {src} failed authentication: altered, "
                              "truncated, reordered, or sealed with another key or session",
@@ -361,7 +357,7 @@ class SecureTransport:
                              got=msg.describe())
 
     def _opened_in_worker(self, done: asyncio.Future[bool], src: int, msg: Message,
-                          seg: "_Segment", opening: _Opening) -> None:
+                          seg: Segment, opening: _Opening) -> None:
         if self._error is not None or done.cancelled():
             return
         try:
@@ -371,11 +367,11 @@ class SecureTransport:
         except Exception as exc:  # noqa: BLE001 - the step fails with it
             self._fail(exc)
 
-    def _segment_opened(self, src: int, seg: "_Segment", opening: _Opening) -> None:
+    def _segment_opened(self, src: int, seg: Segment, opening: _Opening) -> None:
         opening.left -= 1
         if opening.left == 0:
             del self._opening[src][seg.seq]
-            self._hold(src, seg.seq, _opened(opening.msg, src, opening.specs, opening.sizes,
+            self._hold(src, seg.seq, opened(opening.msg, src, opening.specs, opening.sizes,
                                              opening.plain))
 
     def _hold(self, src: int, seq: int, opened: Message) -> None:
@@ -389,107 +385,3 @@ class SecureTransport:
 
     def __repr__(self) -> str:
         return f"<SecureTransport {self.cipher} key {self.fingerprint} over {self.inner!r}>"
-
-
-class _Segment:
-    """One received segment's prefix, checked against its own length (not yet authentic)."""
-
-    __slots__ = ("seq", "seg", "count", "index", "common", "specs", "sizes", "total",
-                 "seg_len", "body")
-
-
-def _parse(rank: int, src: int, msg: Message) -> _Segment:
-    where = f"message from rank {src}"
-    blob = msg.tensors[0] if len(msg.tensors) == 1 else None
-    if blob is None or str(getattr(blob, "dtype", "")) != "torch.uint8" or blob.dim() != 1 \
-            or blob.numel() < _PREFIX_BYTES + TAG_BYTES:
-        raise ProtocolError(f"{where} is not sealed", rank=rank, expected="one sealed uint8 "
-                            "payload (both ends need the same key)", got=msg.describe())
-    buf = (blob.cpu() if blob.is_cuda else blob).numpy()
-    seq, dlen, seg_bytes, count = _COMMON.unpack_from(buf, 0)
-    (index,) = _INDEX.unpack_from(buf, _COMMON.size)
-    head = _align(_PREFIX_BYTES + dlen)
-    if dlen > _MAX_DESC or head + TAG_BYTES > len(buf):
-        raise ProtocolError(f"{where} has a bad sealed prefix", rank=rank,
-                            expected=f"descriptors of <= {_MAX_DESC} bytes", got=dlen)
-    s = _Segment()
-    desc = bytes(buf[_PREFIX_BYTES:_PREFIX_BYTES + dlen])
-    s.seq, s.seg, s.count, s.index = seq, seg_bytes, count, index
-    s.common = bytes(buf[:_COMMON.size]) + desc
-    s.specs = _specs(desc, src, msg)
-    s.sizes = [0 if sp.dtype is None else _nbytes(sp) for sp in s.specs]
-    s.total = _layout_len(s.sizes)
-    if not seg_bytes or count != max(1, -(-s.total // seg_bytes)) or index >= count:
-        raise ProtocolError(f"{where} has a bad segment count", rank=rank,
-                            expected=f"{max(1, -(-s.total // max(seg_bytes, 1)))} segments of "
-                            f"{seg_bytes} bytes for {s.total} bytes",
-                            got=f"segment {index} of {count}")
-    s.seg_len = min(seg_bytes, s.total - index * seg_bytes) if s.total else 0
-    if head + s.seg_len + TAG_BYTES != len(buf):
-        raise ProtocolError(f"{where} was truncated or padded", rank=rank,
-                            expected=f"{head + s.seg_len + TAG_BYTES} bytes", got=len(buf))
-    s.body = buf[head:]
-    return s
-
-
-def _opened(msg: Message, src: int, specs: list[Any], sizes: list[int],
-            plain: np.ndarray) -> Message:
-    tensors, off = [], 0
-    for spec, n in zip(specs, sizes):
-        if spec.dtype is None:
-            tensors.append(None)
-            continue
-        tensors.append(from_bytes(plain[off:off + n], spec.dtype, spec.shape) if n else
-                       torch_module().empty(spec.shape, dtype=_dtype(spec.dtype)))
-        off += _align(n)
-    return Message(msg.step, msg.kind, msg.stage, msg.microbatch, tuple(tensors), msg.tag, src)
-
-
-def _plaintext(tensors: list[Any]) -> Any:
-    """The tensors' bytes, each at a 16-byte aligned offset; one contiguous tensor: no copy."""
-    present = [t for t in tensors if t is not None and t.numel()]
-    if len(present) == 1 and len(tensors) == 1:
-        return host_bytes(present[0])
-    sizes = [0 if t is None else t.nbytes for t in tensors]
-    out = np.zeros(_layout_len(sizes), np.uint8)
-    off = 0
-    for t, n in zip(tensors, sizes):
-        if n:
-            out[off:off + n] = host_bytes(t)
-            off += _align(n)
-    return out
-
-
-def _layout_len(sizes: list[int]) -> int:
-    nonzero = [n for n in sizes if n]
-    if len(nonzero) == 1 and len(sizes) == 1:
-        return nonzero[0]
-    return sum(_align(n) for n in nonzero)
-
-
-def _specs(desc: bytes, src: int, msg: Message) -> list[Any]:
-    """Parse (and bound) the descriptors with the header decoder itself."""
-    n = _count(desc)
-    fixed = _FIXED.pack(HEADER_MAGIC, 1, int(msg.kind), msg.step, msg.stage, msg.microbatch,
-                        msg.tag, n)
-    return decode_header(fixed + desc, source=src)[1]
-
-
-def _count(desc: bytes) -> int:
-    n, off = 0, 0
-    while off + 2 <= len(desc) and n <= MAX_TENSORS:
-        off += 2 + 8 * desc[off + 1]
-        n += 1
-    return n
-
-
-def _nbytes(spec: Any) -> int:
-    n = DTYPE_SIZES[spec.dtype]
-    for d in spec.shape:
-        n *= d
-    return n
-
-
-def _dtype(name: str) -> Any:
-    return getattr(torch_module(), name)
-
