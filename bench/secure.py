@@ -16,12 +16,16 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
+import torch
 from mpi4py import MPI
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from aioready.launch import run  # noqa: E402
+from aioready.runtime.pipeline import Pipeline  # noqa: E402
+from aioready.testing.helpers import make_mlp_stages, mse_loss  # noqa: E402
 from aioready.transports.mpi import MPITransport  # noqa: E402
 from aioready.transports.secure import (  # noqa: E402
     SEGMENT_BYTES,
@@ -43,6 +47,7 @@ def iters_for(size: int, quick: bool) -> int:
 
 
 async def main(args: argparse.Namespace) -> None:
+    torch.set_num_threads(1)  # two ranks on two cores
     comm = MPI.COMM_WORLD
     key, session = bytes(range(32)), await secure_session(comm)  # the same on both ranks
     variants = {"plain": MPITransport(comm)}
@@ -80,25 +85,70 @@ async def main(args: argparse.Namespace) -> None:
                             f"{pc / c:.2f} |")
     for t in variants.values():
         await t.close()
+    step_rows = await pipeline_steps(comm, key, session, repeats)
     if comm.Get_rank() == 0:
         body = "\n".join([
             "# SecureTransport: sealed (AES-256-GCM) vs plain MPITransport", "",
+            "## Ping-pong", "",
             "| size | transport (segment) | one-way | per-repeat range | GB/s | "
             "bandwidth / plain | CPU per message | plain CPU / this CPU |",
             "|---|---|---|---|---|---|---|---|", *rows, "",
             f"{repeats} interleaved repeats; one-way = median RTT/2 (median of per-repeat "
             "medians; the range is over the repeats). A message larger than one segment is "
-            "sealed and opened segment by segment in worker threads while the earlier segments "
-            "travel; 'one segment' rows seal the whole message on the loop thread, as before "
+            "sealed one segment per loop pass while the earlier segments travel, and opened "
+            "segment by segment as they arrive ('threads': in one worker thread per direction); "
+            "'one segment' rows seal the whole message at once on the loop thread, as before "
             "segments. CPU per message: both ranks' process time (all threads, polling "
             "included) per one-way message, median over the repeats; on a loaded machine the "
             "bandwidth ratio tends to the CPU ratio, since every busy microsecond waits for a "
-            f"core. Load average at the end: {other_load()}.", ""])
+            f"core. Load average at the end: {other_load()}.", "",
+            "## A pipeline step", "",
+            f"2 stages of one MLP block (float32, width {STEP_WIDTH}, hidden {STEP_HIDDEN}), "
+            f"1F1B, {STEP_M} microbatches of {STEP_BATCH} rows: "
+            f"{STEP_BATCH * STEP_WIDTH * 4 >> 10} KiB per activation and gradient message. "
+            "Plain and sealed pipelines step in turn (interleaved); median step time over the "
+            "steps, first two dropped.", "",
+            "| transport | step | per-step range | plain / this |", "|---|---|---|---|",
+            *step_rows, ""])
         print(body, flush=True)
         if not args.no_write:
             write_result("secure", body, "mpiexec -n 2 python -m bench.secure" + (
                 " --quick" if args.quick else "") + (
                 f" --repeats {args.repeats}" if args.repeats else ""))
+
+
+STEP_WIDTH, STEP_HIDDEN, STEP_BATCH, STEP_M = 128, 32, 2048, 8  # 1 MiB messages
+
+
+async def pipeline_steps(comm: Any, key: bytes, session: bytes, repeats: int) -> list[str]:
+    """Step times of the same 2-stage pipeline over plain and sealed MPITransport."""
+    rank = comm.Get_rank()
+    pipes = {}
+    for name in ("plain", "sealed"):
+        inner = MPITransport(comm)
+        transport = inner if name == "plain" else SecureTransport(inner, key=key,
+                                                                  session=session)
+        stage = make_mlp_stages(2, width=STEP_WIDTH, hidden=STEP_HIDDEN, blocks_per_stage=1,
+                                dtype=torch.float32)[rank]
+        pipes[name] = Pipeline([stage], mse_loss, microbatches=STEP_M, hint="1f1b",
+                               transport=transport)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(STEP_BATCH * STEP_M, STEP_WIDTH, generator=gen)
+    times: dict[str, list[float]] = {name: [] for name in pipes}
+    for i in range(2 + 2 * repeats):
+        for name, pipe in pipes.items():
+            comm.Barrier()
+            t0 = time.perf_counter()
+            await pipe.step(x if rank == 0 else None, x if rank == 1 else None)
+            if i >= 2:
+                times[name].append(time.perf_counter() - t0)
+    for pipe in pipes.values():
+        await pipe.transport.close()
+        pipe.close()
+    p = statistics.median(times["plain"])
+    return [f"| {name} | {statistics.median(t) * 1e3:.1f} ms | {min(t) * 1e3:.1f}-"
+            f"{max(t) * 1e3:.1f} ms | {p / statistics.median(t):.2f} |"
+            for name, t in times.items()]
 
 
 def _mib(seg: int) -> str:
