@@ -117,6 +117,12 @@ def _count(parts: list[Message]) -> list[Message]:
     return [parts[0], _with_blob(parts[1], blob), *parts[2:]]
 
 
+def _huge_seq(parts: list[Message]) -> list[Message]:
+    blob = parts[0].tensors[0].clone()
+    blob[7] = 0xFF  # seq >= 2**56: no room for the segment index in the nonce
+    return [_with_blob(parts[0], blob)]
+
+
 def _replay(parts: list[Message]) -> list[Message]:
     return [parts[0], parts[1], parts[1], *parts[2:]]
 
@@ -127,6 +133,7 @@ def _replay(parts: list[Message]) -> list[Message]:
     (_cut_last, "message from rank 0 was truncated or padded"),
     (_count, "message from rank 0 has a bad segment count"),
     (_replay, "message from rank 0 was replayed.*segment 1 of sequence 0"),
+    (_huge_seq, "message from rank 0 has a bad sealed prefix.*sequence 1837"),
 ])
 async def test_a_tampered_segment_is_refused_naming_the_sender(tamper: Any, what: str,
                                                                threads: bool) -> None:

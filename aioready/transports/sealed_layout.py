@@ -19,6 +19,8 @@ COMMON = struct.Struct("<QIII")  # seq, descriptor length, segment bytes, count
 INDEX = struct.Struct("<I")
 PREFIX_BYTES = COMMON.size + INDEX.size
 MAX_DESC = MAX_TENSORS * (2 + 8 * MAX_NDIM)
+INDEX_BITS = 24  # the nonce's last 8 bytes are seq << INDEX_BITS | segment index
+MAX_SEQ = 1 << (64 - INDEX_BITS)
 
 
 def align(n: int) -> int:
@@ -43,9 +45,12 @@ def parse(rank: int, src: int, msg: Message) -> Segment:
     seq, dlen, seg_bytes, count = COMMON.unpack_from(buf, 0)
     (index,) = INDEX.unpack_from(buf, COMMON.size)
     head = align(PREFIX_BYTES + dlen)
-    if dlen > MAX_DESC or head + TAG_BYTES > len(buf):
+    if dlen > MAX_DESC or head + TAG_BYTES > len(buf) or seq >= MAX_SEQ or \
+            count > 1 << INDEX_BITS:
         raise ProtocolError(f"{where} has a bad sealed prefix", rank=rank,
-                            expected=f"descriptors of <= {MAX_DESC} bytes", got=dlen)
+                            expected=f"descriptors of <= {MAX_DESC} bytes, sequence < {MAX_SEQ}"
+                            f", <= {1 << INDEX_BITS} segments",
+                            got=f"{dlen} bytes, sequence {seq}, {count} segments")
     s = Segment()
     desc = bytes(buf[PREFIX_BYTES:PREFIX_BYTES + dlen])
     s.seq, s.seg, s.count, s.index = seq, seg_bytes, count, index

@@ -57,6 +57,8 @@ from .receive_pool import ReceivePool
 from .sealed_layout import (
     COMMON,
     INDEX,
+    INDEX_BITS,
+    MAX_SEQ,
     PREFIX_BYTES,
     TAG_BYTES,
     Segment,
@@ -74,9 +76,7 @@ __all__ = ["SecureTransport", "load_key", "key_fingerprint", "secure_session", "
 MAX_AHEAD = 4096  # messages of one sender held while an earlier one is still on its way
 SEGMENT_BYTES = 4 << 20  # bench/results/secure.md: 1 MiB segments cost more CPU than they hide
 _PAIR = struct.Struct("<HH")  # sender, receiver
-_NONCE = struct.Struct("<HHQ")  # sender, receiver, seq << _INDEX_BITS | index
-_INDEX_BITS = 24
-_MAX_SEQ = 1 << (64 - _INDEX_BITS)
+_NONCE = struct.Struct("<HHQ")  # sender, receiver, seq << INDEX_BITS | index
 
 
 class _Sealing:
@@ -156,9 +156,9 @@ class SecureTransport:
             raise ProtocolError("send to a rank outside the world", rank=self.rank,
                                 expected=f"0..{self.world_size - 1}", got=dest)
         seq = self._send_seq[dest]
-        if seq >= _MAX_SEQ:
+        if seq >= MAX_SEQ:
             raise ProtocolError("too many messages to one rank in one session", rank=self.rank,
-                                expected=f"< {_MAX_SEQ}", got=seq, fix="start a new session")
+                                expected=f"< {MAX_SEQ}", got=seq, fix="start a new session")
         s = self._prepare(dest, seq, msg)
         if s.count == 1:
             self._seal(s, 0)
@@ -234,6 +234,9 @@ class SecureTransport:
         s.plain = plaintext(tensors)
         s.total, s.seg = len(s.plain), self.segment_bytes
         s.count = max(1, -(-s.total // s.seg))
+        if s.count > 1 << INDEX_BITS:
+            raise ProtocolError("message too large to seal", rank=self.rank, expected=f"<= "
+                                f"{1 << INDEX_BITS} segments of {s.seg} bytes", got=s.total)
         common = COMMON.pack(seq, len(desc), s.seg, s.count)
         s.ad = self._ad(msg, self.rank, dest, common + desc)
         s.prefix = (common, desc)
@@ -253,7 +256,7 @@ class SecureTransport:
         out[start + len(prefix):start + s.head] = 0
         lo = index * s.seg
         n = s.seg_len(index)
-        self._aead.encrypt_into(_NONCE.pack(self.rank, s.dest, s.seq << _INDEX_BITS | index),
+        self._aead.encrypt_into(_NONCE.pack(self.rank, s.dest, s.seq << INDEX_BITS | index),
                                 s.plain[lo:lo + n], s.ad,
                                 out[start + s.head:start + s.head + n + TAG_BYTES])
 
@@ -343,7 +346,7 @@ class SecureTransport:
         """Open one segment into `plain` (any thread); False if it fails its tag."""
         try:
             self._aead.decrypt_into(
-                _NONCE.pack(src, self.rank, seg.seq << _INDEX_BITS | seg.index), seg.body,
+                _NONCE.pack(src, self.rank, seg.seq << INDEX_BITS | seg.index), seg.body,
                 self._ad(msg, src, self.rank, seg.common), plain)
         except self._invalid:
             return False
