@@ -48,6 +48,7 @@ def iters_for(size: int, quick: bool) -> int:
 
 async def main(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)  # two ranks on two cores
+    load_at_start = other_load()
     comm = MPI.COMM_WORLD
     key, session = bytes(range(32)), await secure_session(comm)  # the same on both ranks
     variants = {"plain": MPITransport(comm)}
@@ -101,7 +102,7 @@ async def main(args: argparse.Namespace) -> None:
             "segments. CPU per message: both ranks' process time (all threads, polling "
             "included) per one-way message, median over the repeats; on a loaded machine the "
             "bandwidth ratio tends to the CPU ratio, since every busy microsecond waits for a "
-            f"core. Load average at the end: {other_load()}.", "",
+            f"core. At the start: {load_at_start}; at the end: {other_load()}.", "",
             "## A pipeline step", "",
             f"2 stages of one MLP block (float32, width {STEP_WIDTH}, hidden {STEP_HIDDEN}), "
             f"1F1B, {STEP_M} microbatches of {STEP_BATCH} rows: "
@@ -114,7 +115,9 @@ async def main(args: argparse.Namespace) -> None:
         if not args.no_write:
             write_result("secure", body, "mpiexec -n 2 python -m bench.secure" + (
                 " --quick" if args.quick else "") + (
-                f" --repeats {args.repeats}" if args.repeats else ""))
+                f" --repeats {args.repeats}" if args.repeats else "") + (
+                " --segments " + ",".join(f"{seg / (1 << 20):g}" for seg in args.segments)) + (
+                " --threads" if args.threads else ""))
 
 
 STEP_WIDTH, STEP_HIDDEN, STEP_BATCH, STEP_M = 128, 32, 2048, 8  # 1 MiB messages
