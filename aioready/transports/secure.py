@@ -34,7 +34,8 @@ The plaintext (the tensors' bytes, each at a 16-byte aligned offset) is cut into
   segment's cipher pass (~0.2 ms per 4 MiB here), whatever the message size, so heartbeats
   and watchdogs keep their timers. `threads=True` seals and opens in one worker thread per
   direction instead (the cipher releases the GIL): a gain only where cores are idle; on this
-  2-core machine shared with other jobs it measured slower (bench/results/secure.md).
+  2-core machine it measured slower (bench/results/secure.md): a worker that needs the GIL
+  while the loop thread polls waits up to Python's switch interval (5 ms).
   Ciphertext and plaintext go straight into reused buffers (receive_pool.py): no extra copy
   of a contiguous tensor.
 
