@@ -71,3 +71,26 @@ def test_unknown_mode() -> None:
 def test_strict_mode_refuses_a_cap_below_the_hints_peak() -> None:
     with pytest.raises(ConfigError, match=r"rank 0.*peak in-flight \(2\).*got 1"):
         aioready.Pipeline(make_mlp_stages(2), mse_loss, microbatches=4, mode="strict", cap=1)
+
+
+@pytest.mark.parametrize("missing", ["inputs", "targets"])
+async def test_missing_inputs_or_targets_are_the_same_config_error(missing: str) -> None:
+    """Both ends of the pipeline refuse a missing batch before any stage runs (targets used to
+    surface as a StageError from inside loss_fn); the pipeline then runs a proper step."""
+    stages = make_mlp_stages(2)
+    pipe = aioready.Pipeline(stages, mse_loss, microbatches=2)
+    x, y = torch.randn(4, 16, dtype=torch.float64), torch.randn(4, 16, dtype=torch.float64)
+    with pytest.raises(ConfigError) as err:
+        await pipe.step(None if missing == "inputs" else x, None if missing == "targets" else y)
+    stage = "stage 0" if missing == "inputs" else "the last stage"
+    assert stage in str(err.value) and "expected 2 microbatches, got None" in str(err.value)
+    assert all(p.grad is None for s in stages for p in s.parameters())  # nothing ran
+    assert float(await pipe.step(x, y)) > 0
+    pipe.close()
+
+
+async def test_a_loss_that_ignores_targets_takes_a_list_of_nones() -> None:
+    pipe = aioready.Pipeline(make_mlp_stages(2), lambda out, _: out.square().mean(),
+                             microbatches=2)
+    assert float(await pipe.step(torch.randn(4, 16, dtype=torch.float64), [None, None])) > 0
+    pipe.close()

@@ -1,7 +1,8 @@
 """Checkpoints are verified before anything is loaded: a corrupt file is refused naming it, a
 file whose tensors disagree with its manifest or hold NaN leaves every stage untouched, a 0-byte
 file is a clear error, killed writes leave no orphans, and the CLI can resume with another
-schedule (--no-check-config, which the error suggests)."""
+schedule (--no-check-config, which the error suggests) and load a checkpoint from before
+checksums (--no-verify, likewise)."""
 
 from __future__ import annotations
 
@@ -101,7 +102,8 @@ def test_empty_file_and_missing_checksum_are_clear_errors(tmp_path: Path) -> Non
     state = torch.load(step / FILE, weights_only=True)
     del state["sha256"]
     torch.save(state, step / FILE)
-    _refused(tmp_path, "carries no checksum.*verify=False")
+    _refused(tmp_path, r"carries no checksum.*; a file written before checksums: load it "
+             r"with verify=False \(aioready train: --resume --no-verify\)")
     fresh, opts = build()
     assert checkpoint.load_checkpoint(tmp_path, fresh, opts, verify=False) == 1
     fresh.close()
@@ -146,3 +148,23 @@ def test_disk_full_is_a_checkpoint_error_and_leaves_no_temporary(
     monkeypatch.undo()
     assert not [p for p in tmp_path.rglob("*") if p.is_file()]
     pipe.close()
+
+
+def test_cli_resumes_a_checkpoint_from_before_checksums_only_when_told(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["train", "--stages", "2", "--microbatches", "2", "--task-ms", "0", "--batch", "1",
+            "--seq", "4", "--dim", "8", "--no-progress", "--checkpoint-dir", str(tmp_path)]
+    assert cli_main([*args, "--steps", "1"]) == 0
+    files = sorted((tmp_path / "step-00000001").glob("rank-*.pt"))
+    assert len(files) == 2
+    for f in files:  # as written before checksums
+        state = torch.load(f, weights_only=True)
+        del state["sha256"]
+        torch.save(state, f)
+    capsys.readouterr()
+    assert cli_main([*args, "--steps", "2", "--resume"]) != 0
+    err = capsys.readouterr().err
+    assert "carries no checksum" in err and "--resume --no-verify" in err
+    assert checkpoint.latest(tmp_path) == tmp_path / "step-00000001"
+    assert cli_main([*args, "--steps", "2", "--resume", "--no-verify"]) == 0
+    assert checkpoint.latest(tmp_path) == tmp_path / "step-00000002"

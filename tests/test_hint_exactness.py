@@ -82,3 +82,17 @@ def test_exact_sim_grid(name: str, split: bool, S: int, M: int, mode: str) -> No
                                         ("bfw", True)])
 def test_exact_cpu_device(name: str, split: bool, mode: str) -> None:
     check(name, split, 4, 4, mode, "cpu")
+
+
+def test_1f1b_with_fewer_microbatches_than_stages_is_valid() -> None:
+    """M < S is not refused: 1F1B's warm-up is min(R-1-r, M) forwards, so a rank whose warm-up
+    and first forward cover every microbatch (R-r >= M) runs GPipe's order (all F, then all B)
+    and the others a short 1F1B. Every order holds each task once; the gradients are exact
+    (here M=3, S=4; the grid above has M=1)."""
+    S = 4
+    for M in (1, 2, 3):
+        one_f, gpipe = (make_hint(h, num_stages=S, num_microbatches=M) for h in ("1f1b", "gpipe"))
+        for r in range(S):
+            assert one_f.peak(r) == min(M, S - r)
+            assert (one_f.strict_order(r) == gpipe.strict_order(r)) == (S - r >= M)
+    check("1f1b", False, S, 3, "strict", SimDevice(lambda info: 1.0, run_compute=True))

@@ -121,7 +121,9 @@ def _flip(at: int) -> Callable[[torch.Tensor], torch.Tensor]:
 @pytest.mark.parametrize("tamper, what", [
     (lambda m: _mutate_blob(m, _flip(-20)), "failed authentication"),  # a ciphertext byte
     (lambda m: _mutate_blob(m, _flip(-1)), "failed authentication"),  # the tag
-    (lambda m: _mutate_blob(m, _flip(13)), "failed authentication|bad shape|truncated"),  # descriptors
+    (lambda m: _mutate_blob(m, _flip(13)), "failed authentication"),  # the segment size
+    (lambda m: _mutate_blob(m, _flip(25)),
+     "failed authentication|bad shape|truncated|segment count"),  # descriptors
     (lambda m: _mutate_blob(m, lambda b: b[:-5]), "truncated"),
     (lambda m: Message(m.step + 1, m.kind, m.stage, m.microbatch, m.tensors, m.tag),
      "failed authentication"),  # a header field

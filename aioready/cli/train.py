@@ -92,9 +92,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--no-check-config", dest="check_config", action="store_false",
                    help="with --resume: accept a checkpoint of another hint, microbatch count "
                    "or split (the model and stages must still match)")
+    p.add_argument("--no-verify", dest="verify", action="store_false",
+                   help="with --resume: load a checkpoint written before SHA-256 checksums "
+                   "(unverified)")
     p.add_argument("--key-file", metavar="F", default=None,
-                   help="under mpirun, seal every message between ranks (AES-256-GCM) with "
-                   "the key in F (mode 600); default: $AIOREADY_KEY_FILE, else plain")
+                   help="under mpirun or torchrun, seal every message between ranks "
+                   "(AES-256-GCM) with the key in F (mode 600); default: $AIOREADY_KEY_FILE, "
+                   "else plain")
     p.add_argument("--run-record", metavar="F", default=None,
                    help="append this run's record to F as JSON lines: configuration, package "
                    "versions, git revision, world layout, key fingerprint, start, end or error")
@@ -119,6 +123,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
         seq=args.seq, dim=args.dim, lr=args.lr, metrics_port=args.metrics_port,
         sleep_only=args.sleep_only, checkpoint_dir=args.checkpoint_dir, resume=args.resume,
         policy=args.policy, on_nan=args.on_nan, check_config=args.check_config,
+        verify=args.verify,
         key_file=args.key_file,
         dp=args.dp, tp=args.tp, dashboard=args.dashboard,
         layers_per_stage=args.layers_per_stage)

@@ -82,6 +82,8 @@ class TrainConfig:
     """continue from the latest checkpoint in checkpoint_dir (from step 0 if there is none)"""
     check_config: bool = True
     """on resume, refuse a checkpoint written with another hint, microbatch count or split"""
+    verify: bool = True
+    """on resume, check every file against its SHA-256; False: a checkpoint from before them"""
     key_file: str | None = None
     """seal every message between ranks with the key in this file (transports/secure.py);
     None: AIOREADY_KEY_FILE if set, else plain"""
@@ -234,7 +236,7 @@ async def train(cfg: TrainConfig, *, comm: Any = None,
     if cfg.resume:
         from ..runtime.checkpoint import resume
         start = resume(cfg.checkpoint_dir, pipe, opt,  # type: ignore[arg-type]
-                       check_config=cfg.check_config)
+                       check_config=cfg.check_config, verify=cfg.verify)
     if world > 1:
         from ..telemetry.gather import barrier
         # ranks built their models at different speeds: start together

@@ -424,7 +424,8 @@ def _verify(path: Path, state: Any) -> None:
     if not isinstance(state, dict) or not isinstance(state.get("sha256"), str):
         raise CheckpointError(f"checkpoint file {path} carries no checksum", expected="a "
                               "SHA-256 of its content", got="none", fix="a file written "
-                              "before checksums: load it with verify=False")
+                              "before checksums: load it with verify=False (aioready train: "
+                              "--resume --no-verify)")
     content = {k: v for k, v in state.items() if k != "sha256"}
     got = content_digest(content)
     if got != state["sha256"]:

@@ -238,14 +238,23 @@ class RankRuntime:
         if self.held is not None:
             self.held.new_step()
         self._report.start = self._now()
-        self._active = True
-        if self.stages[0] == 0:
+        if self.stages[0] == 0:  # checked before the step is active: the next one can run
             if inputs is None and self.executors is None:
                 inputs = [()] * M
             if inputs is None or len(inputs) != M:
                 raise ConfigError("the rank holding stage 0 needs the step's microbatches",
                                   rank=self.rank, step=step, expected=f"{M} microbatches",
                                   got=None if inputs is None else len(inputs))
+        if self.executors is not None and self.num_stages - 1 in self.stages and \
+                (targets is None or len(targets) != M):  # not a StageError from loss_fn later
+            raise ConfigError("the rank holding the last stage needs the step's targets",
+                              rank=self.rank, step=step, expected=f"{M} microbatches",
+                              got=None if targets is None else len(targets),
+                              fix="pass targets to step(); a loss_fn that ignores them: "
+                              f"a list of {M} Nones")
+        self._active = True
+        if self.stages[0] == 0:
+            assert inputs is not None
             for m, x in enumerate(inputs):
                 self._acts[(0, m)] = x if isinstance(x, tuple) else (x,)
                 self._note_input(m, self._acts[(0, m)])

@@ -65,6 +65,14 @@ class TorchComm:
                 recv[:] = np.concatenate([p.numpy() for p in parts])
         return _Request(work, done)
 
+    def Iallgather(self, send: np.ndarray, recv: np.ndarray) -> _Request:  # noqa: N802
+        """Every rank's `send`, in rank order, into every rank's `recv` (secure_session)."""
+        parts, work = self._all_gather(np.ascontiguousarray(send))
+
+        def done() -> None:
+            recv[:] = np.concatenate([p.numpy() for p in parts])
+        return _Request(work, done)
+
     def Igatherv(self, send: np.ndarray, recv: Any, *, root: int = 0) -> _Request:  # noqa: N802
         send = np.ascontiguousarray(send).reshape(-1)
         counts, work = self._all_gather(np.array([send.size], dtype=np.int64))

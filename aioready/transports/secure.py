@@ -2,166 +2,139 @@
 
 `SecureTransport(inner, key=..., session=...)` seals each message before `inner` sends it and
 opens it before the runtime sees it, so activations and gradients crossing a network can be
-neither read nor altered by someone on it. The sealed message keeps the original step, kind,
-stage, microbatch and tag (the inner transport routes on them) and carries one uint8 tensor:
+neither read nor altered by someone on it. A sealed message keeps the original step, kind,
+stage, microbatch and tag (the inner transport routes on them) and travels as `count` inner
+messages, its segments, each one uint8 tensor:
 
-    seq (8 bytes) | descriptor length (4) | descriptors (dtype, shape; header.py) | pad to 16
-    | ciphertext of the tensors' bytes (each at a 16-byte aligned offset) | tag (16)
+    seq (8) | descriptor length (4) | segment bytes (4) | count (4) | index (4) | descriptors
+    (dtype, shape; header.py) | pad to 16 | ciphertext of segment `index` | tag (16)
+
+The plaintext (the tensors' bytes, each at a 16-byte aligned offset) is cut into segments of
+`segment bytes`, the last one shorter; a message of at most one segment is one inner message.
 
 - AEAD: AES-256-GCM (default) or ChaCha20-Poly1305, from the `cryptography` package. The
-  associated data is the header: those fields, the sender, the receiver, seq and the
-  descriptors, so changing any of them fails the tag; the payload is encrypted.
-- Nonce: (sender, receiver, seq), 2 + 2 + 8 bytes, seq counting the messages of that ordered
-  pair from 0. It never repeats under one key: the key used is derived (HKDF-SHA256) from the
-  key file's key and a `session` value that is fresh for every run (`secure_session(comm)`:
-  every rank contributes 16 random bytes, so no rank reuses a nonce even if others' parts were
-  tampered with; a mismatch only makes messages fail, it cannot make old ones pass).
+  associated data of every segment is the header: those fields, the sender, the receiver and
+  the prefix without the index (so the segment count and size are authenticated too); changing
+  any of them fails the tag. The payload is encrypted.
+- Nonce: (sender, receiver, seq << 24 | index), 2 + 2 + 8 bytes, seq counting the messages of
+  that ordered pair from 0. It never repeats under one key: the key used is derived from the
+  key file's key and a `session` fresh for every run (secure_key.py). A segment moved to
+  another index, or another message's segment, fails its tag; segments that arrive out of
+  order are each decrypted into their place; a segment cut short, a count or size that does
+  not describe the payload, a segment seen twice, all are a ProtocolError naming the sender.
 - Order: the receiver expects seq 0, 1, 2, ... from each sender. A message that fails its tag
   (altered, truncated, another key or session), one whose seq was already delivered (a
   replay), one not sealed at all, or one too far ahead is a ProtocolError naming the sender.
   Messages that the inner transport legitimately delivers out of order (a small one overtaking
-  a large one) are held and delivered in the order they were sealed, so a reordering on the
-  network changes nothing the runtime sees.
-- The key comes from a file readable only by its owner (`load_key` checks the mode bits and
-  the owner), never from the network; `AIOREADY_KEY_FILE` names it for `aioready train`.
-  `key_fingerprint` identifies a key in run records without revealing it.
+  a large one) are held and delivered in the order they were sealed.
+- Overlap: a message of several segments is sealed one segment per loop pass, each handed to
+  `inner` as soon as it is sealed, so the transfer of the first segments (the progress engine
+  polls between passes) overlaps the sealing of the next ones; the receiver opens each segment
+  as it arrives, while the later ones travel. The loop is never blocked for more than one
+  segment's cipher pass (~0.2 ms per 4 MiB here), whatever the message size, so heartbeats
+  and watchdogs keep their timers. `threads=True` seals and opens in one worker thread per
+  direction instead (the cipher releases the GIL): a gain only where cores are idle; on this
+  2-core machine it measured slower (bench/results/secure.md): a worker that needs the GIL
+  while the loop thread polls waits up to Python's switch interval (5 ms).
+  Ciphertext and plaintext go straight into reused buffers (receive_pool.py): no extra copy
+  of a contiguous tensor.
 
-Received tensors are CPU tensors viewing the decrypted buffer. Cost: one AEAD pass over the
-payload on each side, done on the loop thread (bench/secure.py measures it against plain).
+Received tensors are CPU tensors viewing the decrypted buffer. The tensors given to
+`send_nowait` must not change until `wait_sent` returns (as for every transport).
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import os
-import stat
 import struct
-from pathlib import Path
-from typing import Any
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from ..errors import ConfigError, ProtocolError
-from .base import Deliver, Message, OnFailure, Transport
-from .header import (
-    _FIXED,
-    DTYPE_SIZES,
-    HEADER_MAGIC,
-    MAX_NDIM,
-    MAX_TENSORS,
-    decode_header,
-    encode_descriptor,
-)
+from ..errors import AioreadyError, ConfigError, InternalError, ProtocolError
+from .base import Deliver, Message, MessageKind, OnFailure, Transport
+from .header import _FIXED, HEADER_MAGIC, MAX_TENSORS, encode_descriptor
 from .receive_pool import ReceivePool
-from .tensor_bytes import from_bytes, host_bytes, spec_of, torch_module
+from .sealed_layout import (
+    COMMON,
+    INDEX,
+    INDEX_BITS,
+    MAX_SEQ,
+    PREFIX_BYTES,
+    TAG_BYTES,
+    Segment,
+    align,
+    opened,
+    parse,
+    plaintext,
+)
+from .secure_key import CIPHERS, KEY_BYTES, key_fingerprint, load_key, make_aead, secure_session
+from .tensor_bytes import spec_of, torch_module
 
 __all__ = ["SecureTransport", "load_key", "key_fingerprint", "secure_session", "CIPHERS",
-           "KEY_BYTES", "MAX_AHEAD"]
+           "KEY_BYTES", "MAX_AHEAD", "SEGMENT_BYTES"]
 
-KEY_BYTES = 32
-TAG_BYTES = 16
-CIPHERS = ("aes-256-gcm", "chacha20-poly1305")
 MAX_AHEAD = 4096  # messages of one sender held while an earlier one is still on its way
-_PREFIX = struct.Struct("<QI")  # seq, descriptor length
-_NONCE = struct.Struct("<HHQ")  # sender, receiver, seq
-_MAX_DESC = MAX_TENSORS * (2 + 8 * MAX_NDIM)
-_INFO = b"aioready SecureTransport v1"
+SEGMENT_BYTES = 4 << 20  # bench/results/secure.md: 1 MiB segments cost more CPU than they hide
+_PAIR = struct.Struct("<HH")  # sender, receiver
+_NONCE = struct.Struct("<HHQ")  # sender, receiver, seq << INDEX_BITS | index
 
 
-def _align(n: int) -> int:
-    return (n + 15) // 16 * 16
+class _Sealing:
+    """One outgoing message: its header, plaintext and the buffer its segments are sealed into."""
+
+    __slots__ = ("dest", "msg", "seq", "plain", "total", "seg", "count", "ad", "head",
+                 "prefix", "stride", "out")
+
+    def message(self, index: int) -> Message:
+        """Segment `index`, sealed, as the inner transport's message."""
+        start = index * self.stride
+        blob = self.out[start:start + self.head + self.seg_len(index) + TAG_BYTES]
+        msg = self.msg
+        return Message(msg.step, msg.kind, msg.stage, msg.microbatch,
+                       (torch_module().from_numpy(blob),), msg.tag)
+
+    def seg_len(self, index: int) -> int:
+        return min(self.seg, self.total - index * self.seg) if self.total else 0
 
 
-def load_key(path: str | os.PathLike[str]) -> bytes:
-    """The 32-byte key in `path` (raw, or 64 hex digits); refused unless only its owner (this
-    user) can read it, so a key readable by others is never used."""
-    p = Path(path)
-    try:
-        st = p.stat()
-        raw = p.read_bytes()
-    except OSError as exc:
-        raise ConfigError(f"cannot read the key file {p}", expected="a readable file",
-                          got=f"{type(exc).__name__}: {exc.strerror or exc}") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise ConfigError(f"key file {p} is not a regular file", expected="a file",
-                          got=stat.filemode(st.st_mode))
-    if st.st_mode & 0o077 or (hasattr(os, "getuid") and st.st_uid != os.getuid()):
-        raise ConfigError(f"key file {p} is readable by others", expected="mode 600 (or 400), "
-                          "owned by this user", got=f"{stat.filemode(st.st_mode)} uid {st.st_uid}",
-                          fix=f"chmod 600 {p}")
-    text = raw.strip()
-    if len(text) == 2 * KEY_BYTES:
-        try:
-            return bytes.fromhex(text.decode("ascii"))
-        except (UnicodeDecodeError, ValueError):
-            pass
-    if len(raw) == KEY_BYTES:
-        return raw
-    raise ConfigError(f"key file {p} does not hold a key", expected=f"{KEY_BYTES} raw bytes or "
-                      f"{2 * KEY_BYTES} hex digits", got=f"{len(raw)} bytes",
-                      fix=f"python -c \"import os; print(os.urandom({KEY_BYTES}).hex())\" > {p}")
+class _Opening:
+    """One incoming message of several segments, while they arrive."""
 
-
-def key_fingerprint(key: bytes) -> str:
-    """16 hex digits that name a key in logs and run records without revealing it."""
-    return hashlib.sha256(b"aioready key fingerprint\0" + key).hexdigest()[:16]
-
-
-async def secure_session(comm: Any) -> bytes:
-    """A fresh session value all ranks of `comm` agree on: each contributes 16 random bytes
-    (a nonblocking allgather, polled so the loop keeps running), all are hashed."""
-    mine = np.frombuffer(os.urandom(16), np.uint8).copy()
-    every = np.zeros(16 * comm.Get_size(), np.uint8)
-    request = comm.Iallgather(mine, every)
-    delay = 0.0
-    while not request.Test():
-        await asyncio.sleep(delay)
-        delay = min(2 * delay + 1e-5, 2e-3)
-    return hashlib.sha256(every.tobytes()).digest()
-
-
-def _aead(key: bytes, session: bytes, cipher: str) -> Any:
-    try:
-        from cryptography.hazmat.primitives import hashes
-        from cryptography.hazmat.primitives.ciphers.aead import AESGCM, ChaCha20Poly1305
-        from cryptography.hazmat.primitives.kdf.hkdf import HKDF
-    except ImportError:
-        raise ConfigError("SecureTransport needs the cryptography package", expected="it "
-                          "installed", got="not importable",
-                          fix="pip install 'aioready[secure]'") from None
-    if cipher not in CIPHERS:
-        raise ConfigError("unknown cipher", expected=" | ".join(CIPHERS), got=repr(cipher))
-    if not isinstance(key, bytes) or len(key) != KEY_BYTES:
-        raise ConfigError("the key must be 32 bytes", expected=f"{KEY_BYTES} bytes (load_key)",
-                          got=f"{len(key)} bytes" if isinstance(key, bytes) else type(key))
-    if not isinstance(session, bytes) or not session:
-        raise ConfigError("session must be fresh bytes shared by the ranks of this run",
-                          expected="secure_session(comm), or os.urandom(16) in one process",
-                          got=repr(session)[:40])
-    derived = HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES, salt=session,
-                   info=_INFO).derive(key)
-    return (AESGCM if cipher == "aes-256-gcm" else ChaCha20Poly1305)(derived)
+    __slots__ = ("common", "specs", "sizes", "plain", "seen", "left", "msg")
 
 
 class SecureTransport:
     """Any Transport, with every message sealed by an AEAD cipher (see the module note)."""
 
     def __init__(self, inner: Transport, *, key: bytes, session: bytes,
-                 cipher: str = "aes-256-gcm") -> None:
-        self._aead = _aead(key, session, cipher)
+                 cipher: str = "aes-256-gcm", segment_bytes: int = SEGMENT_BYTES,
+                 threads: bool = False) -> None:
+        self._aead = make_aead(key, session, cipher)
         from cryptography.exceptions import InvalidTag
         self._invalid = InvalidTag
         if inner.world_size > 1 << 16:
             raise ConfigError("too many ranks to seal", expected="<= 65536",
                               got=inner.world_size)
+        if isinstance(segment_bytes, bool) or not isinstance(segment_bytes, int) or \
+                not 1 << 16 <= segment_bytes < 1 << 32:
+            raise ConfigError("segment_bytes", expected="an int in 64 KiB .. 4 GiB",
+                              got=repr(segment_bytes))
         self.inner = inner
         self.cipher = cipher
+        self.segment_bytes = segment_bytes
+        self.threads = threads
         self.fingerprint = key_fingerprint(key)
         self._send_seq = [0] * inner.world_size
         self._next = [0] * inner.world_size
         self._held: list[dict[int, Message]] = [{} for _ in range(inner.world_size)]
+        self._opening: list[dict[int, _Opening]] = [{} for _ in range(inner.world_size)]
         self._deliver: Deliver | None = None
+        self._on_failure: OnFailure | None = None
+        self._error: BaseException | None = None
+        self._unsent = 0  # segments sealed in the worker, not yet handed to inner
+        self._sent_waiters: list[asyncio.Future[None]] = []
+        self._workers: dict[str, ThreadPoolExecutor] = {}
         self._pool = ReceivePool()
 
     @property
@@ -174,21 +147,56 @@ class SecureTransport:
 
     def open(self, deliver: Deliver, *, on_failure: OnFailure | None = None) -> None:
         self._deliver = deliver
+        self._on_failure = on_failure
         self.inner.open(self._arrive, on_failure=on_failure)
 
     def send_nowait(self, dest: int, msg: Message) -> None:
+        if self._error is not None and msg.kind is not MessageKind.CONTROL:
+            raise self._error  # control still goes out: a failed rank's error broadcast
         if not 0 <= dest < self.world_size:
             raise ProtocolError("send to a rank outside the world", rank=self.rank,
                                 expected=f"0..{self.world_size - 1}", got=dest)
         seq = self._send_seq[dest]
-        self.inner.send_nowait(dest, self._seal(dest, seq, msg))
+        if seq >= MAX_SEQ:
+            raise ProtocolError("too many messages to one rank in one session", rank=self.rank,
+                                expected=f"< {MAX_SEQ}", got=seq, fix="start a new session")
+        s = self._prepare(dest, seq, msg)
+        if s.count == 1:
+            self._seal(s, 0)
+            self.inner.send_nowait(dest, s.message(0))
+        else:
+            self._unsent += s.count
+            loop = asyncio.get_running_loop()
+            if self.threads:
+                self._worker("seal").submit(self._seal_all, loop, s)
+            else:
+                self._seal_next(loop, s, 0)
         self._send_seq[dest] = seq + 1  # only once sent: a gap would hold every later message
 
     async def wait_sent(self) -> None:
+        while self._unsent and self._error is None:
+            fut = asyncio.get_running_loop().create_future()
+            self._sent_waiters.append(fut)
+            await fut
+        if self._error is not None:
+            raise self._error
         await self.inner.wait_sent()
 
     async def close(self) -> None:
-        await self.inner.close()
+        try:
+            await self.wait_sent()
+        finally:
+            for worker in self._workers.values():
+                worker.shutdown(wait=False, cancel_futures=True)
+            await self.inner.close()
+
+    def _worker(self, name: str) -> ThreadPoolExecutor:
+        """One thread per direction: segments of a message are sealed (opened) in order."""
+        worker = self._workers.get(name)
+        if worker is None:
+            worker = self._workers[name] = ThreadPoolExecutor(
+                1, thread_name_prefix=f"aioready-{name}-r{self.rank}")
+        return worker
 
     def _buffer(self, nbytes: int) -> np.ndarray:
         """Large buffers are reused once nothing refers to them (fresh pages cost more than
@@ -196,29 +204,96 @@ class SecureTransport:
         return self._pool.take(nbytes) if nbytes >= self._pool.min_bytes else \
             np.empty(nbytes, np.uint8)
 
+    def _fail(self, exc: BaseException) -> None:
+        """An error found off the inner transport's path: fail the step, keep it for later
+        calls (as the inner transports do)."""
+        if not isinstance(exc, AioreadyError):
+            exc = InternalError(f"sealing raised {type(exc).__name__}: {exc}", rank=self.rank)
+        if self._error is None:
+            self._error = exc
+        waiters, self._sent_waiters = self._sent_waiters, []
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
+        if self._on_failure is not None:
+            self._on_failure(exc)
+
     # -- sealing ---------------------------------------------------------------------------
-    def _ad(self, msg: Message, src: int, dest: int, prefix: bytes) -> bytes:
+    def _ad(self, msg: Message, src: int, dest: int, common: bytes) -> bytes:
         fixed = _FIXED.pack(HEADER_MAGIC, 1, int(msg.kind), msg.step, msg.stage,
                             msg.microbatch, msg.tag, 0)
-        return fixed + _NONCE.pack(src, dest, 0) + prefix
+        return fixed + _PAIR.pack(src, dest) + common
 
-    def _seal(self, dest: int, seq: int, msg: Message) -> Message:
-        torch = torch_module()
+    def _prepare(self, dest: int, seq: int, msg: Message) -> _Sealing:
         tensors = [None if t is None else t.detach().cpu() for t in msg.tensors]
         desc = b"".join(encode_descriptor(spec_of(t)) for t in tensors)
         if len(tensors) > MAX_TENSORS:
             raise ProtocolError("too many tensors in one message", expected=f"<= {MAX_TENSORS}",
                                 got=len(tensors))
-        prefix = _PREFIX.pack(seq, len(desc)) + desc
-        plain = _plaintext(tensors)
-        head = _align(len(prefix))
-        out = self._buffer(head + len(plain) + TAG_BYTES)
-        blob = torch.from_numpy(out)
-        out[:len(prefix)] = np.frombuffer(prefix, np.uint8)
-        out[len(prefix):head] = 0
-        self._aead.encrypt_into(_NONCE.pack(self.rank, dest, seq), plain,
-                                self._ad(msg, self.rank, dest, prefix), out[head:])
-        return Message(msg.step, msg.kind, msg.stage, msg.microbatch, (blob,), msg.tag)
+        s = _Sealing()
+        s.dest, s.msg, s.seq = dest, msg, seq
+        s.plain = plaintext(tensors)
+        s.total, s.seg = len(s.plain), self.segment_bytes
+        s.count = max(1, -(-s.total // s.seg))
+        if s.count > 1 << INDEX_BITS:
+            raise ProtocolError("message too large to seal", rank=self.rank, expected=f"<= "
+                                f"{1 << INDEX_BITS} segments of {s.seg} bytes", got=s.total)
+        common = COMMON.pack(seq, len(desc), s.seg, s.count)
+        s.ad = self._ad(msg, self.rank, dest, common + desc)
+        s.prefix = (common, desc)
+        s.head = align(PREFIX_BYTES + len(desc))
+        s.stride = align(s.head + min(s.seg, s.total) + TAG_BYTES)
+        s.out = self._buffer(s.stride * (s.count - 1) + s.head + s.seg_len(s.count - 1)
+                             + TAG_BYTES)
+        return s
+
+    def _seal(self, s: _Sealing, index: int) -> None:
+        """Seal segment `index` into its place in `s.out` (any thread)."""
+        common, desc = s.prefix
+        start = index * s.stride
+        prefix = common + INDEX.pack(index) + desc
+        out = s.out
+        out[start:start + len(prefix)] = np.frombuffer(prefix, np.uint8)
+        out[start + len(prefix):start + s.head] = 0
+        lo = index * s.seg
+        n = s.seg_len(index)
+        self._aead.encrypt_into(_NONCE.pack(self.rank, s.dest, s.seq << INDEX_BITS | index),
+                                s.plain[lo:lo + n], s.ad,
+                                out[start + s.head:start + s.head + n + TAG_BYTES])
+
+    def _seal_all(self, loop: asyncio.AbstractEventLoop, s: _Sealing) -> None:
+        """In the seal worker: each segment, then its send on the loop."""
+        try:
+            for index in range(s.count):
+                self._seal(s, index)
+                loop.call_soon_threadsafe(self._send_segment, s, index)
+        except BaseException as exc:  # noqa: BLE001 - reported on the loop, not lost here
+            loop.call_soon_threadsafe(self._fail, exc)
+
+    def _seal_next(self, loop: asyncio.AbstractEventLoop, s: _Sealing, index: int) -> None:
+        """On the loop: one segment now, the next one on the loop's next pass, so the inner
+        transport's progress runs between them (the transfer overlaps the sealing)."""
+        if self._error is None:
+            try:
+                self._seal(s, index)
+            except Exception as exc:  # noqa: BLE001 - the step fails with it
+                self._fail(exc)
+        self._send_segment(s, index)  # counted even after an error: wait_sent must end
+        if index + 1 < s.count:
+            loop.call_soon(self._seal_next, loop, s, index + 1)
+
+    def _send_segment(self, s: _Sealing, index: int) -> None:
+        self._unsent -= 1
+        if self._error is None:
+            try:
+                self.inner.send_nowait(s.dest, s.message(index))
+            except Exception as exc:  # noqa: BLE001 - the step fails with it
+                self._fail(exc)
+        if not self._unsent:
+            waiters, self._sent_waiters = self._sent_waiters, []
+            for fut in waiters:
+                if not fut.done():
+                    fut.set_result(None)
 
     # -- opening ---------------------------------------------------------------------------
     def _arrive(self, msg: Message) -> None:
@@ -226,16 +301,85 @@ class SecureTransport:
         if src is None or not 0 <= src < self.world_size:
             raise ProtocolError("sealed message without a valid sender", rank=self.rank,
                                 expected=f"a source in 0..{self.world_size - 1}", got=src)
-        seq, opened = self._open(src, msg)
+        seg = parse(self.rank, src, msg)
+        seq = seg.seq
         expected = self._next[src]
-        held = self._held[src]
-        if seq < expected or seq in held:
+        if seq < expected or seq in self._held[src]:
             raise ProtocolError(f"message from rank {src} was replayed", rank=self.rank,
                                 expected=f"sequence {expected} or later, once each",
                                 got=f"sequence {seq} again ({msg.describe()})")
         if seq - expected > MAX_AHEAD:
             raise ProtocolError(f"message from rank {src} is too far ahead", rank=self.rank,
                                 expected=f"sequence < {expected + MAX_AHEAD}", got=seq)
+        if seg.count == 1:
+            plain = self._buffer(seg.total)
+            if not self._decrypt(src, msg, seg, plain):
+                raise self._unauthentic(src, msg, seg)
+            self._hold(src, seq, opened(msg, src, seg.specs, seg.sizes, plain))
+            return
+        opening = self._opening[src].get(seq)
+        if opening is None:
+            opening = self._opening[src][seq] = _Opening()
+            opening.common, opening.specs, opening.sizes = seg.common, seg.specs, seg.sizes
+            opening.plain, opening.seen, opening.left = self._buffer(seg.total), set(), seg.count
+            opening.msg = msg
+        elif opening.common != seg.common:
+            raise ProtocolError(f"segments of one message from rank {src} disagree",
+                                rank=self.rank, expected="one header for every segment",
+                                got=f"another one at segment {seg.index} ({msg.describe()})")
+        if seg.index in opening.seen:
+            raise ProtocolError(f"message from rank {src} was replayed", rank=self.rank,
+                                expected=f"segment {seg.index} of sequence {seq} once",
+                                got="it again")
+        opening.seen.add(seg.index)
+        lo = seg.index * seg.seg
+        part = opening.plain[lo:lo + seg.seg_len]
+        if not self.threads:
+            if not self._decrypt(src, msg, seg, part):
+                raise self._unauthentic(src, msg, seg)
+            self._segment_opened(src, seg, opening)
+            return
+        loop = asyncio.get_running_loop()
+        done = loop.run_in_executor(self._worker("open"), self._decrypt, src, msg, seg, part)
+        done.add_done_callback(lambda f: self._opened_in_worker(f, src, msg, seg, opening))
+
+    def _decrypt(self, src: int, msg: Message, seg: Segment, plain: np.ndarray) -> bool:
+        """Open one segment into `plain` (any thread); False if it fails its tag."""
+        try:
+            self._aead.decrypt_into(
+                _NONCE.pack(src, self.rank, seg.seq << INDEX_BITS | seg.index), seg.body,
+                self._ad(msg, src, self.rank, seg.common), plain)
+        except self._invalid:
+            return False
+        return True
+
+    def _unauthentic(self, src: int, msg: Message, seg: Segment) -> ProtocolError:
+        where = f"segment {seg.index} of {seg.count} of " if seg.count > 1 else ""
+        return ProtocolError(f"{where}message from rank {src} failed authentication: altered, "
+                             "truncated, reordered, or sealed with another key or session",
+                             rank=self.rank, expected=f"a valid tag (key {self.fingerprint})",
+                             got=msg.describe())
+
+    def _opened_in_worker(self, done: asyncio.Future[bool], src: int, msg: Message,
+                          seg: Segment, opening: _Opening) -> None:
+        if self._error is not None or done.cancelled():
+            return
+        try:
+            if not done.result():
+                raise self._unauthentic(src, msg, seg)
+            self._segment_opened(src, seg, opening)
+        except Exception as exc:  # noqa: BLE001 - the step fails with it
+            self._fail(exc)
+
+    def _segment_opened(self, src: int, seg: Segment, opening: _Opening) -> None:
+        opening.left -= 1
+        if opening.left == 0:
+            del self._opening[src][seg.seq]
+            self._hold(src, seg.seq, opened(opening.msg, src, opening.specs, opening.sizes,
+                                             opening.plain))
+
+    def _hold(self, src: int, seq: int, opened: Message) -> None:
+        held = self._held[src]
         held[seq] = opened
         while self._next[src] in held:  # in the order they were sealed (see the module note)
             ready = held.pop(self._next[src])
@@ -243,96 +387,5 @@ class SecureTransport:
             assert self._deliver is not None
             self._deliver(ready)
 
-    def _open(self, src: int, msg: Message) -> tuple[int, Message]:
-        where = f"message from rank {src}"
-        blob = msg.tensors[0] if len(msg.tensors) == 1 else None
-        if blob is None or str(getattr(blob, "dtype", "")) != "torch.uint8" or blob.dim() != 1 \
-                or blob.numel() < _PREFIX.size + TAG_BYTES:
-            raise ProtocolError(f"{where} is not sealed", rank=self.rank, expected="one "
-                                "sealed uint8 payload (both ends need the same key)",
-                                got=msg.describe())
-        buf = (blob.cpu() if blob.is_cuda else blob).numpy()
-        seq, dlen = _PREFIX.unpack_from(buf, 0)
-        head = _align(_PREFIX.size + dlen)
-        if dlen > _MAX_DESC or head + TAG_BYTES > len(buf):
-            raise ProtocolError(f"{where} has a bad sealed prefix", rank=self.rank,
-                                expected=f"descriptors of <= {_MAX_DESC} bytes", got=dlen)
-        prefix = bytes(buf[:_PREFIX.size + dlen])
-        desc = prefix[_PREFIX.size:]
-        specs = _specs(desc, src, msg)
-        sizes = [0 if s.dtype is None else _nbytes(s) for s in specs]
-        total = _layout_len(sizes)
-        if head + total + TAG_BYTES != len(buf):
-            raise ProtocolError(f"{where} was truncated or padded", rank=self.rank,
-                                expected=f"{head + total + TAG_BYTES} bytes", got=len(buf))
-        plain = self._buffer(total)
-        try:
-            self._aead.decrypt_into(_NONCE.pack(src, self.rank, seq), buf[head:],
-                                    self._ad(msg, src, self.rank, prefix), plain)
-        except self._invalid:
-            raise ProtocolError(f"{where} failed authentication: altered, truncated, or sealed "
-                                "with another key or session", rank=self.rank,
-                                expected=f"a valid tag (key {self.fingerprint})",
-                                got=msg.describe()) from None
-        tensors, off = [], 0
-        for spec, n in zip(specs, sizes):
-            if spec.dtype is None:
-                tensors.append(None)
-                continue
-            tensors.append(from_bytes(plain[off:off + n], spec.dtype, spec.shape) if n else
-                           torch_module().empty(spec.shape, dtype=_dtype(spec.dtype)))
-            off += _align(n)
-        return seq, Message(msg.step, msg.kind, msg.stage, msg.microbatch, tuple(tensors),
-                            msg.tag, src)
-
     def __repr__(self) -> str:
         return f"<SecureTransport {self.cipher} key {self.fingerprint} over {self.inner!r}>"
-
-
-def _plaintext(tensors: list[Any]) -> Any:
-    """The tensors' bytes, each at a 16-byte aligned offset; one contiguous tensor: no copy."""
-    present = [t for t in tensors if t is not None and t.numel()]
-    if len(present) == 1 and len(tensors) == 1:
-        return host_bytes(present[0])
-    sizes = [0 if t is None else t.nbytes for t in tensors]
-    out = np.zeros(_layout_len(sizes), np.uint8)
-    off = 0
-    for t, n in zip(tensors, sizes):
-        if n:
-            out[off:off + n] = host_bytes(t)
-            off += _align(n)
-    return out
-
-
-def _layout_len(sizes: list[int]) -> int:
-    nonzero = [n for n in sizes if n]
-    if len(nonzero) == 1 and len(sizes) == 1:
-        return nonzero[0]
-    return sum(_align(n) for n in nonzero)
-
-
-def _specs(desc: bytes, src: int, msg: Message) -> list[Any]:
-    """Parse (and bound) the descriptors with the header decoder itself."""
-    n = _count(desc)
-    fixed = _FIXED.pack(HEADER_MAGIC, 1, int(msg.kind), msg.step, msg.stage, msg.microbatch,
-                        msg.tag, n)
-    return decode_header(fixed + desc, source=src)[1]
-
-
-def _count(desc: bytes) -> int:
-    n, off = 0, 0
-    while off + 2 <= len(desc) and n <= MAX_TENSORS:
-        off += 2 + 8 * desc[off + 1]
-        n += 1
-    return n
-
-
-def _nbytes(spec: Any) -> int:
-    n = DTYPE_SIZES[spec.dtype]
-    for d in spec.shape:
-        n *= d
-    return n
-
-
-def _dtype(name: str) -> Any:
-    return getattr(torch_module(), name)
