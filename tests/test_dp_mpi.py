@@ -25,6 +25,12 @@ def launch(n: int, tp: int, dp: int, cases: list[str], env: dict[str, str] | Non
            ) -> dict[str, str]:
     proc: subprocess.CompletedProcess = run_mpi(n, [SCRIPT, str(tp), str(dp), *cases],
                                                 timeout=100, env=env)
+    return results_of(proc, cases)
+
+
+def results_of(proc: subprocess.CompletedProcess, cases: list[str]) -> dict[str, str]:
+    """case -> its RESULT line of a launch of SCRIPT, which must have succeeded for every case
+    (the MPI and the torchrun launches print the same lines)."""
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = {}
     for line in proc.stdout.splitlines():

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from conftest import run_torchrun
-from test_dp_mpi import SCRIPT, check_exact, field
+from test_dp_mpi import SCRIPT, check_exact, field, results_of
 
 pytestmark = pytest.mark.timeout(200)
 
@@ -21,14 +21,7 @@ def launch(n: int, tp: int, dp: int, cases: list[str], env: dict[str, str] | Non
            ) -> dict[str, str]:
     proc: subprocess.CompletedProcess = run_torchrun(n, [SCRIPT, str(tp), str(dp), *cases],
                                                      timeout=180, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    results = {}
-    for line in proc.stdout.splitlines():
-        if line.startswith("RESULT "):
-            _, case, rest = line.split(" ", 2)
-            results[case] = rest
-    assert sorted(results) == sorted(cases), proc.stdout + proc.stderr[-2000:]
-    return results
+    return results_of(proc, cases)
 
 
 def test_pp2_dp2_exact_under_torchrun() -> None:

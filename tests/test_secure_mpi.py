@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -16,13 +17,19 @@ pytestmark = [pytest.mark.mpi, requires_mpi, pytest.mark.timeout(150)]
 SCRIPT = Path(__file__).resolve().parent / "mpi_scripts" / "sealed.py"
 
 
-def test_sealed_step_is_exact_and_a_wrong_key_is_refused() -> None:
-    proc = run_mpi(2, [str(SCRIPT)], timeout=120)
+def miskeyed(proc: subprocess.CompletedProcess) -> dict[str, str]:
+    """rank -> what the mis-keyed run ended with, from a launch of SCRIPT (under either
+    launcher) whose sealed step matched the plain one and the reference exactly."""
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     assert "RESULT identical=True ref_diff=0.000e+00" in out, out[-3000:]
     seen = dict(re.findall(r"MISKEYED rank=(\d) (.*)", out))
     assert set(seen) == {"0", "1"}, out[-3000:]
+    return seen
+
+
+def test_sealed_step_is_exact_and_a_wrong_key_is_refused() -> None:
+    seen = miskeyed(run_mpi(2, [str(SCRIPT)], timeout=120))
     for rank, other in (("0", "1"), ("1", "0")):
         assert "type=ProtocolError" in seen[rank], seen[rank]
         assert f"message from rank {other} failed authentication" in seen[rank], seen[rank]

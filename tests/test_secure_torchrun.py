@@ -12,18 +12,13 @@ from pathlib import Path
 
 import pytest
 from conftest import run_torchrun
+from test_secure_mpi import SCRIPT, miskeyed
 
 pytestmark = pytest.mark.timeout(200)
-SCRIPT = Path(__file__).resolve().parent / "mpi_scripts" / "sealed.py"
 
 
 def test_sealed_step_under_torchrun_is_exact_and_a_wrong_key_is_refused() -> None:
-    proc = run_torchrun(2, [str(SCRIPT)], timeout=150)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-3000:]
-    assert "RESULT identical=True ref_diff=0.000e+00" in out, out[-3000:]
-    seen = dict(re.findall(r"MISKEYED rank=(\d) (.*)", out))
-    assert set(seen) == {"0", "1"}, out[-3000:]
+    seen = miskeyed(run_torchrun(2, [str(SCRIPT)], timeout=150))
     # rank 1 opens rank 0's first activation with the wrong key; rank 0 then hears nothing
     # it can use from rank 1 and ends within its peer timeout (8 s here), naming rank 1
     assert "type=ProtocolError" in seen["1"], seen["1"]
