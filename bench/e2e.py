@@ -16,6 +16,8 @@ over steps), and the CPU time each rank's process used per step (all its threads
 bench/results/e2e.md, e2e.json and e2e.png.
 
 Run: python -m bench.e2e [--quick] [--scenarios none,multimodal:0.3:3] [--steps N]
+     python -m bench.e2e --scale ...: S = 4, 8, 16 ranks, thin model, every torch schedule
+     (bench/e2e_scale.py)
 
 `AIOREADY_E2E_DEVICE=inline` runs aioready's stage compute on the loop thread (InlineDevice)
 instead of a worker thread. The launched processes inherit the environment, so aioready's
@@ -232,6 +234,9 @@ def _plot(summaries: list[dict[str, Any]], path: Path) -> bool:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
+    if "--scale" in (argv or []):  # the deep-pipeline mode: bench/e2e_scale.py
+        from .e2e_scale import main as scale
+        return scale(argv)
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true",
@@ -281,7 +286,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         indent=1))
     has_png = _plot(summaries, RESULTS / "e2e.png")
     cmd = "python -m bench.e2e" + (" " + " ".join(argv) if argv else "")
-    write_result("e2e", _body(summaries, args, steps, has_png), cmd)
+    write_result("e2e", _body(summaries, args, steps, has_png), cmd, load=load_start)
     return {"summaries": summaries}
 
 

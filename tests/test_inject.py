@@ -77,6 +77,46 @@ def test_injector_sleeps_its_duration() -> None:
     assert injector.count == [1, 0, 1]
 
 
+def test_injector_counts_a_task_only_once_it_has_slept(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The totals the benchmark checks (what every rank slept) must come from sleeps that
+    happened: a sleep that is skipped or fails leaves nothing counted."""
+    import aioready.testing.inject as inject
+    slept: list[float] = []
+    monkeypatch.setattr(inject.time, "sleep", slept.append)
+    injector = SleepInjector(lambda step, s, m, k: 0.003)
+    injector.sleep(1, 2, Kind.B)
+    assert slept == [0.003]  # it did sleep, for the task's duration
+    assert injector.count == [0, 1, 0] and injector.slept == pytest.approx([0.0, 0.003, 0.0])
+
+    def refuse(seconds: float) -> None:
+        raise InterruptedError(seconds)
+    monkeypatch.setattr(inject.time, "sleep", refuse)
+    with pytest.raises(InterruptedError):
+        injector.sleep(0, 0, Kind.F)
+    assert injector.count == [0, 1, 0]  # the task that never slept is not counted
+
+
+def test_tracking_injector_peaks_in_linear_stage_microbatches(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import aioready.testing.inject as inject
+    from bench.e2e_thin import TrackingInjector
+    monkeypatch.setattr(inject.time, "sleep", lambda seconds: None)
+    injector = TrackingInjector(lambda step, s, m, k: 0.001, weight=0.5)
+    for m in range(3):
+        injector.sleep(0, m, Kind.F)
+    injector.sleep(0, 0, Kind.B)
+    assert injector.in_flight == 3  # B alone does not free microbatch 0: W still holds it
+    injector.sleep(0, 0, Kind.W)
+    injector.sleep(0, 3, Kind.F)
+    for m in (1, 2, 3):
+        injector.sleep(0, m, Kind.W)
+        injector.sleep(0, m, Kind.B)
+    assert injector.in_flight == 0 and injector.peak == 3
+    assert injector.peak_activations() == 1.5
+    injector.reset()
+    assert injector.peak == 0 and injector.count == [0, 0, 0]
+
+
 async def test_train_replays_a_trace_sleep_only(tmp_path: Path) -> None:
     from aioready.cli.trainer import TrainConfig, train
     from aioready.sim.traces import write_trace
