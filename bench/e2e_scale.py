@@ -137,6 +137,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     help="F = B = W of a linear stage, ms (half of it per layer group)")
     ap.add_argument("--full-below", type=int, default=16,
                     help="S below this runs the reduced config lists (default: all but S=16)")
+    ap.add_argument("--full-scenarios", default=None,
+                    help="scenarios that run the full config lists at S >= --full-below "
+                    "(default: all); the others run the reduced lists")
+    ap.add_argument("--one-seed", default="",
+                    help="scenarios that run only the first seed (comma-separated)")
+    ap.add_argument("--runs-out", default=None, metavar="FILE",
+                    help="write the raw runs here after each one (to rebuild the page with "
+                    "--from-runs if the matrix is cut short)")
+    ap.add_argument("--from-runs", default=None, metavar="FILE",
+                    help="no launches: rebuild the page from a --runs-out file")
     ap.add_argument("--aioready", default=None, help="override: hint/mode,... for every S")
     ap.add_argument("--torch", default=None, help="override: schedule names for every S")
     args = ap.parse_args(argv)
@@ -147,15 +157,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     steps = args.steps or (2 if args.quick else 3)
     load_start = list(os.getloadavg())
     started = time.strftime("%H:%M:%S", time.gmtime())
-    runs = []
+    full_specs = args.full_scenarios.split(",") if args.full_scenarios else scenarios
+    one_seed = [s for s in args.one_seed.split(",") if s]
+    runs: list[dict[str, Any]] = []
+    if args.from_runs:
+        saved = json.loads(Path(args.from_runs).read_text())
+        runs, load_start, started = saved["runs"], saved["load_start"], saved["started_utc"]
     with tempfile.TemporaryDirectory(prefix="aioready-e2e-scale-") as tmp:
-        for S in sizes:
-            full = S >= args.full_below and not args.quick
-            a_cfg = (args.aioready.split(",") if args.aioready else
-                     AIOREADY_FULL if full else AIOREADY_REDUCED)
+        for S in sizes if not args.from_runs else ():
             t_cfg = args.torch.split(",") if args.torch else TORCH_ALL
             for spec in scenarios:
-                for seed in seeds:
+                full = S >= args.full_below and not args.quick and spec in full_specs
+                a_cfg = (args.aioready.split(",") if args.aioready else
+                         AIOREADY_FULL if full else AIOREADY_REDUCED)
+                for seed in seeds[:1] if spec in one_seed else seeds:
                     run = run_one(spec=spec, ranks=S, seed=seed, task_ms=args.task_ms,
                                   warmup=args.warmup, steps=steps, aioready_configs=a_cfg,
                                   torch_configs=t_cfg, workdir=Path(tmp))
@@ -163,6 +178,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     runs.append(simulated(run))
                     print(f"[e2e_scale] S={S} {spec} seed {seed}: {run['wall_s']:.0f} s, "
                           f"load {run['load_after'][0]:.1f}", flush=True)
+                    if args.runs_out:
+                        Path(args.runs_out).write_text(json.dumps(
+                            {"runs": runs, "load_start": load_start, "started_utc": started}))
     summary = summarize(runs)
     meta = {"task_ms": args.task_ms, "steps": steps, "warmup": args.warmup, "seeds": seeds,
             "sizes": sizes, "scenarios": scenarios, "load_start": load_start,
