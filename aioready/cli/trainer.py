@@ -23,7 +23,7 @@ import torch
 
 from ..caps import CapSpec, parse_cap
 from ..devices.cpu import CPUDevice
-from ..devices.paced import PacedDevice
+from ..devices.paced import PACE_MODES, PacedDevice
 from ..errors import ConfigError, DivergedError
 from ..memory import MemorySpec, check_one_gate, parse_memory
 from ..runtime.autotune import AutoHint, parse_auto, start_hint
@@ -58,6 +58,9 @@ class TrainConfig:
     jitter: str | None = None
     seed: int = 0
     trace: str | None = None
+    trace_mode: str = "floor"
+    """floor: a task takes at least its duration (compute inside it); add: the compute, then a
+    sleep of the whole duration (devices/paced.py)"""
     steps: int = 3
     split_backward: bool = False
     task_ms: float = 20.0
@@ -111,6 +114,9 @@ class TrainConfig:
         if self.dashboard is not None and not 0 <= self.dashboard <= 65535:
             raise ConfigError("dashboard port out of range", expected="0..65535",
                               got=self.dashboard)
+        if self.trace_mode not in PACE_MODES:
+            raise ConfigError("trace_mode", expected=" | ".join(PACE_MODES),
+                              got=repr(self.trace_mode))
         if self.on_nan not in ON_NAN:
             raise ConfigError("on_nan", expected=" | ".join(ON_NAN), got=repr(self.on_nan))
         for name in ("stages", "microbatches", "steps", "batch", "seq", "dim", "heads",
@@ -157,7 +163,7 @@ class TrainResult:
             "ranks": self.world_size, "overruns": self.overruns,
             "sleep_only": cfg.sleep_only, "diverged_at": self.diverged_at,
             "sealed": self.key_fingerprint, "dp": cfg.dp, "tp": cfg.tp,
-            "layers_per_stage": cfg.layers_per_stage,
+            "layers_per_stage": cfg.layers_per_stage, "trace_mode": cfg.trace_mode,
             "spans": spans_table(self.reports),  # what `aioready advise` reads
         }
 
@@ -208,7 +214,7 @@ async def train(cfg: TrainConfig, *, comm: Any = None,
     devices: list[PacedDevice] = []
 
     def make_device(r: int) -> Any:
-        devices.append(PacedDevice(CPUDevice(f"aioready-rank{r}"), duration))
+        devices.append(PacedDevice(CPUDevice(f"aioready-rank{r}"), duration, cfg.trace_mode))
         return wrap(devices[-1])
 
     pipe = Pipeline(modules, lm_loss, microbatches=cfg.microbatches, mode=cfg.mode,
