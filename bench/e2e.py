@@ -297,10 +297,9 @@ def _body(summaries: list[dict[str, Any]], args: argparse.Namespace, steps: int,
         f"(dim 32, seq 16, 2 sequences per microbatch, float32). Injected durations per linear "
         f"stage: F = {args.task_ms:g} ms, B = W = {args.task_ms:g} ms split "
         f"(B = {2 * args.task_ms:g} ms unsplit), times the scenario's jitter. They are sleeps, "
-        "and each task's real compute comes on top of its sleep, on both sides: measured with "
-        "`--task-ms 0` (compute only, 4 processes on this machine's 2 cores), a 1F1B step takes "
-        "~110 ms (torch) to ~130-150 ms (aioready) and a ZBV step ~260-280 ms on either side, "
-        "so no run can reach efficiency 1 against the sleep-only lower bound. "
+        "and each task's real compute comes on top of its sleep, on both sides, so no run can "
+        "reach efficiency 1 against the sleep-only lower bound (this run does not measure the "
+        "compute alone: `--task-ms 0` does). "
         f"Median of {steps} measured steps after {args.warmup} warm-up step(s). "
         "aioready runs under mpiexec with MPITransport; torch.distributed.pipelining with gloo, "
         + ("in the same mpiexec-launched processes, after aioready." if args.one_launch else
