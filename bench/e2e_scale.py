@@ -21,6 +21,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -28,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from .common import RESULTS, write_result
-from .e2e import _free_port, _launch, generate_trace, mpiexec, split_spec
+from .e2e import ROOT, _free_port, generate_trace, mpiexec, split_spec
 
 __all__ = ["SCENARIOS", "TORCH_ALL", "AIOREADY_FULL", "AIOREADY_REDUCED", "run_one", "main"]
 
@@ -49,8 +51,32 @@ HINT_FOR_TORCH = {v: k for k, v in TORCH_FOR_HINT.items()}
 MODEL = ["--thin", "--dim", "8", "--seq", "4", "--mb-size", "1", "--vocab", "16"]
 
 
+def _watched(cmd: list[str], out: Path, log: Path, first_s: float, per_config_s: float) -> None:
+    """Run `cmd`; stop it once no config has finished for `per_config_s` (the first may also
+    take `first_s` of start-up). A hang then costs one config's time, not the launch's."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME=os.environ.get("GLOO_SOCKET_IFNAME", "lo"))
+    with open(log, "w") as sink:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        seen, since, limit = -1, time.monotonic(), first_s + per_config_s
+        while proc.poll() is None:
+            time.sleep(1.0)
+            done = out.stat().st_mtime_ns if out.exists() else 0
+            if done != seen:
+                seen, since = done, time.monotonic()
+                limit = per_config_s if done else limit
+            elif time.monotonic() - since > limit:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                raise RuntimeError(f"timed out after {limit:.0f} s without a finished config: "
+                                   f"{' '.join(cmd)}\n{log.read_text()[-3000:]}")
+    if proc.returncode != 0:
+        raise RuntimeError(f"exit {proc.returncode}: {' '.join(cmd)}\n{log.read_text()[-3000:]}")
+
+
 def _side_launch(side: str, ranks: int, common: list[str], configs: list[str], out: Path,
-                 log: Path, timeout: float) -> None:
+                 log: Path, first_s: float, per_config_s: float) -> None:
     worker = ["-m", "bench.e2e_worker", side, *common, "--out", str(out)]
     if side == "aioready":
         cmd = [mpiexec(), "-n", str(ranks), sys.executable, *worker, "--configs",
@@ -59,8 +85,7 @@ def _side_launch(side: str, ranks: int, common: list[str], configs: list[str], o
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
                "--nproc-per-node", str(ranks), "--master-addr", "127.0.0.1", "--master-port",
                str(_free_port()), *worker, "--torch-configs", ",".join(configs)]
-    _launch(["nice", "-n", "5", *cmd] if os.environ.get("AIOREADY_E2E_NICE") else cmd,
-            timeout, log)
+    _watched(cmd, out, log, first_s, per_config_s)
 
 
 def run_side(side: str, configs: list[str], *, ranks: int, common: list[str], workdir: Path,
@@ -75,8 +100,7 @@ def run_side(side: str, configs: list[str], *, ranks: int, common: list[str], wo
         log = workdir / f"{side}-{tag}-{attempt}.log"
         error = None
         try:
-            _side_launch(side, ranks, common, todo, out, log,
-                         launch_s + per_config_s * len(todo))
+            _side_launch(side, ranks, common, todo, out, log, launch_s, per_config_s)
         except RuntimeError as exc:
             error = str(exc)
         done = json.loads(out.read_text())["records"] if out.exists() else []
@@ -87,7 +111,8 @@ def run_side(side: str, configs: list[str], *, ranks: int, common: list[str], wo
         if todo:  # the config running when the launch died
             reason = "hung (timed out)" if "timed out" in error.splitlines()[0] else "failed"
             last = [ln for ln in error.splitlines()[1:] if ln.strip()][-1:] or [""]
-            rows.append({"name": todo[0], "side": side, "error": f"{reason}: {last[0][-200:]}"})
+            rows.append({"name": todo[0], "side": side,
+                         "error": reason + (f": {last[0][-200:]}" if last[0] else "")})
             todo = todo[1:]
         attempt += 1
     return rows
@@ -107,8 +132,8 @@ def run_one(*, spec: str, ranks: int, seed: int, task_ms: float, warmup: int, st
               split_spec(spec)[1], "--microbatches", str(M), "--warmup", str(warmup),
               "--steps", str(steps), "--seed", str(seed), *(MODEL if model_args is None
                                                              else model_args)]
-    # a step takes about 3M task_ms / efficiency; 4x that and a minute is a hang
-    per_config = 60.0 + 4.0 * (warmup + steps) * 3 * M * task_ms * 1e-3 * (1.5 if "straggler"
+    # a step takes about 3M task_ms / efficiency; 8x that and a minute is a hang
+    per_config = 60.0 + 8.0 * (warmup + steps) * 3 * M * task_ms * 1e-3 * (1.5 if "straggler"
                                                                                in spec else 1)
     t0 = time.perf_counter()
     rows = run_side("aioready", aioready_configs, ranks=ranks, common=common, workdir=workdir,
