@@ -208,7 +208,8 @@ def _scale(results: Path) -> list[str]:
     if not path.exists():
         return []
     from .e2e_scale_page import goal_lines
-    lines = goal_lines(json.loads(path.read_text())["blocks"])
+    data = json.loads(path.read_text())
+    lines = goal_lines(data["blocks"], data["meta"]["cores"])
     return [f"Deep pipelines (the e2e_scale section; S = 4, 8, 16). {lines[0]}",
             *[ln for ln in lines[1:] if ln]]
 

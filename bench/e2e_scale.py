@@ -172,6 +172,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     "--from-runs if the matrix is cut short)")
     ap.add_argument("--from-runs", default=None, metavar="FILE",
                     help="no launches: rebuild the page from a --runs-out file")
+    ap.add_argument("--measured-by", default=None, metavar="TEXT",
+                    help="with --from-runs: the command and commit that measured the runs, "
+                    "said on the page")
     ap.add_argument("--aioready", default=None, help="override: hint/mode,... for every S")
     ap.add_argument("--torch", default=None, help="override: schedule names for every S")
     args = ap.parse_args(argv)
@@ -188,6 +191,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.from_runs:
         saved = json.loads(Path(args.from_runs).read_text())
         runs, load_start, started = saved["runs"], saved["load_start"], saved["started_utc"]
+        seeds = sorted({r["seed"] for r in runs})
+        sizes = sorted({r["ranks"] for r in runs})
+        scenarios = list(dict.fromkeys(r["scenario"] for r in runs))
+        steps = max(len(rec["step_s"]) for r in runs for rec in r["records"] if "step_s" in rec)
     with tempfile.TemporaryDirectory(prefix="aioready-e2e-scale-") as tmp:
         for S in sizes if not args.from_runs else ():
             t_cfg = args.torch.split(",") if args.torch else TORCH_ALL
@@ -210,7 +217,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     meta = {"task_ms": args.task_ms, "steps": steps, "warmup": args.warmup, "seeds": seeds,
             "sizes": sizes, "scenarios": scenarios, "load_start": load_start,
             "started_utc": started, "load_end": list(os.getloadavg()), "cores": os.cpu_count(),
-            "quick": args.quick, "model": MODEL}
+            "quick": args.quick, "model": MODEL, "niceness": os.nice(0),
+            "measured_by": args.measured_by if args.from_runs else None}
     RESULTS.mkdir(parents=True, exist_ok=True)
     cmd = "python -m bench.e2e --scale" + (" " + " ".join(a for a in (argv or [])
                                                            if a != "--scale") if argv else "")

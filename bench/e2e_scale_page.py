@@ -32,9 +32,15 @@ def _pct(v: float | None) -> str:
     return "-" if v is None else f"{100 * v:.1f} %"
 
 
-def goal_lines(blocks: list[dict[str, Any]]) -> list[str]:
+def _machine_share(r: dict[str, Any], cores: int) -> str:
+    wall = r["median_ms"] / 1e3
+    return (f"{r['name'].replace('Schedule', 'torch ')} {r['cpu_s_all']:.2f} CPU-s in "
+            f"{wall:.2f} s ({_pct(r['cpu_s_all'] / (wall * cores))})")
+
+
+def goal_lines(blocks: list[dict[str, Any]], cores: int = 2) -> list[str]:
     """The issue's goals at the largest S under multimodal jitter, as measured."""
-    multi = [b for b in blocks if b["scenario"].startswith("multimodal")]
+    multi = [dict(b, cores=cores) for b in blocks if b["scenario"].startswith("multimodal")]
     if not multi:
         return ["No multimodal run: the goals are stated at S=16 under multimodal:0.3:3."]
     b = max(multi, key=lambda b: b["ranks"])
@@ -45,7 +51,8 @@ def goal_lines(blocks: list[dict[str, Any]]) -> list[str]:
     sp = b.get("best_2x_speedup")
     lines.append(f"- aioready's best within 2x torch's best peak >= 1.5x torch's best: "
                  f"{_named(best)} against {_named(t)}: {_x(sp)}, "
-                 f"{'met' if sp and sp >= 1.5 else 'NOT met'}.")
+                 f"{'met' if sp and sp >= 1.5 else 'NOT met'}; the simulator's replay of the "
+                 f"same two configurations: {_x(b.get('best_2x_sim_speedup'))}.")
     other = b.get("torch_best_at_default_memory")
     dsp = b.get("default_speedup_same_memory")
     lines.append(f"- aioready's default (`{DEFAULT}`: Pipeline's hint, mode, policy and cap) "
@@ -66,20 +73,28 @@ def goal_lines(blocks: list[dict[str, Any]]) -> list[str]:
            and "cpu_us_per_task" in r]
     lines.append("- CPU per task (each rank's process CPU per step / its tasks): "
                  + ", ".join(f"{n.replace('Schedule', 'torch ')} {c:.0f} us" for n, c in cpu)
-                 + ".")
+                 + ". All ranks together, CPU seconds per step against the step's wall time "
+                 "times the machine's cores (the share of the machine the run's own processes "
+                 "needed): " + ", ".join(_machine_share(r, b["cores"]) for r in (t, default, best)
+                                         if r is not None and "cpu_s_all" in r) + ".")
     return lines + [""]
 
 
 def _summary(blocks: list[dict[str, Any]]) -> list[str]:
-    lines = ["| S | scenario | torch best (ms, peak) | aioready default | default / torch best "
-             "at its memory | aioready best <= 2x peak | speedup | aioready best <= same peak "
-             "| speedup |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["Speedup = torch's best median step / aioready's; simulated = the same ratio of the "
+             "simulator's replays (scheduling alone, no runtime cost; '-' when torch's best is "
+             "DualPipeV, which has no twin).", "",
+             "| S | scenario | torch best (ms, peak) | aioready default | default / torch best "
+             "at its memory | aioready best <= 2x peak | speedup | simulated | aioready best <= "
+             "same peak | speedup | simulated |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for b in blocks:
         lines.append(
             f"| {b['ranks']} | `{b['scenario']}` | {_named(b['torch_best'])} | "
             f"{_named(b['default'])} | {_x(b.get('default_speedup_same_memory'))} | "
             f"{_named(b.get('best_2x'))} | {_x(b.get('best_2x_speedup'))} | "
-            f"{_named(b.get('best_same_memory'))} | {_x(b.get('best_same_memory_speedup'))} |")
+            f"{_x(b.get('best_2x_sim_speedup'))} | {_named(b.get('best_same_memory'))} | "
+            f"{_x(b.get('best_same_memory_speedup'))} | "
+            f"{_x(b.get('best_same_memory_sim_speedup'))} |")
     return lines + [""]
 
 
@@ -141,7 +156,9 @@ def write_outputs(blocks: list[dict[str, Any]], runs: list[dict[str, Any]],
         {"meta": meta, "blocks": blocks, "runs": runs}, indent=1, default=float))
     has_png = _plot(blocks, results / "e2e_scale.png")
     load, end = meta["load_start"], meta["load_end"]
-    lines = [
+    lines = [f"Measured by `{meta['measured_by']}`; this page was rebuilt from those runs by the "
+             "command above (no launches).", ""] if meta.get("measured_by") else []
+    lines += [
         f"S ranks, M = 4S microbatches, 2S layer groups of a thin model (one {meta['model'][2]}"
         f"-wide linear map each) with injected sleeps of F = B = W = {meta['task_ms'] / 2:g} ms "
         f"per group ({meta['task_ms']:g} ms per linear stage) times the scenario's jitter, the "
@@ -157,7 +174,7 @@ def write_outputs(blocks: list[dict[str, Any]], runs: list[dict[str, Any]],
         f"the measured steps / its tasks, mean over ranks. Machine load average {load[0]:.2f} "
         f"{load[1]:.2f} {load[2]:.2f} when the run started ({meta['started_utc']} UTC), "
         f"{end[0]:.2f} {end[1]:.2f} {end[2]:.2f} at its end, on {meta['cores']} cores.", ""]
-    lines += goal_lines(blocks)
+    lines += goal_lines(blocks, meta["cores"])
     lines += ["## Summary", "", *_summary(blocks)]
     if has_png:
         lines += ["![speedup over torch's best schedule against S](e2e_scale.png)", ""]

@@ -92,6 +92,7 @@ def _row(recs: list[dict[str, Any]], M: int, S: int) -> dict[str, Any]:
                max_ms=max(steps), iqr_ms=[float(q1), float(q3)], n_steps=len(steps),
                peak_act=max(max(p for p in r["peak_activations"]) for r in ok),
                cpu_us_per_task=float(np.mean([cpu_us_per_task(r, M, S) for r in ok])),
+               cpu_s_all=float(np.mean([sum(r["cpu_s_per_step"]) for r in ok])),
                lower_bound_ms=median([b for r in ok for b in r["lower_bound_ms"]]),
                chosen=next((r["chosen"] for r in ok if r.get("chosen")), None))
     if all("sim_ms" in r for r in ok):
@@ -141,6 +142,8 @@ def _block(S: int, spec: str, M: int, seeds: list[int], rows: list[dict[str, Any
         for key in ("best_2x", "best_same_memory"):
             if out[key] is not None:
                 out[f"{key}_speedup"] = t / out[key]["median_ms"]
+                if "sim_ms" in out[key] and "sim_ms" in torch_best:  # scheduling alone
+                    out[f"{key}_sim_speedup"] = torch_best["sim_ms"] / out[key]["sim_ms"]
         other = out["torch_best_at_default_memory"]
         if default is not None and other is not None:
             out["default_speedup_same_memory"] = other["median_ms"] / default["median_ms"]
