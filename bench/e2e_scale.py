@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--from-runs", default=None, metavar="FILE",
                     help="no launches: rebuild the page from a --runs-out file")
     ap.add_argument("--measured-by", default=None, metavar="TEXT",
-                    help="with --from-runs: the command and commit that measured the runs, "
+                    help="with --from-runs: the commands and commits that measured the runs (markdown), "
                     "said on the page")
     ap.add_argument("--aioready", default=None, help="override: hint/mode,... for every S")
     ap.add_argument("--torch", default=None, help="override: schedule names for every S")

@@ -156,7 +156,7 @@ def write_outputs(blocks: list[dict[str, Any]], runs: list[dict[str, Any]],
         {"meta": meta, "blocks": blocks, "runs": runs}, indent=1, default=float))
     has_png = _plot(blocks, results / "e2e_scale.png")
     load, end = meta["load_start"], meta["load_end"]
-    lines = [f"Measured by `{meta['measured_by']}`; this page was rebuilt from those runs by the "
+    lines = [f"Measured by {meta['measured_by']}; this page was rebuilt from those runs by the "
              "command above (no launches).", ""] if meta.get("measured_by") else []
     lines += [
         f"S ranks, M = 4S microbatches, 2S layer groups of a thin model (one {meta['model'][2]}"
