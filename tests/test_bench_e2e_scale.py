@@ -30,6 +30,21 @@ PAIR = ("zbv/ready", "ScheduleZBVZeroBubble")
 
 
 @pytest.mark.timeout(240)
+def test_e2e_torch_side_under_torchrun(tmp_path: Path) -> None:
+    """bench.e2e's published torch rows come from torchrun, not from the one-launch path the
+    other harness test takes: one schedule through it, with what every rank slept."""
+    from bench.e2e import run_scenario, summarize
+    run = run_scenario("lognormal:0.5", workdir=tmp_path, ranks=S, groups=4, microbatches=4,
+                       task_ms=1.0, warmup=1, steps=1, aioready_configs=[],
+                       torch_configs=["Schedule1F1B"], model_args=MODEL, timeout=200)
+    (row,) = summarize(run, groups=4, microbatches=4, warmup=1, ranks=S)["rows"]
+    assert row["side"] == "torch" and row["name"] == "Schedule1F1B"
+    assert len(row["step_s"]) == 1 and row["step_s"][0] > 0
+    assert row["sleep_counts"] == [[4, 4, 4]] * S  # one stage per rank, M tasks of each kind
+    assert 0 < row["efficiency"] <= 1.05
+
+
+@pytest.mark.timeout(240)
 def test_scale_harness_one_config_each_side(tmp_path: Path) -> None:
     run = run_one(spec="multimodal:0.3:3", ranks=S, seed=1, task_ms=1.0, warmup=WARMUP,
                   steps=STEPS, aioready_configs=[PAIR[0]], torch_configs=[PAIR[1]],
