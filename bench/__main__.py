@@ -333,7 +333,9 @@ def write_report(runs: list[dict[str, Any]] | None = None, *, quick: bool = Fals
     for p in files:
         lines += [f"## {p.stem}", "", _demote(p.read_text().rstrip()), ""]
         linked = set(re.findall(r"\(results/([^)]+\.png)\)", _demote(p.read_text())))
-        extra = sorted(q.name for q in results.glob(f"{p.stem}*.png") if q.name not in linked)
+        longer = [o.stem for o in files if o.stem != p.stem and o.stem.startswith(p.stem)]
+        extra = sorted(q.name for q in results.glob(f"{p.stem}*.png") if q.name not in linked
+                       and not any(q.stem.startswith(o) for o in longer))  # another page's
         lines += [f"![{name}](results/{name})" for name in extra]
         if extra:
             lines.append("")
