@@ -38,15 +38,26 @@ def other_load() -> str:
         return "load unknown"
 
 
-def write_result(name: str, body: str, command: str) -> Path:
-    """Write bench/results/<name>.md with the command, the machine and the date."""
+def write_result(name: str, body: str, command: str,
+                 load: list[float] | None = None) -> Path:
+    """Write bench/results/<name>.md with the command, the machine and the date.
+
+    `load`: the load average read when the benchmark started (os.getloadavg()); without it the
+    header gives the load now, at the end of the run, and says so."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                                 text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--",
+                                ".", ":!bench/results", ":!bench/RESULTS.md"],
+                               capture_output=True, text=True, timeout=10,
+                               cwd=RESULTS.parent.parent).stdout.strip()
+        commit += " with uncommitted changes" if dirty else ""
     except (OSError, subprocess.SubprocessError):
         commit = "?"
-    head = (f"Command: `{command}`  \nMachine: {machine()}; {other_load()} at the start  \n"
+    when = (f"load average {' '.join(f'{x:.2f}' for x in load)} at the start" if load
+            else f"{other_load()} at the end")
+    head = (f"Command: `{command}`  \nMachine: {machine()}; {when}  \n"
             f"Date: {_dt.datetime.now(_dt.timezone.utc):%Y-%m-%d %H:%M} UTC, commit {commit}\n\n")
     path = RESULTS / f"{name}.md"
     path.write_text(head + body.rstrip() + "\n")

@@ -16,6 +16,8 @@ over steps), and the CPU time each rank's process used per step (all its threads
 bench/results/e2e.md, e2e.json and e2e.png.
 
 Run: python -m bench.e2e [--quick] [--scenarios none,multimodal:0.3:3] [--steps N]
+     python -m bench.e2e --scale ...: S = 4, 8, 16 ranks, thin model, every torch schedule
+     (bench/e2e_scale.py)
 
 `AIOREADY_E2E_DEVICE=inline` runs aioready's stage compute on the loop thread (InlineDevice)
 instead of a worker thread. The launched processes inherit the environment, so aioready's
@@ -232,6 +234,9 @@ def _plot(summaries: list[dict[str, Any]], path: Path) -> bool:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
+    if "--scale" in (argv or []):  # the deep-pipeline mode: bench/e2e_scale.py
+        from .e2e_scale import main as scale
+        return scale(argv)
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true",
@@ -281,7 +286,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         indent=1))
     has_png = _plot(summaries, RESULTS / "e2e.png")
     cmd = "python -m bench.e2e" + (" " + " ".join(argv) if argv else "")
-    write_result("e2e", _body(summaries, args, steps, has_png), cmd)
+    write_result("e2e", _body(summaries, args, steps, has_png), cmd, load=load_start)
     return {"summaries": summaries}
 
 
@@ -292,10 +297,9 @@ def _body(summaries: list[dict[str, Any]], args: argparse.Namespace, steps: int,
         f"(dim 32, seq 16, 2 sequences per microbatch, float32). Injected durations per linear "
         f"stage: F = {args.task_ms:g} ms, B = W = {args.task_ms:g} ms split "
         f"(B = {2 * args.task_ms:g} ms unsplit), times the scenario's jitter. They are sleeps, "
-        "and each task's real compute comes on top of its sleep, on both sides: measured with "
-        "`--task-ms 0` (compute only, 4 processes on this machine's 2 cores), a 1F1B step takes "
-        "~110 ms (torch) to ~130-150 ms (aioready) and a ZBV step ~260-280 ms on either side, "
-        "so no run can reach efficiency 1 against the sleep-only lower bound. "
+        "and each task's real compute comes on top of its sleep, on both sides, so no run can "
+        "reach efficiency 1 against the sleep-only lower bound (this run does not measure the "
+        "compute alone: `--task-ms 0` does). "
         f"Median of {steps} measured steps after {args.warmup} warm-up step(s). "
         "aioready runs under mpiexec with MPITransport; torch.distributed.pipelining with gloo, "
         + ("in the same mpiexec-launched processes, after aioready." if args.one_launch else

@@ -37,6 +37,7 @@ TORCH_SCHEDULES = {
     "ScheduleInterleaved1F1B": ("interleaved", 2, False),
     "ScheduleInterleavedZeroBubble": ("interleaved", 2, True),
     "ScheduleZBVZeroBubble": ("v", 2, True),
+    "ScheduleDualPipeV": ("v", 2, True),
 }
 
 
@@ -102,14 +103,19 @@ def _build(args: argparse.Namespace, shape: RunShape, mine: tuple[int, ...], tra
            straggler: tuple[int, float] | None) -> tuple[list[Any], Any]:
     import torch
 
-    from aioready.testing.inject import Chain, SleepInjector, wrap_stages
+    from aioready.testing.inject import Chain, wrap_stages
     from aioready.testing.models import gpt_stages
 
+    from .e2e_thin import TrackingInjector, thin_groups
+
     dtype = getattr(torch, args.dtype)
-    groups = gpt_stages(shape.groups, vocab=args.vocab, dim=args.dim, heads=args.heads,
-                        layers_per_stage=1, seq=args.seq, seed=args.seed, dtype=dtype)
+    groups = (thin_groups(shape.groups, vocab=args.vocab, dim=args.dim, seed=args.seed,
+                          dtype=dtype) if args.thin else
+              gpt_stages(shape.groups, vocab=args.vocab, dim=args.dim, heads=args.heads,
+                         layers_per_stage=1, seq=args.seq, seed=args.seed, dtype=dtype))
     g = shape.per_stage
-    injector = SleepInjector(_duration_fn(trace, shape, straggler))
+    injector = TrackingInjector(_duration_fn(trace, shape, straggler),
+                                weight=g * shape.placement.num_ranks / shape.groups)
     modules = [Chain(groups[s * g:(s + 1) * g]) for s in mine]
     return wrap_stages(modules, mine, shape.placement.num_stages, injector), injector
 
@@ -148,12 +154,12 @@ def _per_step(cpu: list[float], warmup: int) -> float:
 
 def _record(name: str, shape: RunShape, times: list[list[float]], loss: float,
             grad_sq: float, slept: list[list[float]], counts: list[list[int]],
-            cpu: list[float]) -> dict[str, Any]:
+            cpu: list[float], peak: list[float]) -> dict[str, Any]:
     return {"name": name, "style": shape.placement.style,
             "num_stages": shape.placement.num_stages, "split_backward": shape.split_backward,
             "step_s": [max(per_rank) for per_rank in zip(*times)], "loss": loss,
             "grad_sq": grad_sq, "slept_s": slept, "sleep_counts": counts,
-            "cpu_s_per_step": cpu}
+            "cpu_s_per_step": cpu, "peak_activations": peak}
 
 
 def parse_config(config: str) -> tuple[str, str, str, int | str | None]:
@@ -188,8 +194,8 @@ def _dump_spans(spans: Any, config: str, rank: int, step: int) -> None:
 
 
 # -- aioready under mpiexec --------------------------------------------------------------------
-def run_aioready(args: argparse.Namespace, trace: Any, configs: list[str]
-                 ) -> list[dict[str, Any]] | None:
+def run_aioready(args: argparse.Namespace, trace: Any, configs: list[str],
+                 emit: Callable[[dict[str, Any]], None]) -> None:
     import asyncio
 
     import torch
@@ -216,7 +222,6 @@ def run_aioready(args: argparse.Namespace, trace: Any, configs: list[str]
     inputs = [(x[m * b:(m + 1) * b], tags[m * b:(m + 1) * b]) for m in range(M)]
     targets = list(y.split(b))
     straggler = parse_straggler(args.straggler)
-    records = []
 
     async def one(hint: str, mode: str, policy: str, cap: int | str | None) -> dict[str, Any]:
         spec = HINTS["1f1b" if hint == "auto" else hint]
@@ -250,12 +255,13 @@ def run_aioready(args: argparse.Namespace, trace: Any, configs: list[str]
         slept = comm.gather(list(injector.slept), root=0)
         counts = comm.gather(list(injector.count), root=0)
         cpus = comm.gather(_per_step(cpu, args.warmup), root=0)
+        peaks = comm.gather(injector.peak_activations(), root=0)
         if rank != 0:
             return {}
         the_loss = next(v for v in losses if v is not None)
         name = (f"{hint}/{mode}" + (f":{policy}" if policy != "reserve" else "")
                 + (f"@{cap}" if cap else "") + ("+gloo" if gloo else ""))
-        record = _record(name, shape, all_times, the_loss, grad_sq, slept, counts, cpus)
+        record = _record(name, shape, all_times, the_loss, grad_sq, slept, counts, cpus, peaks)
         if pipe.auto is not None and pipe.auto.choices:
             choice = pipe.auto.choices[-1][1]
             record["chosen"] = f"{choice.label} {choice.how} caps {list(choice.cap)}"
@@ -263,7 +269,9 @@ def run_aioready(args: argparse.Namespace, trace: Any, configs: list[str]
 
     async def all_configs() -> None:
         for config in configs:
-            records.append(await one(*parse_config(config)))
+            record = await one(*parse_config(config))
+            if record:
+                emit(record)
 
     torch.set_num_threads(1)
     import uvloop
@@ -279,79 +287,6 @@ def run_aioready(args: argparse.Namespace, trace: Any, configs: list[str]
         profiler.disable()
         Path(profile_dir).mkdir(parents=True, exist_ok=True)
         profiler.dump_stats(str(Path(profile_dir) / f"rank{rank}.prof"))
-    return records if rank == 0 else None
-
-
-def _static_meta(args: argparse.Namespace, stage: int, num_stages: int) -> tuple[Any, Any]:
-    """Example inputs and outputs of a stage, so torch skips its shape inference (which would
-    run the module on uninitialised tensors, tags included)."""
-    import torch
-    dtype = getattr(torch, args.dtype)
-    b, T = args.mb_size, args.seq
-    tag = torch.zeros(b, dtype=torch.int64)
-    hidden = torch.zeros(b, T, args.dim, dtype=dtype, requires_grad=True)
-    inputs = (torch.zeros(b, T, dtype=torch.int64), tag) if stage == 0 else (hidden, tag)
-    outputs = (torch.zeros(b, T, args.vocab, dtype=dtype, requires_grad=True)
-               if stage == num_stages - 1 else (hidden, tag))
-    return inputs, outputs
-
-
-# -- torch.distributed.pipelining under torchrun -----------------------------------------------
-def run_torch(args: argparse.Namespace, trace: Any, configs: list[str]
-              ) -> list[dict[str, Any]] | None:
-    import torch
-    import torch.distributed as dist
-    from torch.distributed import pipelining
-
-    from aioready.testing.models import lm_loss
-
-    if not dist.is_initialized():  # an aioready run over gloo in this process did already
-        dist.init_process_group("gloo")
-    rank, size = dist.get_rank(), dist.get_world_size()
-    torch.set_num_threads(1)
-    x, y, tags = _data(args)
-    M = args.microbatches
-    straggler = parse_straggler(args.straggler)
-    records = []
-    for name in configs:
-        style, chunks, split = TORCH_SCHEDULES[name]
-        shape = RunShape(Placement(size * chunks, size, style), args.groups, split)
-        mine = shape.placement.stages_of(rank)
-        modules, injector = _build(args, shape, mine, trace, straggler)
-        S = shape.placement.num_stages
-        stages = [pipelining.PipelineStage(m, s, S, torch.device("cpu"),
-                                           *_static_meta(args, s, S))
-                  for m, s in zip(modules, mine)]
-        cls = getattr(pipelining, name)
-        schedule = cls(stages if chunks > 1 else stages[0], n_microbatches=M, loss_fn=lm_loss,
-                       scale_grads=True)
-        has_first, has_last = 0 in mine, S - 1 in mine
-        times, cpu, loss = [], [], 0.0
-        for step in range(args.warmup + args.steps):
-            _begin_step(modules, injector, step, args.warmup)
-            losses: list[Any] = []
-            call_args = (x, tags) if has_first else ()
-            kwargs: dict[str, Any] = {"target": y, "losses": losses} if has_last else {}
-            dist.barrier()
-            c0, t0 = time.process_time(), time.perf_counter()
-            schedule.step(*call_args, **kwargs)
-            times.append(time.perf_counter() - t0)
-            cpu.append(time.process_time() - c0)
-            if has_last:
-                loss = float(sum(float(v.detach()) for v in losses) / M)
-        gathered: list[Any] = [None] * size
-        dist.all_gather_object(gathered, (times[args.warmup:], loss if has_last else None,
-                                          _grad_sq(modules), list(injector.slept),
-                                          list(injector.count), _per_step(cpu, args.warmup)))
-        if rank == 0:
-            all_times = [g[0] for g in gathered]
-            the_loss = next(g[1] for g in gathered if g[1] is not None)
-            records.append(_record(name, shape, all_times, the_loss,
-                                   sum(g[2] for g in gathered), [g[3] for g in gathered],
-                                   [g[4] for g in gathered], [g[5] for g in gathered]))
-        dist.barrier()
-    dist.destroy_process_group()
-    return records if rank == 0 else None
 
 
 def _rank() -> int:
@@ -395,6 +330,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--heads", type=int, default=2)
     ap.add_argument("--vocab", type=int, default=128)
     ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--thin", action="store_true",
+                    help="the thin model of bench/e2e_thin.py instead of the GPT-style groups")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--steps", type=int, default=5)
@@ -406,19 +343,24 @@ def main(argv: list[str] | None = None) -> None:
     trace = read_trace(args.trace, placement=Placement(args.groups, args.groups, "linear"))
     a_cfg = [c for c in args.configs.split(",") if c]
     t_cfg = [c for c in args.torch_configs.split(",") if c]
-    records: list[dict[str, Any]] | None = None
+    records: list[dict[str, Any]] = []
+
+    def emit(side: str) -> Callable[[dict[str, Any]], None]:
+        """Rank 0 writes the file again after every config: a later hang keeps the rows."""
+        def write(record: dict[str, Any]) -> None:
+            records.append(dict(record, side=side))
+            tmp = args.out + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump({"side": args.side, "records": records}, f)
+            os.replace(tmp, args.out)
+        return write
     if args.side in ("aioready", "both") and a_cfg:
-        records = [dict(r, side="aioready") for r in run_aioready(args, trace, a_cfg) or []]
+        run_aioready(args, trace, a_cfg, emit("aioready"))
     if args.side == "both" and t_cfg and "MASTER_ADDR" not in os.environ:
         _gloo_env_from_mpi()
     if args.side in ("torch", "both") and t_cfg:
-        records = (records or []) + [dict(r, side="torch")
-                                     for r in run_torch(args, trace, t_cfg) or []]
-    if records and _rank() == 0:
-        tmp = args.out + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump({"side": args.side, "records": records}, f)
-        os.replace(tmp, args.out)
+        from .e2e_torch import run_torch
+        run_torch(args, trace, t_cfg, emit("torch"))
 
 
 if __name__ == "__main__":

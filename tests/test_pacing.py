@@ -33,9 +33,9 @@ class _Computes:
         pass
 
 
-async def _paced(compute_s: float, duration_s: float) -> tuple[int, float]:
+async def _paced(compute_s: float, duration_s: float, mode: str = "floor") -> tuple[int, float]:
     """(overruns, elapsed on the task clock) of one paced task."""
-    device = PacedDevice(_Computes(compute_s), lambda info: duration_s)
+    device = PacedDevice(_Computes(compute_s), lambda info: duration_s, mode)
     now = clock_of(asyncio.get_running_loop())
     start = now()
     assert await device.run(INFO, lambda: "out") == "out"
@@ -59,6 +59,18 @@ def test_virtual_clock_is_the_loop_only_on_simulated_time() -> None:
 def test_paced_tasks_on_the_virtual_clock() -> None:
     assert run_virtual(_paced(0.5, 2.0)) == (0, 2.0)  # compute, then the rest of the duration
     assert run_virtual(_paced(3.0, 2.0)) == (1, 3.0)  # the compute alone took longer
+
+
+def test_add_mode_sleeps_the_whole_duration_after_the_compute() -> None:
+    assert run_virtual(_paced(0.5, 2.0, "add")) == (0, 2.5)
+    assert run_virtual(_paced(3.0, 2.0, "add")) == (0, 5.0)  # no overrun: nothing to fit in
+    assert run_virtual(_paced(0.0, 2.0, "add")) == (0, 2.0)
+
+
+def test_pacing_mode_is_checked() -> None:
+    from aioready.errors import ConfigError
+    with pytest.raises(ConfigError, match="floor | add"):
+        PacedDevice(_Computes(0.0), lambda info: 1.0, "at-least")
 
 
 async def test_paced_tasks_on_a_real_loop() -> None:

@@ -60,6 +60,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--trace", default=None, metavar="FILE",
                    help="replay task durations from a trace CSV (step,stage,chunk,microbatch,"
                    "kind,ms)")
+    p.add_argument("--trace-mode", choices=("floor", "add"), default="floor",
+                   help="floor (default): a task takes at least its traced duration, its compute "
+                   "inside; add: the compute, then a sleep of the whole duration (as a sleep "
+                   "injected into the model does in another runtime's harness)")
     p.add_argument("--sleep-only", action="store_true",
                    help="tasks only sleep their --trace/--jitter durations: no model compute")
     p.add_argument("--steps", type=int, default=3, help="training steps")
@@ -118,7 +122,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
     return TrainConfig(
         stages=args.stages, microbatches=args.microbatches, hint=args.hint, mode=args.mode,
         cap=args.cap, memory=args.memory, jitter=args.jitter, seed=args.seed, trace=args.trace,
-        steps=args.steps,
+        trace_mode=args.trace_mode, steps=args.steps,
         split_backward=args.split_backward, task_ms=args.task_ms, batch=args.batch,
         seq=args.seq, dim=args.dim, lr=args.lr, metrics_port=args.metrics_port,
         sleep_only=args.sleep_only, checkpoint_dir=args.checkpoint_dir, resume=args.resume,

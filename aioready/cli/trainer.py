@@ -24,7 +24,7 @@ import torch
 from ..caps import CapSpec, parse_cap
 from ..devices.cpu import CPUDevice
 from ..devices.inline import InlineDevice
-from ..devices.paced import PacedDevice
+from ..devices.paced import PACE_MODES, PacedDevice
 from ..errors import ConfigError, DivergedError
 from ..memory import MemorySpec, check_one_gate, parse_memory
 from ..runtime.autotune import AutoHint, parse_auto, start_hint
@@ -59,6 +59,9 @@ class TrainConfig:
     jitter: str | None = None
     seed: int = 0
     trace: str | None = None
+    trace_mode: str = "floor"
+    """floor: a task takes at least its duration (compute inside it); add: the compute, then a
+    sleep of the whole duration (devices/paced.py)"""
     steps: int = 3
     split_backward: bool = False
     task_ms: float = 20.0
@@ -114,6 +117,9 @@ class TrainConfig:
         if self.dashboard is not None and not 0 <= self.dashboard <= 65535:
             raise ConfigError("dashboard port out of range", expected="0..65535",
                               got=self.dashboard)
+        if self.trace_mode not in PACE_MODES:
+            raise ConfigError("trace_mode", expected=" | ".join(PACE_MODES),
+                              got=repr(self.trace_mode))
         if self.on_nan not in ON_NAN:
             raise ConfigError("on_nan", expected=" | ".join(ON_NAN), got=repr(self.on_nan))
         for name in ("stages", "microbatches", "steps", "batch", "seq", "dim", "heads",
@@ -160,7 +166,7 @@ class TrainResult:
             "ranks": self.world_size, "overruns": self.overruns,
             "sleep_only": cfg.sleep_only, "diverged_at": self.diverged_at,
             "sealed": self.key_fingerprint, "dp": cfg.dp, "tp": cfg.tp,
-            "layers_per_stage": cfg.layers_per_stage,
+            "layers_per_stage": cfg.layers_per_stage, "trace_mode": cfg.trace_mode,
             "spans": spans_table(self.reports),  # what `aioready advise` reads
         }
 
@@ -215,7 +221,7 @@ async def train(cfg: TrainConfig, *, comm: Any = None,
         # two wake-ups, and on an oversubscribed host its wait for a core (bench.oversub)
         inner = InlineDevice() if cfg.sleep_only and cfg.tp == 1 else CPUDevice(
             f"aioready-rank{r}")
-        devices.append(PacedDevice(inner, duration))
+        devices.append(PacedDevice(inner, duration, cfg.trace_mode))
         return wrap(devices[-1])
 
     pipe = Pipeline(modules, lm_loss, microbatches=cfg.microbatches, mode=cfg.mode,

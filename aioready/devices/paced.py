@@ -2,8 +2,10 @@
 
 It wraps another device (the CPU worker thread, so the loop stays free while torch computes),
 runs the task's compute there and then sleeps for whatever is left of the duration: "real compute
-plus a sleep for the rest". Used to replay jitter models and traces on a real model (aioready
-train, the demo). Unlike SimDevice, the compute never runs on the loop thread.
+plus a sleep for the rest" (mode "floor"). Mode "add" sleeps the whole duration after the
+compute instead, as a sleep injected into the model does in other runtimes' harnesses, so one set
+of durations replays on equal terms in both. Used to replay jitter models and traces on a real
+model (aioready train, the demo). Unlike SimDevice, the compute never runs on the loop thread.
 """
 
 from __future__ import annotations
@@ -12,24 +14,33 @@ import asyncio
 from typing import Callable, TypeVar
 
 from ..clock import clock_of, sleep_until
+from ..errors import ConfigError
 from .base import Device, TaskInfo
 
-__all__ = ["PacedDevice"]
+__all__ = ["PacedDevice", "PACE_MODES"]
+
+PACE_MODES = ("floor", "add")
 
 T = TypeVar("T")
 
 
 class PacedDevice:
-    def __init__(self, inner: Device, duration: Callable[[TaskInfo], float]) -> None:
+    def __init__(self, inner: Device, duration: Callable[[TaskInfo], float],
+                 mode: str = "floor") -> None:
+        if mode not in PACE_MODES:
+            raise ConfigError("pacing mode", expected=" | ".join(PACE_MODES), got=repr(mode))
         self.inner = inner
         self.duration = duration
-        self.num_overruns = 0  # tasks whose compute alone took longer than their duration
+        self.mode = mode
+        self.num_overruns = 0  # floor: tasks whose compute alone took longer than their duration
 
     async def run(self, info: TaskInfo, fn: Callable[[], T]) -> T:
         loop = asyncio.get_running_loop()
         start = clock_of(loop)()
         result = await self.inner.run(info, fn)
-        if not await sleep_until(loop, start + self.duration(info)):
+        if self.mode == "add":
+            start = clock_of(loop)()
+        if not await sleep_until(loop, start + self.duration(info)) and self.mode == "floor":
             self.num_overruns += 1
         return result
 

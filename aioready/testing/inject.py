@@ -48,11 +48,11 @@ class SleepInjector:
 
     def sleep(self, stage: int, microbatch: int, kind: Kind) -> None:
         seconds = self.duration(self.step, stage, microbatch, kind)
-        with self._lock:
-            self.slept[kind] += seconds
-            self.count[kind] += 1
         if seconds > 0:
             time.sleep(seconds)
+        with self._lock:  # counted once slept: a sleep that did not happen is not in the totals
+            self.slept[kind] += seconds
+            self.count[kind] += 1
 
     def reset(self) -> None:
         with self._lock:
