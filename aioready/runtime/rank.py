@@ -56,19 +56,10 @@ def reservation_holds(hint: HintOrder, caps: Sequence[int]) -> bool:
     """Whether ready mode may reserve for the hint's sequence: it has one, and every rank's cap
     admits it. A rank that cannot follow the sequence (a cap below its peak) runs greedily, and
     a neighbour that waits for the sequence's next task could starve it: then nobody reserves
-    (docs/policy.md "Why the reservation cannot deadlock")."""
-    caps = tuple(caps)
-    last_hint, last_caps, last_holds = _last_holds[0]
-    if last_hint is hint and last_caps == caps:
-        return last_holds  # every rank of a pipeline asks the same: R peaks, not R * R
-    holds = (len(caps) == hint.num_ranks and hint.runs_to_completion()
-             and all(cap >= hint.peak(rank) for rank, cap in enumerate(caps)))
-    _last_holds[0] = (hint, caps, holds)  # one tuple, replaced whole: safe across threads
-    return holds
-
-
-_last_holds: list[tuple[Any, tuple[int, ...], bool]] = [(None, (), False)]
-"""reservation_holds's last question and answer (HintOrder.peak replays a rank's sequence)."""
+    (docs/policy.md "Why the reservation cannot deadlock"). Every rank asks about every rank:
+    cheap, since the hint memoises its peaks and its completion check."""
+    return (len(caps) == hint.num_ranks and hint.runs_to_completion()
+            and all(cap >= hint.peak(rank) for rank, cap in enumerate(caps)))
 
 
 class Executor(Protocol):
