@@ -20,7 +20,7 @@ import logging
 from typing import Any, Callable, Iterable, TypeVar
 
 from ..devices.base import Device, TaskInfo
-from ..transports.base import Deliver, Message, OnFailure, Transport
+from ..transports.base import Message, Transport, WrappedTransport
 
 __all__ = ["HOOKS", "Instruments", "InstrumentedDevice", "InstrumentedTransport",
            "instrument_pipeline", "payload_bytes"]
@@ -98,34 +98,17 @@ class InstrumentedDevice:
         return f"<InstrumentedDevice {self.inner!r}>"
 
 
-class InstrumentedTransport:
+class InstrumentedTransport(WrappedTransport):
     """A transport that reports each send (and its payload bytes) to message_sent."""
 
     def __init__(self, inner: Transport, instruments: Instruments) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.instruments = instruments
-
-    @property
-    def rank(self) -> int:
-        return self.inner.rank
-
-    @property
-    def world_size(self) -> int:
-        return self.inner.world_size
-
-    def open(self, deliver: Deliver, *, on_failure: OnFailure | None = None) -> None:
-        self.inner.open(deliver, on_failure=on_failure)
 
     def send_nowait(self, dest: int, msg: Message) -> None:
         self.inner.send_nowait(dest, msg)
         if self.instruments.has("message_sent"):
             self.instruments.call("message_sent", self.inner.rank, dest, msg, payload_bytes(msg))
-
-    async def wait_sent(self) -> None:
-        await self.inner.wait_sent()
-
-    async def close(self) -> None:
-        await self.inner.close()
 
     def __getattr__(self, name: str) -> Any:  # statistics() etc. of the wrapped transport
         return getattr(self.inner, name)

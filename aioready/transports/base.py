@@ -10,7 +10,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol, runtime_checkable
 
-__all__ = ["MessageKind", "Message", "Transport", "Deliver", "OnFailure"]
+__all__ = ["MessageKind", "Message", "Transport", "WrappedTransport", "Deliver", "OnFailure"]
 
 
 class MessageKind(enum.IntEnum):
@@ -81,3 +81,32 @@ class Transport(Protocol):
     async def wait_sent(self) -> None: ...
 
     async def close(self) -> None: ...
+
+
+class WrappedTransport:
+    """A transport around another one (sealing, instrumenting): the identity, the receive side
+    and the shutdown are the inner transport's unless a wrapper overrides them, so each wrapper
+    writes only what it adds."""
+
+    def __init__(self, inner: Transport) -> None:
+        self.inner = inner
+
+    @property
+    def rank(self) -> int:
+        return self.inner.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.inner.world_size
+
+    def open(self, deliver: Deliver, *, on_failure: OnFailure | None = None) -> None:
+        self.inner.open(deliver, on_failure=on_failure)
+
+    def send_nowait(self, dest: int, msg: Message) -> None:
+        self.inner.send_nowait(dest, msg)
+
+    async def wait_sent(self) -> None:
+        await self.inner.wait_sent()
+
+    async def close(self) -> None:
+        await self.inner.close()

@@ -52,7 +52,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from ..errors import AioreadyError, ConfigError, InternalError, ProtocolError
-from .base import Deliver, Message, MessageKind, OnFailure, Transport
+from .base import Deliver, Message, MessageKind, OnFailure, Transport, WrappedTransport
 from .header import _FIXED, HEADER_MAGIC, MAX_TENSORS, encode_descriptor
 from .receive_pool import ReceivePool
 from .sealed_layout import (
@@ -104,7 +104,7 @@ class _Opening:
     __slots__ = ("common", "specs", "sizes", "plain", "seen", "left", "msg")
 
 
-class SecureTransport:
+class SecureTransport(WrappedTransport):
     """Any Transport, with every message sealed by an AEAD cipher (see the module note)."""
 
     def __init__(self, inner: Transport, *, key: bytes, session: bytes,
@@ -120,7 +120,7 @@ class SecureTransport:
                 not 1 << 16 <= segment_bytes < 1 << 32:
             raise ConfigError("segment_bytes", expected="an int in 64 KiB .. 4 GiB",
                               got=repr(segment_bytes))
-        self.inner = inner
+        super().__init__(inner)
         self.cipher = cipher
         self.segment_bytes = segment_bytes
         self.threads = threads
@@ -136,14 +136,6 @@ class SecureTransport:
         self._sent_waiters: list[asyncio.Future[None]] = []
         self._workers: dict[str, ThreadPoolExecutor] = {}
         self._pool = ReceivePool()
-
-    @property
-    def rank(self) -> int:
-        return self.inner.rank
-
-    @property
-    def world_size(self) -> int:
-        return self.inner.world_size
 
     def open(self, deliver: Deliver, *, on_failure: OnFailure | None = None) -> None:
         self._deliver = deliver
