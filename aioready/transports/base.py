@@ -10,7 +10,10 @@ import enum
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol, runtime_checkable
 
-__all__ = ["MessageKind", "Message", "Transport", "WrappedTransport", "Deliver", "OnFailure"]
+from ..errors import ProtocolError
+
+__all__ = ["MessageKind", "Message", "Transport", "WrappedTransport", "Deliver", "OnFailure",
+           "outside_world"]
 
 
 class MessageKind(enum.IntEnum):
@@ -110,3 +113,10 @@ class WrappedTransport:
 
     async def close(self) -> None:
         await self.inner.close()
+
+
+def outside_world(rank: int, world_size: int, dest: int) -> ProtocolError:
+    """The error of a send to a rank that does not exist (every transport refuses it alike;
+    the range test itself stays inline on the send path)."""
+    return ProtocolError("send to a rank outside the world", rank=rank,
+                         expected=f"0..{world_size - 1}", got=dest)

@@ -13,7 +13,7 @@ import asyncio
 from typing import Callable
 
 from ..errors import ConfigError, ProtocolError
-from .base import Deliver, Message, MessageKind, OnFailure
+from .base import Deliver, Message, MessageKind, OnFailure, outside_world
 
 __all__ = ["InprocWorld", "InprocTransport"]
 
@@ -74,9 +74,7 @@ class InprocTransport:
 
     def send_nowait(self, dest: int, msg: Message) -> None:
         if not 0 <= dest < self._world.world_size:
-            raise ProtocolError("send to a rank outside the world",
-                                expected=f"0..{self._world.world_size - 1}", got=dest,
-                                rank=self._rank)
+            raise outside_world(self._rank, self._world.world_size, dest)
         loop = asyncio.get_running_loop()
         self.num_sent += 1
         if msg.kind is MessageKind.NOTICE:

@@ -51,7 +51,7 @@ import numpy as np
 from ..cuda.mpi import HostStager, cuda_mpi_support, mpi_device_buffer, transfer_path
 from ..errors import AioreadyError, InternalError, ProtocolError
 from ..progress import ProgressConfig, ProgressEngine
-from .base import Deliver, Message, MessageKind, OnFailure
+from .base import Deliver, Message, MessageKind, OnFailure, outside_world
 from .doorbell import Doorbell
 from .header import MAX_TENSORS, TensorSpec
 from .mpi_requests import PendingRequests
@@ -156,8 +156,7 @@ class MPITransport:
         if self._error is not None and msg.kind is not MessageKind.CONTROL:
             raise self._error  # control still goes out: a failed rank's error broadcast
         if not 0 <= dest < self._size:
-            raise ProtocolError("send to a rank outside the world", rank=self._rank,
-                                expected=f"0..{self._size - 1}", got=dest)
+            raise outside_world(self._rank, self._size, dest)
         self.num_sent += 1
         if dest == self._rank:
             self._num_local += 1

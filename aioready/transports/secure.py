@@ -52,7 +52,15 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from ..errors import AioreadyError, ConfigError, InternalError, ProtocolError
-from .base import Deliver, Message, MessageKind, OnFailure, Transport, WrappedTransport
+from .base import (
+    Deliver,
+    Message,
+    MessageKind,
+    OnFailure,
+    Transport,
+    WrappedTransport,
+    outside_world,
+)
 from .header import _FIXED, HEADER_MAGIC, MAX_TENSORS, encode_descriptor
 from .receive_pool import ReceivePool
 from .sealed_layout import (
@@ -146,8 +154,7 @@ class SecureTransport(WrappedTransport):
         if self._error is not None and msg.kind is not MessageKind.CONTROL:
             raise self._error  # control still goes out: a failed rank's error broadcast
         if not 0 <= dest < self.world_size:
-            raise ProtocolError("send to a rank outside the world", rank=self.rank,
-                                expected=f"0..{self.world_size - 1}", got=dest)
+            raise outside_world(self.rank, self.world_size, dest)
         seq = self._send_seq[dest]
         if seq >= MAX_SEQ:
             raise ProtocolError("too many messages to one rank in one session", rank=self.rank,
