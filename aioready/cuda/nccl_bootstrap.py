@@ -102,7 +102,7 @@ def broadcast_ids(comm: Any, count: int, make_id: Callable[[], bytes], *,
     if me != root and int(head[0]) != count:
         bad = f"rank {root} sent {int(head[0])} ids, this rank expected {count}"
     if not _all_agree(comm, bool(bad)):
-        raise ConfigError("the ranks disagree on the NCCL communicators to make", rank=me,
+        raise ConfigError("the ranks could not share the NCCL unique ids", rank=me,
                           expected=f"{count} unique ids of {UNIQUE_ID_BYTES} bytes on every "
                           "rank", got=bad or "a mismatch on another rank",
                           fix="build the data plane at the same point on every rank, over "
