@@ -20,8 +20,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aioready.cuda import nccl_bootstrap as boot
-from aioready.cuda.plane import (ASKED_NCCL, ASKED_OTHER, ENV_GPU_PLANE, PlaneChoice,
-                                 RankPlane, choose_gpu_plane, settle_gpu_plane)
+from aioready.cuda.plane import (
+    ASKED_NCCL,
+    ASKED_OTHER,
+    ENV_GPU_PLANE,
+    PlaneChoice,
+    RankPlane,
+    choose_gpu_plane,
+    settle_gpu_plane,
+)
 from aioready.errors import ConfigError, InternalError, ProtocolError
 from aioready.testing.loopback import LoopbackHub
 from aioready.transports.device_payloads import receive_payloads, send_payloads
@@ -270,3 +277,27 @@ def test_the_transport_agrees_on_the_plane_and_logs_it(value: str, expect: str) 
     assert (out.returncode == 0) == ok and text.count("PLANE OK") == 2 * ok, text[-3000:]
     if value == "mpi":  # explicit wins over detection: device buffers straight to MPI
         assert "CUDA tensors take the device path" in text
+
+
+# -- on a GPU -------------------------------------------------------------------------------
+def _gpu_nccl_missing() -> str | None:
+    if not torch.cuda.is_available():
+        return "no CUDA device (GPU) visible to torch"
+    from aioready.cuda.nccl import nccl_missing
+    missing = nccl_missing()
+    return None if missing is None else f"a CUDA GPU, but no NCCL through CuPy: {missing}"
+
+
+@pytest.mark.gpu
+@pytest.mark.mpi
+@pytest.mark.timeout(180)
+def test_cupy_nccl_plane_on_one_gpu() -> None:
+    """bench/gpu_nccl_check.py on 1 rank: send-to-self in an NCCL group and an all-reduce
+    through NcclPlane's communicator, completions awaited as CUDA events."""
+    missing = _gpu_nccl_missing()
+    if missing is not None:
+        pytest.skip(missing)
+    out = run_mpi(1, [str(ROOT / "bench" / "gpu_nccl_check.py")], timeout=150)
+    assert out.returncode == 0, out.stderr[-3000:]
+    cases = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
+    assert len(cases) == 1 and '"ok": true' in cases[0], out.stdout[-3000:]
