@@ -279,6 +279,50 @@ def test_the_transport_agrees_on_the_plane_and_logs_it(value: str, expect: str) 
         assert "CUDA tensors take the device path" in text
 
 
+# -- the transport's plane path end to end, on CPUs -----------------------------------------
+PLANE_CASES = {2: ["1f1b:ready:1:1", "zbv:strict:1:1", "ooo", "dtypes"],
+               4: ["interleaved-zb:ready:1:1"]}  # every hint: the heavy test below
+
+
+def _exact_over_byte_plane(n: int, cases: list[str]) -> None:
+    """tests/mpi_scripts/exact.py with every payload over aioready.testing.mpi_plane's ordered
+    byte plane (no inline payloads): flagged headers, per-peer order, receives posted by
+    header, the same losses and gradients as the unsplit model."""
+    out = run_mpi(n, [str(ROOT / "tests" / "mpi_scripts" / "exact.py"), *cases], timeout=250,
+                  env={"PLANE": "mpi-bytes", "AIOREADY_MPI_INLINE_BYTES": "0"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    results = dict(line.split(" ", 2)[1:] for line in out.stdout.splitlines()
+                   if line.startswith("RESULT "))
+    assert sorted(results) == sorted(cases), out.stdout[-3000:]
+    for case, text in results.items():
+        if case == "dtypes":
+            assert "bad=0" in text, text
+        else:
+            diffs = [float(v) for k, v in (f.split("=") for f in text.split())
+                     if k.endswith("_diff")]
+            assert diffs and max(diffs) <= 1e-12, (case, text)
+    counts = [line.split() for line in out.stdout.splitlines() if line.startswith("PLANE ")]
+    assert len(counts) == n, out.stdout[-2000:]  # each rank sent and received over the plane
+    assert all(int(c[3].split("=")[1]) > 0 and int(c[4].split("=")[1]) > 0 for c in counts), \
+        counts
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("n", [2, 4])
+def test_pipelines_are_exact_over_an_ordered_byte_plane(n: int) -> None:
+    _exact_over_byte_plane(n, PLANE_CASES[n])
+
+
+@pytest.mark.heavy
+@pytest.mark.mpi
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("n", [2, 4])
+def test_every_hint_is_exact_over_an_ordered_byte_plane(n: int) -> None:
+    from test_mpi import cases
+    _exact_over_byte_plane(n, cases(n) + (["ooo", "dtypes"] if n == 2 else []))
+
+
 # -- on a GPU -------------------------------------------------------------------------------
 def _gpu_nccl_missing() -> str | None:
     if not torch.cuda.is_available():

@@ -101,12 +101,18 @@ def gpu_identity(device: Any) -> int:
 
 
 def open_gpu_plane(comm: Any, *, cuda_aware: bool | None, device: Any = None,
-                   explicit: str | None = None) -> tuple[planes.PlaneChoice, Any]:
+                   explicit: Any = None) -> tuple[planes.PlaneChoice, Any]:
     """Collective over `comm`: agree on the plane, log it, and make the NCCL plane if chosen.
 
     Returns (choice, NcclPlane or None). A rank without a CUDA `device` cannot use NCCL.
+    `explicit` may also be a byte plane object (transports/device_payloads.py's BytePlane,
+    e.g. aioready.testing.mpi_plane's): it is used as given, plane "custom", nothing agreed.
     """
     me, size = comm.Get_rank(), comm.Get_size()
+    if explicit is not None and not isinstance(explicit, str):
+        choice = planes.PlaneChoice("custom", "argument", type(explicit).__name__)
+        log.info("rank %d/%d: GPU data plane custom (%s)", me, size, choice.reason)
+        return choice, explicit
     cuda_device = device is not None and str(device).startswith("cuda")
     missing: str | None = "the transport has no CUDA device" if not cuda_device else None
     if missing is None:

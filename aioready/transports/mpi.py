@@ -90,7 +90,7 @@ class MPITransport:
 
     def __init__(self, comm: Any = None, *, device: Any = None,
                  inline_bytes: int = INLINE_BYTES, hot_bytes: int = HOT_BYTES,
-                 fast: bool | None = None, gpu_plane: str | None = None) -> None:
+                 fast: bool | None = None, gpu_plane: Any = None) -> None:
         from mpi4py import MPI
         self._MPI = MPI
         comm = MPI.COMM_WORLD if comm is None else comm
@@ -180,7 +180,7 @@ class MPITransport:
             if self._bell is not None:
                 self._bell.ring(dest)
         else:
-            on_plane = on_cuda and self._plane is not None
+            on_plane = self._plane is not None and (on_cuda or self.gpu_plane == "custom")
             header = self._codec.fixed(msg, len(sizes)) + descriptors
             self._isend(self._hdr, header, dest, device_tag(seq, on_plane), False)
             if self._bell is not None:
@@ -557,7 +557,8 @@ class MPITransport:
 
 _PATHS = {"mpi": ("device", "device buffers straight to MPI"),
           "staged": ("staged", "through pooled pinned host buffers"),
-          "nccl": ("nccl", "payloads over NCCL communicators made with CuPy, headers over MPI")}
+          "nccl": ("nccl", "payloads over NCCL communicators made with CuPy, headers over MPI"),
+          "custom": ("custom", "payloads over the byte plane given, headers over MPI")}
 
 
 def _doorbell(MPI: Any, comm: Any) -> Doorbell | None:
