@@ -323,6 +323,26 @@ def test_every_hint_is_exact_over_an_ordered_byte_plane(n: int) -> None:
     _exact_over_byte_plane(n, cases(n) + (["ooo", "dtypes"] if n == 2 else []))
 
 
+@pytest.mark.mpi
+@pytest.mark.timeout(200)
+def test_tp_through_the_device_comm_is_exact_on_cpus() -> None:
+    """PP=2 x TP=2 with aioready.tp.nccl_collectives.mpi_tp_comm (on CPUs the ranks agree on
+    the staged plane, and `allreduce_tensor_` sums through MPI), both tag checks: the same
+    gradients and loss as the unsplit model, the same task order on the TP members."""
+    import json
+    out = run_mpi(4, [str(ROOT / "examples" / "tp_mlp.py"), "--tp", "2", "--mode", "ready",
+                      "--steps", "2", "--microbatches", "4", "--cap", "4", "--verify",
+                      "exchange,inline", "--device-comm"], timeout=180,
+                  env={"OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    (line,) = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")]
+    runs = json.loads(line[len("RESULT "):])["runs"]
+    assert sorted(runs) == ["ready/exchange", "ready/inline"], runs.keys()
+    for (run,) in runs.values():
+        assert run["grad_diff"] <= 1e-10 and run["loss_diff"] <= 1e-10, run
+        assert run["orders_equal"] and run["num_collectives"] > 0, run
+
+
 # -- on a GPU -------------------------------------------------------------------------------
 def _gpu_nccl_missing() -> str | None:
     if not torch.cuda.is_available():

@@ -46,7 +46,7 @@ from .events import CUDAEventSource
 from .nccl_bootstrap import broadcast_ids, id_from_bytes, id_to_bytes, num_ids, pair_index
 
 __all__ = ["nccl_missing", "NcclPlane", "MIN_NCCL_VERSION", "nccl_dtype", "open_gpu_plane",
-           "gpu_identity"]
+           "agree_gpu_plane", "gpu_identity"]
 
 log = logging.getLogger("aioready.cuda")
 
@@ -100,19 +100,12 @@ def gpu_identity(device: Any) -> int:
     return int.from_bytes(digest[:8], "little") >> 1 or 1
 
 
-def open_gpu_plane(comm: Any, *, cuda_aware: bool | None, device: Any = None,
-                   explicit: Any = None) -> tuple[planes.PlaneChoice, Any]:
-    """Collective over `comm`: agree on the plane, log it, and make the NCCL plane if chosen.
-
-    Returns (choice, NcclPlane or None). A rank without a CUDA `device` cannot use NCCL.
-    `explicit` may also be a byte plane object (transports/device_payloads.py's BytePlane,
-    e.g. aioready.testing.mpi_plane's): it is used as given, plane "custom", nothing agreed.
-    """
+def agree_gpu_plane(comm: Any, *, cuda_aware: bool | None, device: Any = None,
+                    explicit: str | None = None, what: str = "GPU data plane"
+                    ) -> planes.PlaneChoice:
+    """Collective over `comm`: every rank's row gathered, the same choice settled and logged
+    on each (cuda/plane.py). A rank without a CUDA `device` cannot use NCCL."""
     me, size = comm.Get_rank(), comm.Get_size()
-    if explicit is not None and not isinstance(explicit, str):
-        choice = planes.PlaneChoice("custom", "argument", type(explicit).__name__)
-        log.info("rank %d/%d: GPU data plane custom (%s)", me, size, choice.reason)
-        return choice, explicit
     cuda_device = device is not None and str(device).startswith("cuda")
     missing: str | None = "the transport has no CUDA device" if not cuda_device else None
     if missing is None:
@@ -124,11 +117,28 @@ def open_gpu_plane(comm: Any, *, cuda_aware: bool | None, device: Any = None,
     comm.Allgather(row, rows)
     table = [planes.RankPlane(int(a), bool(c), int(g)) for a, c, g in rows]
     choice = planes.settle_gpu_plane(me, wish, table, missing)
-    log.info("rank %d/%d: GPU data plane %s (%s: %s)", me, size, choice.plane, choice.how,
+    log.info("rank %d/%d: %s %s (%s: %s)", me, size, what, choice.plane, choice.how,
              choice.reason)
+    shared = planes.shared_gpu(table)
+    return choice._replace(shared=shared) if shared else choice
+
+
+def open_gpu_plane(comm: Any, *, cuda_aware: bool | None, device: Any = None,
+                   explicit: Any = None, p2p: bool = True) -> tuple[planes.PlaneChoice, Any]:
+    """Collective over `comm`: agree on the plane (`agree_gpu_plane`), and make the NCCL plane
+    if chosen (with one-way communicators unless `p2p` is False). Returns (choice, NcclPlane or
+    None). `explicit` may also be a byte plane object (transports/device_payloads.py's
+    BytePlane, e.g. aioready.testing.mpi_plane's): used as given, plane "custom", not agreed.
+    """
+    if explicit is not None and not isinstance(explicit, str):
+        choice = planes.PlaneChoice("custom", "argument", type(explicit).__name__)
+        log.info("rank %d/%d: GPU data plane custom (%s)", comm.Get_rank(), comm.Get_size(),
+                 choice.reason)
+        return choice, explicit
+    choice = agree_gpu_plane(comm, cuda_aware=cuda_aware, device=device, explicit=explicit)
     if choice.plane != "nccl":
         return choice, None
-    return choice, NcclPlane(comm, device, shared=planes.shared_gpu(table))
+    return choice, NcclPlane(comm, device, p2p=p2p, shared=choice.shared)
 
 
 class NcclPlane:
@@ -192,7 +202,7 @@ class NcclPlane:
         stream.wait_stream(torch.cuda.current_stream(self.device))
         comm.send(buf.data_ptr(), buf.numel(), self._nccl.NCCL_UINT8, 1, stream.cuda_stream)
         buf.record_stream(stream)
-        return self._completion(stream)
+        return self.completion(stream)
 
     def recv(self, src: int, nbytes: int) -> tuple[Any, asyncio.Future[None]]:
         """A uint8 CUDA tensor of `nbytes` that NCCL fills from `src`, and its completion."""
@@ -202,7 +212,7 @@ class NcclPlane:
             raw = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
         comm.recv(raw.data_ptr(), nbytes, self._nccl.NCCL_UINT8, 0, stream.cuda_stream)
         raw.record_stream(torch.cuda.current_stream(self.device))  # read there once it arrived
-        return raw, self._completion(stream)
+        return raw, self.completion(stream)
 
     def _one_way(self, table: dict[int, tuple[Any, Any]], peer: int, way: str
                  ) -> tuple[Any, Any]:
@@ -213,7 +223,9 @@ class NcclPlane:
                               got=peer)
         return pair
 
-    def _completion(self, stream: Any) -> asyncio.Future[None]:
+    def completion(self, stream: Any) -> asyncio.Future[None]:
+        """A future the completion engine resolves once the work queued on `stream` so far
+        has completed (an event recorded now)."""
         loop = asyncio.get_running_loop()
         if self._source is None or self._source.loop is not loop:
             self._source = CUDAEventSource(loop, wake=self.wake)

@@ -39,11 +39,13 @@ ASKED_NCCL, ASKED_OTHER = 1, 2
 
 
 class PlaneChoice(NamedTuple):
-    """A rank's plane; `how` is 'argument', 'env' or 'auto', `reason` says why in words."""
+    """A rank's plane; `how` is 'argument', 'env' or 'auto', `reason` says why in words;
+    `shared` the first two ranks found on one GPU, once the ranks agreed."""
 
     plane: str
     how: str
     reason: str
+    shared: tuple[int, int] | None = None
 
 
 class RankPlane(NamedTuple):
