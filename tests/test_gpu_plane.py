@@ -262,7 +262,7 @@ def test_unique_ids_broadcast_as_bytes_over_mpi(mode: str, error: str, detail: s
 @pytest.mark.mpi
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("value, expect", [
-    ("", "GPU data plane staged (auto: no NCCL through CuPy: the transport has no CUDA device)"),
+    ("", "GPU data plane staged (auto: no NCCL through CuPy: no CUDA device given)"),
     ("staged", f"GPU data plane staged (env: {ENV_GPU_PLANE}=staged)"),
     ("mpi", f"GPU data plane mpi (env: {ENV_GPU_PLANE}=mpi)"),
     ("nccl", "the nccl GPU data plane was asked for on ranks [0, 1], but ranks [0, 1] cannot "

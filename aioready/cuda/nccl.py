@@ -107,7 +107,7 @@ def agree_gpu_plane(comm: Any, *, cuda_aware: bool | None, device: Any = None,
     on each (cuda/plane.py). A rank without a CUDA `device` cannot use NCCL."""
     me, size = comm.Get_rank(), comm.Get_size()
     cuda_device = device is not None and str(device).startswith("cuda")
-    missing: str | None = "the transport has no CUDA device" if not cuda_device else None
+    missing: str | None = "no CUDA device given" if not cuda_device else None
     if missing is None:
         missing = nccl_missing()
     wish = planes.choose_gpu_plane(explicit, cuda_aware=cuda_aware, nccl_missing=missing)

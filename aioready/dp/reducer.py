@@ -177,12 +177,15 @@ class MPIGradReducer(BucketedReducer):
     # -- GradReducer ----------------------------------------------------------------------
     def reduce_nowait(self, chunk: int) -> None:
         for bucket in self._begin(chunk):
-            array = _pack(bucket)
-            req = self._comms[chunk].Iallreduce(self._MPI.IN_PLACE, array, op=self._MPI.SUM)
-            self.num_buckets += 1
-            self.num_bytes += array.nbytes
-            self._requests.track(req, partial(self._unpack_array, chunk, bucket, array),
-                                 nbytes=array.nbytes)
+            self._reduce_bucket(chunk, bucket)
+
+    def _reduce_bucket(self, chunk: int, bucket: list[Any]) -> None:
+        array = _pack(bucket)
+        req = self._comms[chunk].Iallreduce(self._MPI.IN_PLACE, array, op=self._MPI.SUM)
+        self.num_buckets += 1
+        self.num_bytes += array.nbytes
+        self._requests.track(req, partial(self._unpack_array, chunk, bucket, array),
+                             nbytes=array.nbytes)
 
     async def wait_reduced(self) -> None:
         await self._requests.wait_all()
