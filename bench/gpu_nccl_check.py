@@ -14,6 +14,9 @@ gpu-marked test of tests/test_gpu_plane.py (R = 1). Cases:
   tensor) to rank 1, which checks them and sends them back. Ranks sharing one GPU: automatic
   choice stages through the host; an explicit `nccl` shows what NCCL says (it refuses duplicate
   GPUs since 2.5; the result records the error).
+- ``tp_dp`` (R >= 2): tp/nccl_collectives.py's `mpi_tp_comm` sums a CUDA tensor and
+  dp/nccl_reducer.py's `mpi_grad_reducer` averages CUDA gradients over all ranks, on the plane
+  the ranks agree on (NCCL with one GPU per rank; through the host when they share one).
 """
 
 from __future__ import annotations
@@ -118,16 +121,44 @@ async def transport_case(device: torch.device) -> None:
     report("transport", ok=ok, plane=plane, messages=count)
 
 
+async def tp_dp_case(device: torch.device) -> None:
+    from aioready.dp.nccl_reducer import mpi_grad_reducer
+    from aioready.tp.nccl_collectives import mpi_tp_comm
+    plane = os.environ.get("AIOREADY_GPU_PLANE")
+    tp = mpi_tp_comm(comm, device=device, gpu_plane=plane)
+    x = torch.full((4096,), float(RANK + 1), dtype=torch.float32, device=device)
+    tp.allreduce_tensor_(x)
+    lin = torch.nn.Linear(64, 64).to(device)
+    for p in lin.parameters():
+        p.grad = torch.full_like(p, float(RANK))
+    reducer = mpi_grad_reducer(comm, [list(lin.parameters())], gpu_plane=plane)
+    reducer.reduce_nowait(0)
+    await asyncio.wait_for(reducer.wait_reduced(), 60)
+    source = CUDAEventSource(wake="poll")
+    await drained(source, torch.cuda.current_stream(device))
+    source.close()
+    tp_ok = bool((x == SIZE * (SIZE + 1) / 2).all())
+    dp_ok = all(bool((p.grad == (SIZE - 1) / 2).all()) for p in lin.parameters())
+    kinds = [type(tp.plane).__name__, type(reducer).__name__]
+    reducer.close()
+    tp.close()
+    report("tp_dp", ok=tp_ok and dp_ok, tp=tp_ok, dp=dp_ok, kinds=kinds)
+
+
 async def main() -> None:
     count = torch.cuda.device_count()
+    if not count:
+        report("nccl_self", ok=False, error="no CUDA device visible to torch")
+        return
     device = torch.device("cuda", RANK % count)
     torch.cuda.set_device(device)
     missing = nccl_missing()
     if missing is not None:
         report("nccl_self", ok=False, error=missing)
         return
-    for name, case in (("nccl_self", nccl_self), ("transport", transport_case)):
-        if name == "transport" and SIZE < 2:
+    for name, case in (("nccl_self", nccl_self), ("transport", transport_case),
+                       ("tp_dp", tp_dp_case)):
+        if name != "nccl_self" and SIZE < 2:
             continue
         try:
             await case(device)

@@ -18,7 +18,8 @@ the order between chunks free; inside a chunk the buckets are issued in a fixed 
 
 `Iallreduce` requests are completed by the loop's ProgressEngine (through `requests.Requests`, a
 CompletionSource), never by a blocking wait on the loop thread. CUDA gradients are staged
-through host memory here (one synchronous copy per bucket); a CUDA-aware path is a later step.
+through host memory here (one synchronous copy per bucket); nccl_reducer.py sums them on the
+device over NCCL where the ranks agree on the nccl GPU plane.
 """
 
 from __future__ import annotations
