@@ -38,18 +38,17 @@ class BytePlane(Protocol):
 
 def send_payloads(plane: BytePlane, dest: int, tensors: tuple[Any, ...], sizes: list[int], *,
                   rank: int | None = None) -> list[asyncio.Future[None]]:
-    """One transfer per non-empty tensor, in slot order; their completions."""
+    """One transfer per non-empty tensor, in slot order; their completions. Every tensor is
+    checked before the first transfer is posted: a half-sent message would leave the peer's
+    receives unmatched."""
     device_type = getattr(plane.device, "type", "cpu")
-    futures = []
-    for t, n in zip(tensors, sizes):
-        if not n:
-            continue
+    payloads = [t for t, n in zip(tensors, sizes) if n]
+    for t in payloads:
         if t.device.type != device_type:
             raise ProtocolError("a message mixes tensors of the data plane's device and others",
                                 rank=rank, expected=f"every tensor on {device_type}",
                                 got=str(t.device), fix="move the stage's outputs to one device")
-        futures.append(plane.send(dest, t))
-    return futures
+    return [plane.send(dest, t) for t in payloads]
 
 
 def receive_payloads(plane: BytePlane, src: int, specs: list[Any], dtypes: list[Any],

@@ -50,6 +50,7 @@ import numpy as np
 
 from ..cuda.mpi import HostStager, cuda_mpi_support, mpi_device_buffer
 from ..cuda.nccl import open_gpu_plane
+from ..cuda.plane import forced_gpu_plane
 from ..errors import AioreadyError, InternalError, ProtocolError
 from ..progress import ProgressConfig, ProgressEngine
 from .base import Deliver, Message, MessageKind, OnFailure, outside_world
@@ -97,6 +98,7 @@ class MPITransport:
         self._rank = comm.Get_rank()
         self._size = comm.Get_size()
         support = cuda_mpi_support(comm)  # before Dup: a bad override fails before collectives
+        forced_gpu_plane()  # likewise for AIOREADY_GPU_PLANE
         self._hdr = comm.Dup()
         self._data = comm.Dup()
         # collective: the ranks agree on how CUDA payloads travel (cuda/plane.py)
@@ -181,12 +183,12 @@ class MPITransport:
                 self._bell.ring(dest)
         else:
             on_plane = self._plane is not None and (on_cuda or self.gpu_plane == "custom")
+            if on_plane:  # first: a message the plane refuses sends no header either
+                self._send_on_plane(dest, tensors, sizes)
             header = self._codec.fixed(msg, len(sizes)) + descriptors
             self._isend(self._hdr, header, dest, device_tag(seq, on_plane), False)
             if self._bell is not None:
                 self._bell.ring(dest)
-            if on_plane:
-                self._send_on_plane(dest, tensors, sizes)
             for i, (t, n) in enumerate(zip(tensors, sizes)):
                 if n and not on_plane:
                     self._send_payload(dest, seq * MAX_TENSORS + i, t, n)
@@ -486,7 +488,7 @@ class MPITransport:
         if inbound.left:
             return
         tensors = inbound.tensors
-        if self._cuda_device and not self.cuda_aware and self._plane is None:
+        if self._cuda_device and not self.cuda_aware:
             self._copy_to_device(inbound.header, tensors)
             return
         if not self._host_device:
