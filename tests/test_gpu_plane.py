@@ -284,11 +284,11 @@ PLANE_CASES = {2: ["1f1b:ready:1:1", "zbv:strict:1:1", "ooo", "dtypes"],
                4: ["interleaved-zb:ready:1:1"]}  # every hint: the heavy test below
 
 
-def _exact_over_byte_plane(n: int, cases: list[str]) -> None:
+def _exact_over_byte_plane(n: int, cases: list[str], timeout: float = 250) -> None:
     """tests/mpi_scripts/exact.py with every payload over aioready.testing.mpi_plane's ordered
     byte plane (no inline payloads): flagged headers, per-peer order, receives posted by
     header, the same losses and gradients as the unsplit model."""
-    out = run_mpi(n, [str(ROOT / "tests" / "mpi_scripts" / "exact.py"), *cases], timeout=250,
+    out = run_mpi(n, [str(ROOT / "tests" / "mpi_scripts" / "exact.py"), *cases], timeout=timeout,
                   env={"PLANE": "mpi-bytes", "AIOREADY_MPI_INLINE_BYTES": "0"})
     assert out.returncode == 0, out.stderr[-3000:]
     results = dict(line.split(" ", 2)[1:] for line in out.stdout.splitlines()
@@ -320,7 +320,7 @@ def test_pipelines_are_exact_over_an_ordered_byte_plane(n: int) -> None:
 @pytest.mark.parametrize("n", [2, 4])
 def test_every_hint_is_exact_over_an_ordered_byte_plane(n: int) -> None:
     from test_mpi import cases
-    _exact_over_byte_plane(n, cases(n) + (["ooo", "dtypes"] if n == 2 else []))
+    _exact_over_byte_plane(n, cases(n) + (["ooo", "dtypes"] if n == 2 else []), timeout=560)
 
 
 @pytest.mark.mpi
