@@ -365,3 +365,26 @@ def test_cupy_nccl_plane_on_one_gpu() -> None:
     assert out.returncode == 0, out.stderr[-3000:]
     cases = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
     assert len(cases) == 1 and '"ok": true' in cases[0], out.stdout[-3000:]
+
+
+@pytest.mark.gpu
+@pytest.mark.mpi
+@pytest.mark.timeout(300)
+def test_cupy_nccl_plane_with_two_ranks() -> None:
+    """bench/gpu_nccl_check.py on 2 ranks, automatic plane: CUDA tensors between the ranks
+    through MPITransport, and the TP and DP sums, exact. On one GPU the ranks share it, the
+    automatic choice stages through the host, and NCCL's own 2-rank communicator (nccl_self)
+    is expected to be refused (recorded, not asserted); with 2 GPUs every case uses NCCL."""
+    missing = _gpu_nccl_missing()
+    if missing is not None:
+        pytest.skip(missing)
+    out = run_mpi(2, [str(ROOT / "bench" / "gpu_nccl_check.py")], timeout=280)
+    import json
+    cases = {c["case"]: c for c in (json.loads(line[7:]) for line in out.stdout.splitlines()
+                                    if line.startswith("RESULT "))}
+    assert {"transport", "tp_dp"} <= set(cases), out.stdout[-3000:] + out.stderr[-3000:]
+    assert cases["transport"]["ok"] and cases["tp_dp"]["ok"], cases
+    one_gpu = torch.cuda.device_count() < 2
+    assert cases["transport"]["plane"] == ("staged" if one_gpu else "nccl"), cases
+    if not one_gpu:
+        assert cases["nccl_self"]["ok"], cases
