@@ -71,7 +71,7 @@ ASKED = PlaneChoice("nccl", "env", "")
 
 
 def test_nccl_only_when_every_rank_can() -> None:
-    table = [RankPlane(0, True, 11), RankPlane(0, True, 22)]
+    table = [RankPlane(0, True, 11, True), RankPlane(0, True, 22, True)]
     assert settle_gpu_plane(0, AUTO_NCCL, table).plane == "nccl"
     table[1] = RankPlane(0, False, 0)
     assert settle_gpu_plane(0, AUTO_NCCL, table) == PlaneChoice(
@@ -79,8 +79,19 @@ def test_nccl_only_when_every_rank_can() -> None:
     assert settle_gpu_plane(1, AUTO_STAGED, table) == AUTO_STAGED
 
 
+def test_nccl_only_when_every_rank_chose_it() -> None:
+    """A CUDA-aware rank chooses mpi by itself: device buffers to MPI mix with staging, not
+    with NCCL, so the rank that could use NCCL stages."""
+    table = [RankPlane(0, True, 11, False), RankPlane(0, True, 22, True)]
+    mpi = PlaneChoice("mpi", "auto", "MPI takes device buffers")
+    assert settle_gpu_plane(0, mpi, table) == mpi
+    assert settle_gpu_plane(1, AUTO_NCCL, table) == PlaneChoice(
+        "staged", "auto", "ranks [0] chose another plane")
+
+
 def test_ranks_sharing_a_gpu_stage_unless_nccl_was_asked_for() -> None:
-    table = [RankPlane(0, True, 7), RankPlane(0, True, 9), RankPlane(0, True, 7)]
+    table = [RankPlane(0, True, 7, True), RankPlane(0, True, 9, True),
+             RankPlane(0, True, 7, True)]
     shared = settle_gpu_plane(2, AUTO_NCCL, table)
     assert shared.plane == "staged" and "ranks 0 and 2 share a GPU" in shared.reason
     table = [RankPlane(ASKED_NCCL, True, 7), RankPlane(ASKED_NCCL, True, 7)]
@@ -88,7 +99,7 @@ def test_ranks_sharing_a_gpu_stage_unless_nccl_was_asked_for() -> None:
 
 
 def test_one_rank_asking_makes_every_rank_use_nccl() -> None:
-    table = [RankPlane(ASKED_NCCL, True, 1), RankPlane(0, True, 2)]
+    table = [RankPlane(ASKED_NCCL, True, 1, True), RankPlane(0, True, 2, False)]
     assert settle_gpu_plane(1, PlaneChoice("mpi", "auto", ""), table).plane == "nccl"
 
 

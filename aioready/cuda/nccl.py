@@ -113,9 +113,9 @@ def agree_gpu_plane(comm: Any, *, cuda_aware: bool | None, device: Any = None,
     wish = planes.choose_gpu_plane(explicit, cuda_aware=cuda_aware, nccl_missing=missing)
     gpu = gpu_identity(device) if missing is None else 0
     row = np.array(planes.rank_row(wish, can_nccl=missing is None, gpu=gpu), dtype=np.int64)
-    rows = np.empty((size, 3), dtype=np.int64)
+    rows = np.empty((size, row.size), dtype=np.int64)
     comm.Allgather(row, rows)
-    table = [planes.RankPlane(int(a), bool(c), int(g)) for a, c, g in rows]
+    table = [planes.RankPlane(int(a), bool(c), int(g), bool(w)) for a, c, g, w in rows]
     choice = planes.settle_gpu_plane(me, wish, table, missing)
     log.info("rank %d/%d: %s %s (%s: %s)", me, size, what, choice.plane, choice.how,
              choice.reason)

@@ -54,12 +54,13 @@ class RankPlane(NamedTuple):
     asked: int  # 0: nothing explicit, 1: nccl, 2: another plane (argument or environment)
     can_nccl: bool  # CuPy with NCCL usable and a CUDA device to drive
     gpu: int  # a hash of (host, device UUID); 0 when the rank drives no GPU
+    wants_nccl: bool = False  # its own choice is nccl (a CUDA-aware rank's is mpi)
 
 
 def rank_row(wish: PlaneChoice, *, can_nccl: bool, gpu: int) -> RankPlane:
     """This rank's row of the agreement table."""
     asked = 0 if wish.how == "auto" else ASKED_NCCL if wish.plane == "nccl" else ASKED_OTHER
-    return RankPlane(asked, can_nccl, gpu)
+    return RankPlane(asked, can_nccl, gpu, wish.plane == "nccl")
 
 
 def _valid(value: str, where: str) -> str:
@@ -121,6 +122,9 @@ def settle_gpu_plane(me: int, wish: PlaneChoice, table: Sequence[RankPlane],
         return wish
     if cannot:  # this rank would have used NCCL, another cannot
         return PlaneChoice("staged", "auto", f"ranks {cannot} cannot use NCCL")
+    others = [r for r, row in enumerate(table) if not row.wants_nccl]
+    if others and not asked:  # e.g. a CUDA-aware rank: mpi and staged mix, nccl does not
+        return PlaneChoice("staged", "auto", f"ranks {others} chose another plane")
     shared = shared_gpu(table)
     if shared and not asked:
         return PlaneChoice("staged", "auto", f"ranks {shared[0]} and {shared[1]} share a GPU, "
