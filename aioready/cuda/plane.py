@@ -32,7 +32,7 @@ __all__ = ["GPU_PLANES", "ENV_GPU_PLANE", "PlaneChoice", "RankPlane", "forced_gp
 
 GPU_PLANES = ("nccl", "staged", "mpi")
 ENV_GPU_PLANE = "AIOREADY_GPU_PLANE"
-NCCL_FIX = ("pip install 'aioready[cuda]' (cupy-cuda12x) and nvidia-nccl-cu12, or set "
+NCCL_FIX = ("pip install 'aioready[cuda]' (cupy-cuda12x, nvidia-nccl-cu12), or set "
             f"{ENV_GPU_PLANE}=staged")
 
 ASKED_NCCL, ASKED_OTHER = 1, 2
