@@ -10,6 +10,9 @@
    (bench/gpu_mpi_check.py under mpiexec: MPITransport + CUDADevice, exactness);
 5. torch.distributed NCCL under torchrun (tests/torch_scripts/cuda_roundtrip.py): a 1-rank NCCL
    group for the code paths, and CUDA tensors between 2 ranks when there are 2 GPUs;
+6. the CuPy NCCL data plane of mpirun jobs (bench/gpu_nccl_check.py under mpiexec): 1 rank
+   (send-to-self in an NCCL group, all-reduce), 2 ranks (the automatic choice, then
+   AIOREADY_GPU_PLANE=nccl: on one GPU NCCL is expected to refuse two ranks);
 and writes everything as JSON (--out). Usage: python3 bench/gpu_check.py --out gpu_check.json
 [--quick]. Runs without pytest-asyncio: everything is driven by aioready.run.
 """
@@ -427,6 +430,40 @@ def check_torch_nccl(quick: bool) -> None:
     RESULTS["torch_nccl"] = res
 
 
+def check_cupy_nccl(quick: bool) -> None:
+    """bench/gpu_nccl_check.py under mpiexec: 1 rank, then 2 (automatic plane, then nccl)."""
+    import shutil
+    here = os.path.dirname(os.path.abspath(__file__))
+    mpiexec = shutil.which("mpiexec") or os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    base = dict(os.environ, PYTHONPATH=os.path.dirname(here), OMPI_ALLOW_RUN_AS_ROOT="1",
+                OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_rmaps_base_oversubscribe="1")
+    base.pop("AIOREADY_GPU_PLANE", None)
+    res: dict = {"runs": [], "gpus": torch.cuda.device_count()}
+    for n, plane in ((1, None), (2, None), (2, "nccl")):
+        env = dict(base, **({"AIOREADY_GPU_PLANE": plane} if plane else {}))
+        t0 = time.perf_counter()
+        try:
+            done = subprocess.run([mpiexec, "-n", str(n), sys.executable,
+                                   os.path.join(here, "gpu_nccl_check.py")], env=env,
+                                  capture_output=True, text=True, timeout=150)
+            cases = [json.loads(line[7:]) for line in done.stdout.splitlines()
+                     if line.startswith("RESULT ")]
+            run = {"ranks": n, "plane": plane or "auto", "rc": done.returncode, "cases": cases}
+            if done.returncode or not cases or not all(c["ok"] for c in cases):
+                run["output"] = (done.stdout + done.stderr)[-3000:]
+        except subprocess.TimeoutExpired as exc:
+            run = {"ranks": n, "plane": plane or "auto", "error": "timeout",
+                   "output": str(exc.stderr)[-2000:]}
+        run["seconds"] = time.perf_counter() - t0
+        res["runs"].append(run)
+        log("cupy nccl", n, plane, [(c["case"], c["ok"], c.get("plane"), c.get("error", "")[:200])
+                                    for c in run.get("cases", [])])
+    res["unverified"] = ("NCCL point-to-point between ranks on different GPUs (the one-way "
+                         "communicators), and TP/DP collectives through them"
+                         if torch.cuda.device_count() < 2 else "")
+    RESULTS["cupy_nccl"] = res
+
+
 async def check_staging() -> None:
     from aioready.cuda.mpi import HostStager
     stager = HostStager(torch.device("cuda", 0))
@@ -460,7 +497,8 @@ async def main(args: argparse.Namespace) -> None:
     steps = [("exactness", check_exactness), ("event_cost", check_event_cost),
              ("gpt_pipeline", check_gpt), ("staging", lambda q: check_staging())]
     steps += [("mpi_ranks", lambda q: asyncio.to_thread(check_mpi_ranks, q)),
-              ("torch_nccl", lambda q: asyncio.to_thread(check_torch_nccl, q))]
+              ("torch_nccl", lambda q: asyncio.to_thread(check_torch_nccl, q)),
+              ("cupy_nccl", lambda q: asyncio.to_thread(check_cupy_nccl, q))]
     if not args.quick:
         steps += [("event_cost_again", check_event_cost_again),
                   ("gpt_pipeline_b32", lambda q: check_gpt(q, 32, "gpt_pipeline_b32"))]

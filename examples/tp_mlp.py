@@ -38,6 +38,7 @@ from aioready.tp.collectives import MPITPComm, TPDevice
 from aioready.tp.coordination import Coordinator
 from aioready.tp.grid import GridComms, ProcessGrid
 from aioready.tp.layers import make_tp_mlp_stages, max_tp_grad_diff
+from aioready.tp.nccl_collectives import mpi_tp_comm
 from aioready.transports.mpi import MPITransport
 
 
@@ -69,6 +70,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-check", dest="check", action="store_false",
                    help="skip the comparison with the unsplit model (benchmarks)")
     p.add_argument("--timeout", type=float, default=20.0, help="seconds per collective")
+    p.add_argument("--device-comm", action="store_true",
+                   help="TP sums through aioready.tp.nccl_collectives.mpi_tp_comm (NCCL for "
+                   "CUDA tensors where the ranks agree on it, else MPI)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--print-orders", action="store_true", help="print each rank's task order")
     p.add_argument("--hot-wait-ms", type=float, default=2.0,
@@ -93,7 +97,10 @@ async def run_mode(comms: GridComms, args: argparse.Namespace, mode: str,
                    verify: str) -> dict[str, Any]:
     """Train `args.steps` steps in `mode`; return this rank's measurements."""
     c, pp = comms.coords, comms.grid.pp_size
-    tpcomm = MPITPComm(comms.tp, verify=verify, timeout=args.timeout)
+    if args.device_comm:
+        tpcomm = mpi_tp_comm(comms.tp, verify=verify, timeout=args.timeout)
+    else:
+        tpcomm = MPITPComm(comms.tp, verify=verify, timeout=args.timeout)
     full, shards = make_tp_mlp_stages(pp, tpcomm, width=args.width, hidden=args.hidden,
                                       blocks_per_stage=args.blocks, seed=args.seed)
     module = shards[c.pp_rank]

@@ -18,7 +18,8 @@ the order between chunks free; inside a chunk the buckets are issued in a fixed 
 
 `Iallreduce` requests are completed by the loop's ProgressEngine (through `requests.Requests`, a
 CompletionSource), never by a blocking wait on the loop thread. CUDA gradients are staged
-through host memory here (one synchronous copy per bucket); a CUDA-aware path is a later step.
+through host memory here (one synchronous copy per bucket); nccl_reducer.py sums them on the
+device over NCCL where the ranks agree on the nccl GPU plane.
 """
 
 from __future__ import annotations
@@ -177,12 +178,15 @@ class MPIGradReducer(BucketedReducer):
     # -- GradReducer ----------------------------------------------------------------------
     def reduce_nowait(self, chunk: int) -> None:
         for bucket in self._begin(chunk):
-            array = _pack(bucket)
-            req = self._comms[chunk].Iallreduce(self._MPI.IN_PLACE, array, op=self._MPI.SUM)
-            self.num_buckets += 1
-            self.num_bytes += array.nbytes
-            self._requests.track(req, partial(self._unpack_array, chunk, bucket, array),
-                                 nbytes=array.nbytes)
+            self._reduce_bucket(chunk, bucket)
+
+    def _reduce_bucket(self, chunk: int, bucket: list[Any]) -> None:
+        array = _pack(bucket)
+        req = self._comms[chunk].Iallreduce(self._MPI.IN_PLACE, array, op=self._MPI.SUM)
+        self.num_buckets += 1
+        self.num_bytes += array.nbytes
+        self._requests.track(req, partial(self._unpack_array, chunk, bucket, array),
+                             nbytes=array.nbytes)
 
     async def wait_reduced(self) -> None:
         await self._requests.wait_all()

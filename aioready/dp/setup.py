@@ -79,8 +79,8 @@ def grid_reducer(comms: GridComms | GridGroups, params: list[list[Any]]) -> Any:
     if isinstance(comms, GridGroups):
         from .torch_reducer import TorchGradReducer
         return TorchGradReducer(comms.dp, params)
-    from .reducer import MPIGradReducer
-    return MPIGradReducer(comms.dp, params)
+    from .nccl_reducer import mpi_grad_reducer
+    return mpi_grad_reducer(comms.dp, params)  # NCCL for CUDA gradients where agreed
 
 
 def _pipeline_transport(comms: GridComms | GridGroups, group: Any) -> Any:

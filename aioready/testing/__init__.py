@@ -1,7 +1,8 @@
 """Test helpers a user can import: tiny real models, the unsplit reference, sleep injection.
 
 `helpers` (reference step and gradient parity), `models` (a tiny GPT split into stages),
-`inject` (durations slept inside a stage, so any runtime replays one trace). They need torch.
+`inject` (durations slept inside a stage, so any runtime replays one trace), `loopback` (an
+ordered byte plane in one process with NCCL's matching rule). They need torch.
 """
 
 from __future__ import annotations

@@ -180,11 +180,14 @@ class MPITPComm(_Tagged):
             self._unpack(buf, key, array)
             return
         if self.verify == "exchange":
-            tag = self._tag()
-            self._wait(self.comm.Iallgather(tag, self._gathered), "tag exchange")
-            self._check(self._gathered)
+            self._exchange_tags()
         self._wait(self.comm.Iallreduce(self._MPI.IN_PLACE, array, op=self._MPI.SUM),
                    "all-reduce")
+
+    def _exchange_tags(self) -> None:
+        """verify="exchange": every member's tag, gathered and compared (Note [tagged ...])."""
+        self._wait(self.comm.Iallgather(self._tag(), self._gathered), "tag exchange")
+        self._check(self._gathered)
 
     def _wait(self, req: Any, what: str) -> None:
         """Test with a backoff: spin briefly (latency), then sleep up to 200 us (2 cores)."""

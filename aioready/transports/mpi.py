@@ -48,13 +48,17 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..cuda.mpi import HostStager, cuda_mpi_support, mpi_device_buffer, transfer_path
+from ..cuda.mpi import HostStager, cuda_mpi_support, mpi_device_buffer
+from ..cuda.nccl import open_gpu_plane
+from ..cuda.plane import forced_gpu_plane
 from ..errors import AioreadyError, InternalError, ProtocolError
 from ..progress import ProgressConfig, ProgressEngine
 from .base import Deliver, Message, MessageKind, OnFailure, outside_world
+from .device_payloads import receive_payloads, send_payloads
 from .doorbell import Doorbell
 from .header import MAX_TENSORS, TensorSpec
 from .mpi_requests import PendingRequests
+from .ordered import OrderedArrivals, device_tag, split_tag
 from .receive_pool import ReceivePool
 from .tensor_bytes import host_bytes, torch_module
 from .wire import Header, WireCodec
@@ -87,16 +91,23 @@ class MPITransport:
 
     def __init__(self, comm: Any = None, *, device: Any = None,
                  inline_bytes: int = INLINE_BYTES, hot_bytes: int = HOT_BYTES,
-                 fast: bool | None = None) -> None:
+                 fast: bool | None = None, gpu_plane: Any = None) -> None:
         from mpi4py import MPI
         self._MPI = MPI
         comm = MPI.COMM_WORLD if comm is None else comm
         self._rank = comm.Get_rank()
         self._size = comm.Get_size()
         support = cuda_mpi_support(comm)  # before Dup: a bad override fails before collectives
-        self.cuda_aware = bool(support.aware)
+        forced_gpu_plane()  # likewise for AIOREADY_GPU_PLANE
         self._hdr = comm.Dup()
         self._data = comm.Dup()
+        # collective: the ranks agree on how CUDA payloads travel (cuda/plane.py)
+        choice, self._plane = open_gpu_plane(self._hdr, cuda_aware=support.aware,
+                                             device=device, explicit=gpu_plane)
+        self.gpu_plane = choice.plane
+        self.cuda_aware = choice.plane == "mpi"
+        self._order: OrderedArrivals[tuple[int, np.ndarray]] | None = (
+            OrderedArrivals() if self._plane is not None else None)
         self.oversubscribed = _oversubscribed(MPI, self._hdr)  # collective, like Dup
         self._device = device
         self.inline_bytes = inline_bytes
@@ -107,10 +118,9 @@ class MPITransport:
         # fast paths (docs/hot_path.md), each with the plain path it replaces kept behind it
         self.fast = os.environ.get("AIOREADY_MPI_FAST", "1") != "0" if fast is None else fast
         self._bell = _doorbell(MPI, self._hdr) if self.fast else None  # collective
-        how = ("device buffers straight to MPI" if self.cuda_aware else
-               "through pooled pinned host buffers")
+        path, how = _PATHS[choice.plane]
         log.info("rank %d/%d: CUDA tensors take the %s path, %s (%s: %s)", self._rank,
-                 self._size, transfer_path(support), how, support.method, support.detail)
+                 self._size, path, how, support.method, support.detail)
         self._seq = [0] * self._size
         self._codec = WireCodec(fast=self.fast)
         self._pool = ReceivePool()
@@ -172,12 +182,15 @@ class MPITransport:
             if self._bell is not None:
                 self._bell.ring(dest)
         else:
+            on_plane = self._plane is not None and (on_cuda or self.gpu_plane == "custom")
+            if on_plane:  # first: a message the plane refuses sends no header either
+                self._send_on_plane(dest, tensors, sizes)
             header = self._codec.fixed(msg, len(sizes)) + descriptors
-            self._isend(self._hdr, header, dest, seq, False)
+            self._isend(self._hdr, header, dest, device_tag(seq, on_plane), False)
             if self._bell is not None:
                 self._bell.ring(dest)
             for i, (t, n) in enumerate(zip(tensors, sizes)):
-                if n:
+                if n and not on_plane:
                     self._send_payload(dest, seq * MAX_TENSORS + i, t, n)
         engine = self._engine
         # poll soon and spin for the reply; with a doorbell and no spin window (an
@@ -206,6 +219,8 @@ class MPITransport:
                 self._bell = None  # an engine that armed it may still disarm it
             for stager in set(self._stagers.values()):
                 stager.close()
+            if self._plane is not None:
+                self._plane.close()
             self._deliver = None
             for comm in (self._hdr, self._data):
                 if comm != self._MPI.COMM_NULL:
@@ -230,6 +245,21 @@ class MPITransport:
         self._num_sending += 1  # counted from here until its Isend completes
         start = partial(self._start_send, buf, dest, tag, big, stager, host)
         stager.completion(done).add_done_callback(partial(self._on_copied, start, True))
+
+    def _send_on_plane(self, dest: int, tensors: tuple[Any, ...], sizes: list[int]) -> None:
+        """CUDA payloads over the NCCL plane, in slot order (transports/device_payloads.py);
+        each is counted until the plane is done with its buffer."""
+        for fut in send_payloads(self._plane, dest, tensors, sizes, rank=self._rank):
+            self._num_sending += 1
+            fut.add_done_callback(partial(self._on_plane, self._plane_sent))
+
+    def _plane_sent(self) -> None:
+        self._num_sending -= 1
+        self._maybe_idle()
+
+    def _on_plane(self, then: Callable[[], None], fut: asyncio.Future[None]) -> None:
+        """A transfer of the NCCL plane completed (its CUDA event); a fault fails the step."""
+        self._on_copied(then, False, fut)
 
     def _start_send(self, buf: Any, dest: int, tag: int, big: bool, stager: HostStager,
                     host: Any) -> None:
@@ -372,20 +402,27 @@ class MPITransport:
             buf = np.empty(count, np.uint8)
             req = m.Irecv(buf)
             n += 1
+            # matched in the peer's send order: the NCCL plane needs its headers in that order
+            ticket = None if self._order is None else self._order.ticket(src)
             if req.Test():
-                self._on_header(src, seq, buf)
+                self._on_header(src, seq, buf, ticket)
             else:  # a large inline message may need a rendezvous: poll it hot
-                self._track(req, partial(self._on_header, src, seq, buf),
+                self._track(req, partial(self._on_header, src, seq, buf, ticket),
                             len(buf) >= self.hot_bytes)
         return n
 
-    def _on_header(self, src: int, seq: int, buf: np.ndarray) -> None:
+    def _on_header(self, src: int, seq: int, buf: np.ndarray, ticket: int | None = None) -> None:
         try:
-            self._route_header(src, seq, buf)
+            if ticket is None:
+                self._route_header(src, seq, buf)
+                return
+            for seq, buf in self._order.complete(src, ticket, (seq, buf)):  # type: ignore
+                self._route_header(src, seq, buf)
         except AioreadyError as exc:
             self._raise(exc)
 
-    def _route_header(self, src: int, seq: int, buf: np.ndarray) -> None:
+    def _route_header(self, src: int, tag: int, buf: np.ndarray) -> None:
+        seq, on_plane = split_tag(tag)
         try:
             header, layout = self._codec.decode(buf, src)
         except ProtocolError as exc:
@@ -404,6 +441,9 @@ class MPITransport:
                                 f"{layout.inline_len} (header and payload)",
                                 got=f"{len(buf)} bytes")
         sizes = layout.sizes
+        if on_plane:
+            self._receive_on_plane(src, header, layout)
+            return
         tensors = [None if d is None else self._receive_buffer(s, d, n)
                    for s, d, n in zip(layout.specs, layout.dtypes, sizes)]
         inbound = _Inbound(header, tensors, sum(1 for n in sizes if n))
@@ -413,6 +453,21 @@ class MPITransport:
                 req = self._data.Irecv(dst, src, seq * MAX_TENSORS + i)
                 self._track(req, partial(self._payload_done, inbound), n >= self.hot_bytes)
         if not inbound.left:  # only empty tensors: nothing more will arrive
+            self._payload_done(inbound, count=False)
+
+    def _receive_on_plane(self, src: int, header: Header, layout: Any) -> None:
+        """Post the message's NCCL receives (in the peer's order: see _on_header); hand it
+        over once the last one's CUDA event completed."""
+        if self._plane is None:
+            raise ProtocolError(f"rank {src} sent payloads over a GPU data plane this rank has "
+                                "not made", rank=self._rank, expected="the same GPU plane on "
+                                "every rank", got=f"plane {self.gpu_plane}")
+        tensors, futures = receive_payloads(self._plane, src, layout.specs, layout.dtypes,
+                                            layout.sizes)
+        inbound = _Inbound(header, tensors, len(futures))
+        for fut in futures:
+            fut.add_done_callback(partial(self._on_plane, partial(self._payload_done, inbound)))
+        if not futures:
             self._payload_done(inbound, count=False)
 
     def _receive_buffer(self, spec: TensorSpec, dtype: Any, nbytes: int) -> Any:
@@ -500,6 +555,12 @@ class MPITransport:
     def __repr__(self) -> str:
         return (f"<MPITransport rank={self._rank}/{self._size} sending={self._num_sending} "
                 f"requests={len(self._pending)} cuda_aware={self.cuda_aware}>")
+
+
+_PATHS = {"mpi": ("device", "device buffers straight to MPI"),
+          "staged": ("staged", "through pooled pinned host buffers"),
+          "nccl": ("nccl", "payloads over NCCL communicators made with CuPy, headers over MPI"),
+          "custom": ("custom", "payloads over the byte plane given, headers over MPI")}
 
 
 def _doorbell(MPI: Any, comm: Any) -> Doorbell | None:

@@ -9,6 +9,7 @@ first. Gradients of both stages are still checked against the reference.
 """
 
 import asyncio
+import os
 import sys
 import time
 
@@ -25,6 +26,19 @@ from aioready.transports.header import DTYPE_CODES
 from aioready.transports.mpi import MPITransport
 
 WIDTH = 16
+
+
+PLANES: list = []
+
+
+def make_transport(comm, **kwargs) -> MPITransport:
+    """MPITransport; with PLANE=mpi-bytes in the environment, payloads that are not inline go
+    over aioready.testing.mpi_plane's ordered byte plane (the NCCL plane's path, on CPUs)."""
+    if os.environ.get("PLANE") == "mpi-bytes":
+        from aioready.testing.mpi_plane import MPIBytePlane
+        PLANES.append(MPIBytePlane(comm))
+        kwargs["gpu_plane"] = PLANES[-1]
+    return MPITransport(comm, **kwargs)
 
 
 def batch(M: int, varlen: bool, seed: int):
@@ -53,7 +67,7 @@ async def one_case(comm, case: str, seed: int) -> None:
     mine = hint.placement.stages_of(rank)
     full = make_mlp_stages(S, width=WIDTH, seed=seed)
     xs, ys = batch(M, var, seed + 1)
-    transport = MPITransport(comm)
+    transport = make_transport(comm)
     pipe = Pipeline([full[s] for s in mine], mse_loss, microbatches=M, hint=hint, mode=mode,
                     transport=transport, split_backward=split_b)
     loss = await pipe.step(xs, ys)
@@ -76,7 +90,7 @@ async def out_of_order(comm, seed: int) -> None:
     rank, M = comm.Get_rank(), 4
     full = make_mlp_stages(2, width=WIDTH, seed=seed)
     xs, ys = batch(M, True, seed + 1)
-    transport = MPITransport(comm)
+    transport = make_transport(comm)
     order = ""
     if rank == 0:
         grads: dict[int, tuple] = {}
@@ -131,7 +145,7 @@ def dtype_payload(m: int) -> tuple:
 async def dtypes(comm) -> None:
     """Rank 0 sends every payload kind to rank 1 and to itself; rank 1 echoes back."""
     rank = comm.Get_rank()
-    transport = MPITransport(comm, inline_bytes=4096)
+    transport = make_transport(comm, inline_bytes=4096)
     got: dict[tuple[int, int], tuple] = {}
     transport.open(lambda msg: got.__setitem__((msg.kind.value, msg.microbatch), msg.tensors))
     bad = []
@@ -177,6 +191,9 @@ async def main() -> None:
         comm.Barrier()
         if comm.Get_rank() == 0:
             print(f"TIME {case} {time.perf_counter() - t0:.2f}s", file=sys.stderr, flush=True)
+    if PLANES:
+        print(f"PLANE rank {comm.Get_rank()} sent={sum(p.num_sent for p in PLANES)} "
+              f"received={sum(p.num_received for p in PLANES)}", flush=True)
 
 
 if __name__ == "__main__":
