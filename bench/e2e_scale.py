@@ -176,6 +176,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     help="with --from-runs: the commands and commits that measured the runs (markdown), "
                     "said on the page")
     ap.add_argument("--aioready", default=None, help="override: hint/mode,... for every S")
+    ap.add_argument("--name", default="e2e_scale",
+                    help="write bench/results/NAME.md, .json and .png (default e2e_scale)")
     ap.add_argument("--torch", default=None, help="override: schedule names for every S")
     args = ap.parse_args(argv)
     sizes = [int(s) for s in (args.sizes or ("4,8" if args.quick else "4,8,16")).split(",")]
@@ -224,8 +226,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     shown = [("TEXT" if i and argv[i - 1] == "--measured-by" else a)  # said on the page
              for i, a in enumerate(argv or []) if a != "--scale"]
     cmd = " ".join(["python -m bench.e2e --scale", *shown])
-    body = write_outputs(summary, runs, meta, RESULTS)
-    write_result("e2e_scale", body, cmd, load=load_start)
+    body = write_outputs(summary, runs, meta, RESULTS, args.name)
+    write_result(args.name, body, cmd, load=load_start)
     return {"summary": summary, "runs": runs}
 
 

@@ -51,7 +51,7 @@ def goal_lines(blocks: list[dict[str, Any]], cores: int = 2) -> list[str]:
     sp = b.get("best_2x_speedup")
     lines.append(f"- aioready's best within 2x torch's best peak >= 1.5x torch's best: "
                  f"{_named(best)} against {_named(t)}: {_x(sp)}, "
-                 f"{'met' if sp and sp >= 1.5 else 'NOT met'}; the simulator's replay of the "
+                 f"{'met' if sp and sp >= 1.5 else _reach(b)}; the simulator's replay of the "
                  f"same two configurations: {_x(b.get('best_2x_sim_speedup'))}.")
     other = b.get("torch_best_at_default_memory")
     dsp = b.get("default_speedup_same_memory")
@@ -80,13 +80,42 @@ def goal_lines(blocks: list[dict[str, Any]], cores: int = 2) -> list[str]:
     return lines + [""]
 
 
+def _ceiling(b: dict[str, Any]) -> str:
+    """The most any schedule could gain over torch's best (bench/e2e_scale_report.py)."""
+    if "ceiling" not in b:
+        return "-"
+    bound = b["bound"]
+    text = (f"{_x(b['ceiling'])} (torch best / {bound['ms']:.0f} ms, the least lower bound of "
+            f"the placements measured, {bound['placement']})")
+    if "ceiling_any" in b:
+        text += (f"; {_x(b['ceiling_any'])} over any placement ({bound['any_ms']:.0f} ms: "
+                 "max(the split chain, all work / S))")
+    return text
+
+
+def _reach(b: dict[str, Any]) -> str:
+    """Why an unmet speedup goal is unmet: no schedule could reach it on these durations."""
+    ceiling = b.get("ceiling_any", b.get("ceiling"))
+    if ceiling is None or ceiling >= 1.5:
+        return "NOT met"
+    where = "for any schedule" if "ceiling_any" in b else "for any schedule of these placements"
+    return (f"NOT met, out of reach {where}: bound {_x(ceiling)} < 1.5x (the most any schedule "
+            f"could gain over torch's best: {_ceiling(b)})")
+
+
 def _summary(blocks: list[dict[str, Any]]) -> list[str]:
     lines = ["Speedup = torch's best median step / aioready's; simulated = the same ratio of the "
              "simulator's replays (scheduling alone, no runtime cost; '-' when torch's best is "
-             "DualPipeV, which has no twin).", "",
+             "DualPipeV, which has no twin). Most any schedule could gain = torch's best median "
+             "step / the least lower bound (median over steps) of the placements measured; in "
+             "brackets, over the bound that holds for any placement of the layer groups on S "
+             "ranks. The lower bound (docs/architecture.md \"Lower bound\") assumes a rank runs "
+             "one task at a time, each task takes its traced duration whatever the schedule, and "
+             "messages cost nothing; it ignores memory, so it caps every budget.", "",
              "| S | scenario | torch best (ms, peak) | aioready default | default / torch best "
              "at its memory | aioready best <= 2x peak | speedup | simulated | aioready best <= "
-             "same peak | speedup | simulated |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "same peak | speedup | simulated | most any schedule could gain |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for b in blocks:
         lines.append(
             f"| {b['ranks']} | `{b['scenario']}` | {_named(b['torch_best'])} | "
@@ -94,7 +123,8 @@ def _summary(blocks: list[dict[str, Any]]) -> list[str]:
             f"{_named(b.get('best_2x'))} | {_x(b.get('best_2x_speedup'))} | "
             f"{_x(b.get('best_2x_sim_speedup'))} | {_named(b.get('best_same_memory'))} | "
             f"{_x(b.get('best_same_memory_speedup'))} | "
-            f"{_x(b.get('best_same_memory_sim_speedup'))} |")
+            f"{_x(b.get('best_same_memory_sim_speedup'))} | {_x(b.get('ceiling'))} "
+            f"(any placement {_x(b.get('ceiling_any'))}) |")
     return lines + [""]
 
 
@@ -150,11 +180,11 @@ def _plot(blocks: list[dict[str, Any]], path: Path) -> bool:
 
 
 def write_outputs(blocks: list[dict[str, Any]], runs: list[dict[str, Any]],
-                  meta: dict[str, Any], results: Path) -> str:
-    """Write e2e_scale.json and .png; return the page's body."""
-    (results / "e2e_scale.json").write_text(json.dumps(
+                  meta: dict[str, Any], results: Path, name: str = "e2e_scale") -> str:
+    """Write NAME.json and .png; return the page's body."""
+    (results / f"{name}.json").write_text(json.dumps(
         {"meta": meta, "blocks": blocks, "runs": runs}, indent=1, default=float))
-    has_png = _plot(blocks, results / "e2e_scale.png")
+    has_png = _plot(blocks, results / f"{name}.png")
     load, end = meta["load_start"], meta["load_end"]
     lines = [f"Measured by {meta['measured_by']}; this page was rebuilt from those runs by the "
              "command above (no launches).", ""] if meta.get("measured_by") else []
@@ -177,7 +207,7 @@ def write_outputs(blocks: list[dict[str, Any]], runs: list[dict[str, Any]],
     lines += goal_lines(blocks, meta["cores"])
     lines += ["## Summary", "", *_summary(blocks)]
     if has_png:
-        lines += ["![speedup over torch's best schedule against S](e2e_scale.png)", ""]
+        lines += [f"![speedup over torch's best schedule against S]({name}.png)", ""]
     lines += ["## Per configuration", ""]
     for b in blocks:
         lines += _rows(b)

@@ -40,7 +40,7 @@ def simulated(run: dict[str, Any]) -> dict[str, Any]:
     from aioready.placement import Placement
     from aioready.sim.simulator import simulate
     from aioready.sim.traces import Trace, read_trace
-    from aioready.telemetry.bounds import lower_bound_table
+    from aioready.telemetry.bounds import any_placement_bound, lower_bound_table
 
     from .e2e import split_spec
     from .e2e_worker import parse_straggler, stage_seconds
@@ -48,6 +48,10 @@ def simulated(run: dict[str, Any]) -> dict[str, Any]:
     S, groups, M, warmup = run["ranks"], run["groups"], run["microbatches"], run["warmup"]
     trace = read_trace(run["trace"], placement=Placement(groups, groups, "linear"))
     straggler = parse_straggler(split_spec(run["scenario"])[1])
+    steps = max((len(r["step_s"]) for r in run["records"] if "step_s" in r), default=0)
+    # the straggler's factor left out: it only lengthens whatever rank holds its groups
+    run["any_bound_ms"] = [any_placement_bound(trace.table(warmup + i), S)
+                           for i in range(steps)]
     for rec in run["records"]:
         if "error" in rec:
             continue
@@ -115,8 +119,29 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             for rec in run["records"]:
                 names.setdefault((rec["side"], rec["name"]), []).append(rec)
         rows = [_row(recs, M, S) for recs in names.values()]
-        blocks.append(_block(S, spec, M, sorted(r["seed"] for r in mine), rows))
+        block = _block(S, spec, M, sorted(r["seed"] for r in mine), rows)
+        blocks.append(_ceiling(block, [b for r in mine for b in r.get("any_bound_ms", [])]))
     return blocks
+
+
+def _ceiling(block: dict[str, Any], any_bounds: list[float]) -> dict[str, Any]:
+    """The most any schedule could gain over torch's best: its median step over the lower
+    bound (telemetry/bounds.py), the smallest over the placements measured, and the one that
+    holds for any placement of the layer groups on these ranks (median over steps)."""
+    measured = [r for r in block["rows"] if "lower_bound_ms" in r]
+    if not measured:
+        return block
+    low = min(measured, key=lambda r: r["lower_bound_ms"])
+    block["bound"] = {"ms": low["lower_bound_ms"],
+                      "placement": f"{low['placement']}{' split' if low['split'] else ''}"}
+    if any_bounds:
+        block["bound"]["any_ms"] = median(any_bounds)
+    t = block["torch_best"]
+    if t is not None:
+        block["ceiling"] = t["median_ms"] / low["lower_bound_ms"]
+        if any_bounds:
+            block["ceiling_any"] = t["median_ms"] / median(any_bounds)
+    return block
 
 
 def _best(rows: list[dict[str, Any]], side: str, peak_at_most: float | None = None
