@@ -31,6 +31,7 @@ from typing import Any
 
 from .common import RESULTS, write_result
 from .e2e import ROOT, _free_port, generate_trace, mpiexec, split_spec
+from .e2e_worker import DEFAULT
 
 __all__ = ["SCENARIOS", "TORCH_ALL", "AIOREADY_FULL", "AIOREADY_REDUCED", "run_one", "main"]
 
@@ -38,8 +39,11 @@ TIMEOUT_S = 10800.0  # `python -m bench all`: the default matrix takes ~2 h on 2
 SCENARIOS = ["lognormal:0.5", "multimodal:0.3:3", "straggler:1:1.5"]
 TORCH_ALL = ["ScheduleGPipe", "Schedule1F1B", "ScheduleInterleaved1F1B",
              "ScheduleInterleavedZeroBubble", "ScheduleZBVZeroBubble", "ScheduleDualPipeV"]
-DEFAULT = "1f1b/ready"  # what Pipeline() runs when given no hint, mode, policy or cap
-AIOREADY_FULL = ["1f1b/strict", DEFAULT, "1f1b/ready:greedy", "1f1b/ready@2x", "bfw/ready",
+# DEFAULT: what `aioready train` runs with no schedule flags (hint auto, its placement style and
+# split backward chosen before step 0, within unsplit 1F1B's busiest-rank memory), on the model
+# split into 2 stages per rank as for torch's two-chunk schedules (bench/e2e_worker.py)
+AIOREADY_FULL = [DEFAULT, "1f1b/strict", "1f1b/ready", "1f1b/ready:greedy", "1f1b/ready@2x",
+                 "bfw/ready",
                  "interleaved-zb/ready", "zbv/strict", "zbv/ready", "zbv/ready:greedy",
                  "zbv/ready@1.5x", "zbv/ready@2x", "auto/ready@2x"]
 AIOREADY_REDUCED = [DEFAULT, "zbv/strict", "zbv/ready", "zbv/ready@2x", "auto/ready@2x"]

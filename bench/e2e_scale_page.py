@@ -38,6 +38,17 @@ def _machine_share(r: dict[str, Any], cores: int) -> str:
             f"{wall:.2f} s ({_pct(r['cpu_s_all'] / (wall * cores))})")
 
 
+def _what_default(row: dict[str, Any] | None) -> str:
+    """What the default row ran: pages measured before `aioready train` chose its schedule
+    named Pipeline's own default, 1f1b/ready."""
+    if row is not None and row["name"].split("+")[0] != DEFAULT:
+        return f"`{row['name']}`: Pipeline's hint, mode, policy and cap"
+    chosen = "" if row is None or not row.get("start") else f"; it started from {row['start']}"
+    return (f"`{DEFAULT}`: what `aioready train` runs with no schedule flags, hint auto on 2 "
+            "stages per rank, its placement and split backward chosen before step 0, within "
+            f"unsplit 1F1B's busiest-rank memory{chosen}")
+
+
 def goal_lines(blocks: list[dict[str, Any]], cores: int = 2) -> list[str]:
     """The issue's goals at the largest S under multimodal jitter, as measured."""
     multi = [dict(b, cores=cores) for b in blocks if b["scenario"].startswith("multimodal")]
@@ -55,8 +66,7 @@ def goal_lines(blocks: list[dict[str, Any]], cores: int = 2) -> list[str]:
                  f"same two configurations: {_x(b.get('best_2x_sim_speedup'))}.")
     other = b.get("torch_best_at_default_memory")
     dsp = b.get("default_speedup_same_memory")
-    lines.append(f"- aioready's default (`{DEFAULT}`: Pipeline's hint, mode, policy and cap) "
-                 f"never slower than torch's best at the same memory (the fastest torch schedule "
+    lines.append(f"- aioready's default ({_what_default(default)}) never slower than torch's best at the same memory (the fastest torch schedule "
                  f"whose peak is at most the default's): {_named(default)} against "
                  f"{_named(other)}: {_x(dsp)}, "
                  f"{'met' if dsp and dsp >= 1.0 else 'NOT met'}; against torch's best at any "
@@ -134,7 +144,8 @@ def _rows(b: dict[str, Any]) -> list[str]:
              "steps | simulated ms | overhead | lower bound ms | CPU us/task | note |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in sorted(b["rows"], key=lambda r: (r["side"], r.get("median_ms", float("inf")))):
-        note = "; ".join(r["errors"] + ([f"chose {r['chosen']}"] if r.get("chosen") else []))
+        note = "; ".join(r["errors"] + ([f"started from {r['start']}"] if r.get("start") else [])
+                         + ([f"chose {r['chosen']}"] if r.get("chosen") else []))
         if "median_ms" not in r:
             lines.append(f"| {r['side']} | {r['name']} | - | - | - | - | - | 0 | - | - | - | - "
                          f"| {note} |")
@@ -161,7 +172,7 @@ def _plot(blocks: list[dict[str, Any]], path: Path) -> bool:
                              squeeze=False, sharey=True)
     for ax, spec in zip(axes[0], scenarios):
         mine = sorted((b for b in blocks if b["scenario"] == spec), key=lambda b: b["ranks"])
-        for key, label, style in (("default_speedup", f"default ({DEFAULT})", "o-"),
+        for key, label, style in (("default_speedup", "default", "o-"),
                                   ("best_2x_speedup", "best, <= 2x torch's peak", "s-")):
             pts = [(b["ranks"], b[key]) for b in mine if b.get(key) is not None]
             if pts:

@@ -10,7 +10,8 @@ from typing import Any
 import numpy as np
 
 from .common import median
-from .e2e_scale import DEFAULT, HINT_FOR_TORCH
+from .e2e_scale import HINT_FOR_TORCH
+from .e2e_worker import DEFAULT
 
 __all__ = ["simulated", "summarize", "cpu_us_per_task"]
 
@@ -23,12 +24,19 @@ def _shape(rec: dict[str, Any], ranks: int, groups: int) -> Any:
                     rec["split_backward"])
 
 
-def _sim_args(rec: dict[str, Any]) -> dict[str, Any] | None:
+def _sim_args(rec: dict[str, Any], M: int) -> dict[str, Any] | None:
     """simulate() arguments for the record's configuration; None where it has no twin."""
     from .e2e_worker import parse_config
     if rec["side"] == "torch":
         hint = HINT_FOR_TORCH.get(rec["name"])
         return None if hint is None else {"hint": hint, "mode": "strict"}
+    if rec["name"].split("+")[0] == DEFAULT:  # the same start, then chooses as it did
+        from aioready.runtime.autotune import AutoHint
+        from aioready.schedulers import make_hint
+        start = make_hint(rec["start"]["hint"], num_stages=rec["num_stages"],
+                          num_ranks=rec["num_stages"] // 2, num_microbatches=M,
+                          split_backward=rec["split_backward"], placement=rec["style"])
+        return {"hint": AutoHint(start=start), "cap": rec["start"]["budget"]}
     hint, mode, policy, cap = parse_config(rec["name"].split("+")[0])
     if hint == "auto":  # the same start placement and budget; the simulator chooses with
         return {"hint": "auto:1f1b", "mode": mode, "cap": cap}  # the measured steps' durations
@@ -61,7 +69,7 @@ def simulated(run: dict[str, Any]) -> dict[str, Any]:
                            for i in range(steps)])
         rec["lower_bound_ms"] = [lower_bound_table(shape.placement, t, shape.split_backward)
                                  for t in tables]
-        how = _sim_args(rec)
+        how = _sim_args(rec, M)
         if how is None:
             continue
         sim = simulate(stages=shape.placement.num_stages, ranks=S, microbatches=M,
@@ -98,7 +106,8 @@ def _row(recs: list[dict[str, Any]], M: int, S: int) -> dict[str, Any]:
                cpu_us_per_task=float(np.mean([cpu_us_per_task(r, M, S) for r in ok])),
                cpu_s_all=float(np.mean([sum(r["cpu_s_per_step"]) for r in ok])),
                lower_bound_ms=median([b for r in ok for b in r["lower_bound_ms"]]),
-               chosen=next((r["chosen"] for r in ok if r.get("chosen")), None))
+               chosen=next((r["chosen"] for r in ok if r.get("chosen")), None),
+               start=next((r["start"]["label"] for r in ok if r.get("start")), None))
     if all("sim_ms" in r for r in ok):
         sims = [s for r in ok for s in r["sim_ms"]]
         shares = [(t * 1e3 - s) / (t * 1e3) for r in ok for t, s in zip(r["step_s"], r["sim_ms"])]
