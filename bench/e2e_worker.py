@@ -187,7 +187,9 @@ def _agreed_start(args: argparse.Namespace, trace: Any, straggler: Any, comm: An
     start = (default_start(args.groups, size, args.microbatches, trace, straggler)
              if comm.Get_rank() == 0 else None)
     buf = np.array(start.encode() if start is not None else [0] * (6 + size), dtype=np.int64)
-    comm.Bcast(buf, root=0)
+    request = comm.Ibcast(buf, root=0)
+    while not request.Test():  # not a blocking Bcast: its busy wait would starve rank 0
+        time.sleep(0.02)
     return start if start is not None else Start.decode([int(v) for v in buf])
 
 

@@ -15,6 +15,7 @@ Its budget is one count for every rank: what unsplit 1F1B holds on its busiest r
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from ..caps import CapSpec
@@ -81,13 +82,13 @@ async def agreed_start(cfg: Any, *, num_ranks: int | None, comm: Any) -> Start |
                             split_backward=cfg.split_backward, durations=_durations(cfg),
                             cap=auto_budget(cfg, num_ranks))
     if comm is None or comm.Get_size() == 1:
-        return choose()
+        return await asyncio.to_thread(choose)
     from ..telemetry.gather import broadcast_ints
     width = 6 + (num_ranks or cfg.stages)  # Start.encode: split, budget, Choice.encode
     start, error = None, None
     if comm.Get_rank() == 0:
-        try:
-            start = choose()
+        try:  # in a thread: the loop keeps serving the transport meanwhile
+            start = await asyncio.to_thread(choose)
         except Exception as exc:  # the others must not wait for a start that never comes
             error = exc
     values = await broadcast_ints(comm, None if comm.Get_rank() else [-1] * width
