@@ -40,7 +40,7 @@ SCENARIOS = ["lognormal:0.5", "multimodal:0.3:3", "straggler:1:1.5"]
 TORCH_ALL = ["ScheduleGPipe", "Schedule1F1B", "ScheduleInterleaved1F1B",
              "ScheduleInterleavedZeroBubble", "ScheduleZBVZeroBubble", "ScheduleDualPipeV"]
 # DEFAULT: what `aioready train` runs with no schedule flags (hint auto, its placement style and
-# split backward chosen before step 0, within unsplit 1F1B's busiest-rank memory), on the model
+# split backward chosen before step 0, within ZBV's busiest-rank in-flight count), on the model
 # split into 2 stages per rank as for torch's two-chunk schedules (bench/e2e_worker.py)
 AIOREADY_FULL = [DEFAULT, "1f1b/strict", "1f1b/ready", "1f1b/ready:greedy", "1f1b/ready@2x",
                  "bfw/ready",

@@ -1,8 +1,8 @@
 """`aioready train` with no schedule flags runs hint="auto": it chooses before step 0 what a
 running pipeline cannot switch (split backward; with two stages per rank, the placement style),
-then after step 1 the schedule, within what unsplit 1F1B holds on its busiest rank. Whatever it
-chooses, it trains exactly like the unsplit model (losses of every step, optimizer included),
-and its JSON summary says where it started and what it chose."""
+then after step 1 the schedule, within the start hint's in-flight peak on its busiest rank.
+Whatever it chooses, it trains exactly like the unsplit model (losses of every step, optimizer
+included), and its JSON summary says where it started and what it chose."""
 
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ def _check(summary: dict, cfg: TrainConfig, ranks: int) -> dict:
     assert [c["from_step"] for c in auto["choices"]] == [1]
     assert auto["choices"][0]["placement"] == start["placement"]  # a style is kept
     assert all(max(c["caps"]) <= start["budget"] for c in auto["choices"])
-    for peaks in summary["peak_in_flight"]:  # never past 1F1B's busiest rank
+    for peaks in summary["peak_in_flight"]:  # never past the budget, on any rank
         assert max(peaks) <= start["budget"], peaks
     assert summary["loss"] == pytest.approx(_reference_losses(cfg), rel=1e-5, abs=1e-6)
     return start

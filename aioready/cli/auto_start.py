@@ -9,8 +9,9 @@ split backward when neither --split-backward nor --no-split-backward was given. 
 simulates and sends the choice to the others as integers (no pickle); every rank then builds
 its stages for that placement.
 
-Its budget is one count for every rank: what unsplit 1F1B holds on its busiest rank
-(sim/start.default_budget), unless --cap says otherwise.
+Its budget is one in-flight count for every rank: the start hint's own peak on its busiest rank
+(sim/start.default_budget: 1F1B's on one stage per rank, ZBV's on two), unless --cap says
+otherwise.
 """
 
 from __future__ import annotations

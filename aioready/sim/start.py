@@ -11,9 +11,11 @@ the fastest wins. Ties go to unsplit backward (one autograd call per backward, n
 to the style order of runtime/choosers.STYLES. After its first measured step the pipeline
 chooses again within that style and split, from what it measured.
 
-The budget: each rank may hold as many activations as unsplit 1F1B holds on its busiest rank,
-min(ranks, M) microbatches of a one-chunk stage, counted in the placement's stage-microbatches
-(x chunks per rank): ZBV's own peak, the memory torch's ZBV schedule and plain 1F1B hold.
+The budget: one in-flight count for every rank, the start hint's own peak on its busiest rank:
+min(ranks, M) microbatches with one stage per rank (1F1B's), chunks x that with several (ZBV's
+2 min(ranks, M)). A count bounds microbatches in flight (in_flight.py), and on two chunks each
+holds one or two chunks' activations: ZBV at its count holds one 1F1B's worth, another schedule
+at the same count up to twice that (bench/results/e2e_scale_default16.md measures both).
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ class Start:
 
     choice: Choice  # the fastest candidate: its hint on its placement style, mode, policy, caps
     split_backward: bool
-    budget: int  # in-flight stage-microbatches per rank, every rank alike
+    budget: int  # in-flight microbatches per rank, every rank alike
     step_ms: float  # its simulated step time
     table: str = ""  # one line per (style, split) simulated
 
@@ -78,7 +80,8 @@ def open_styles(num_stages: int, num_ranks: int) -> list[str]:
 
 
 def default_budget(num_stages: int, num_ranks: int, num_microbatches: int) -> int:
-    """Unsplit 1F1B's peak on its busiest rank, in this placement's stage-microbatches."""
+    """The start hint's in-flight peak on its busiest rank: min(ranks, M) per chunk per rank
+    (1F1B's on one chunk, ZBV's on two)."""
     return num_stages // num_ranks * min(num_ranks, num_microbatches)
 
 
