@@ -22,6 +22,8 @@ EXAMPLES = """examples:
   aioready train --dashboard 8050 --steps 200   # then open http://127.0.0.1:8050/
   aioready train --trace trace.csv --sleep-only --json out/replay.json
   mpiexec -n 4 python -m aioready train --stages 4 --microbatches 8 --steps 5
+  mpiexec -n 4 python -m aioready train --stages 8 --jitter multimodal:0.3:3  # auto: V or
+      # interleaved, split backward or not, chosen before step 0; the schedule after step 1
   mpiexec -n 4 python -m aioready train --stages 2 --dp 2 --steps 5   # PP=2 x DP=2
   mpiexec -n 8 python -m aioready train --stages 2 --tp 2 --dp 2       # PP=2 x TP=2 x DP=2
   torchrun --nproc-per-node 4 -m aioready train --stages 2 --dp 2    # the same over gloo
