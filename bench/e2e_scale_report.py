@@ -13,7 +13,7 @@ from .common import median
 from .e2e_scale import HINT_FOR_TORCH
 from .e2e_worker import DEFAULT
 
-__all__ = ["simulated", "summarize", "cpu_us_per_task"]
+__all__ = ["simulated", "summarize", "cpu_us_per_task", "add_ceiling"]
 
 
 def _shape(rec: dict[str, Any], ranks: int, groups: int) -> Any:
@@ -129,11 +129,11 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 names.setdefault((rec["side"], rec["name"]), []).append(rec)
         rows = [_row(recs, M, S) for recs in names.values()]
         block = _block(S, spec, M, sorted(r["seed"] for r in mine), rows)
-        blocks.append(_ceiling(block, [b for r in mine for b in r.get("any_bound_ms", [])]))
+        blocks.append(add_ceiling(block, [b for r in mine for b in r.get("any_bound_ms", [])]))
     return blocks
 
 
-def _ceiling(block: dict[str, Any], any_bounds: list[float]) -> dict[str, Any]:
+def add_ceiling(block: dict[str, Any], any_bounds: list[float]) -> dict[str, Any]:
     """The most any schedule could gain over torch's best: its median step over the lower
     bound (telemetry/bounds.py), the smallest over the placements measured, and the one that
     holds for any placement of the layer groups on these ranks (median over steps)."""
