@@ -31,6 +31,7 @@ from typing import Any
 
 from .common import RESULTS, write_result
 from .e2e import ROOT, _free_port, generate_trace, mpiexec, split_spec
+from .e2e_worker import DEFAULT
 
 __all__ = ["SCENARIOS", "TORCH_ALL", "AIOREADY_FULL", "AIOREADY_REDUCED", "run_one", "main"]
 
@@ -38,8 +39,11 @@ TIMEOUT_S = 10800.0  # `python -m bench all`: the default matrix takes ~2 h on 2
 SCENARIOS = ["lognormal:0.5", "multimodal:0.3:3", "straggler:1:1.5"]
 TORCH_ALL = ["ScheduleGPipe", "Schedule1F1B", "ScheduleInterleaved1F1B",
              "ScheduleInterleavedZeroBubble", "ScheduleZBVZeroBubble", "ScheduleDualPipeV"]
-DEFAULT = "1f1b/ready"  # what Pipeline() runs when given no hint, mode, policy or cap
-AIOREADY_FULL = ["1f1b/strict", DEFAULT, "1f1b/ready:greedy", "1f1b/ready@2x", "bfw/ready",
+# DEFAULT: what `aioready train` runs with no schedule flags (hint auto, its placement style and
+# split backward chosen before step 0, within ZBV's busiest-rank in-flight count), on the model
+# split into 2 stages per rank as for torch's two-chunk schedules (bench/e2e_worker.py)
+AIOREADY_FULL = [DEFAULT, "1f1b/strict", "1f1b/ready", "1f1b/ready:greedy", "1f1b/ready@2x",
+                 "bfw/ready",
                  "interleaved-zb/ready", "zbv/strict", "zbv/ready", "zbv/ready:greedy",
                  "zbv/ready@1.5x", "zbv/ready@2x", "auto/ready@2x"]
 AIOREADY_REDUCED = [DEFAULT, "zbv/strict", "zbv/ready", "zbv/ready@2x", "auto/ready@2x"]
@@ -176,6 +180,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     help="with --from-runs: the commands and commits that measured the runs (markdown), "
                     "said on the page")
     ap.add_argument("--aioready", default=None, help="override: hint/mode,... for every S")
+    ap.add_argument("--name", default="e2e_scale",
+                    help="write bench/results/NAME.md, .json and .png (default e2e_scale)")
     ap.add_argument("--torch", default=None, help="override: schedule names for every S")
     args = ap.parse_args(argv)
     sizes = [int(s) for s in (args.sizes or ("4,8" if args.quick else "4,8,16")).split(",")]
@@ -224,8 +230,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     shown = [("TEXT" if i and argv[i - 1] == "--measured-by" else a)  # said on the page
              for i, a in enumerate(argv or []) if a != "--scale"]
     cmd = " ".join(["python -m bench.e2e --scale", *shown])
-    body = write_outputs(summary, runs, meta, RESULTS)
-    write_result("e2e_scale", body, cmd, load=load_start)
+    body = write_outputs(summary, runs, meta, RESULTS, args.name)
+    write_result(args.name, body, cmd, load=load_start)
     return {"summary": summary, "runs": runs}
 
 

@@ -38,12 +38,26 @@ def _machine_share(r: dict[str, Any], cores: int) -> str:
             f"{wall:.2f} s ({_pct(r['cpu_s_all'] / (wall * cores))})")
 
 
+def _what_default(row: dict[str, Any] | None) -> str:
+    """What the default row ran: pages measured before `aioready train` chose its schedule
+    named Pipeline's own default, 1f1b/ready."""
+    if row is not None and row["name"].split("+")[0] != DEFAULT:
+        return f"`{row['name']}`: Pipeline's hint, mode, policy and cap"
+    chosen = "" if row is None or not row.get("start") else f"; it started from {row['start']}"
+    return (f"`{DEFAULT}`: what `aioready train` runs with no schedule flags, hint auto on 2 "
+            "stages per rank, its placement and split backward chosen before step 0, within "
+            f"the in-flight count ZBV holds on its busiest rank{chosen}")
+
+
 def goal_lines(blocks: list[dict[str, Any]], cores: int = 2) -> list[str]:
     """The issue's goals at the largest S under multimodal jitter, as measured."""
     multi = [dict(b, cores=cores) for b in blocks if b["scenario"].startswith("multimodal")]
     if not multi:
         return ["No multimodal run: the goals are stated at S=16 under multimodal:0.3:3."]
     b = max(multi, key=lambda b: b["ranks"])
+    if "bound" not in b:  # a page summarized before the bound was: from its rows' bounds
+        from .e2e_scale_report import add_ceiling
+        b = add_ceiling(b, [])
     t, best, default = b["torch_best"], b.get("best_2x"), b["default"]
     lines = [f"Goals, at S={b['ranks']} under `{b['scenario']}` (seeds {b['seeds']}):", ""]
     if t is None:
@@ -51,17 +65,18 @@ def goal_lines(blocks: list[dict[str, Any]], cores: int = 2) -> list[str]:
     sp = b.get("best_2x_speedup")
     lines.append(f"- aioready's best within 2x torch's best peak >= 1.5x torch's best: "
                  f"{_named(best)} against {_named(t)}: {_x(sp)}, "
-                 f"{'met' if sp and sp >= 1.5 else 'NOT met'}; the simulator's replay of the "
+                 f"{'met' if sp and sp >= 1.5 else _reach(b)}; the simulator's replay of the "
                  f"same two configurations: {_x(b.get('best_2x_sim_speedup'))}.")
     other = b.get("torch_best_at_default_memory")
     dsp = b.get("default_speedup_same_memory")
-    lines.append(f"- aioready's default (`{DEFAULT}`: Pipeline's hint, mode, policy and cap) "
-                 f"never slower than torch's best at the same memory (the fastest torch schedule "
+    lines.append(f"- aioready's default ({_what_default(default)}) never slower than torch's best at the same memory (the fastest torch schedule "
                  f"whose peak is at most the default's): {_named(default)} against "
                  f"{_named(other)}: {_x(dsp)}, "
                  f"{'met' if dsp and dsp >= 1.0 else 'NOT met'}; against torch's best at any "
                  f"memory: {_x(b.get('default_speedup'))}.")
-    shares = [(r["name"], r["overhead_share"]) for r in (default, best)
+    mine = [default] + ([best] if best is None or default is None  # the default may be
+                        or best["name"] != default["name"] else [])  # the best
+    shares = [(r["name"], r["overhead_share"]) for r in mine
               if r is not None and r.get("overhead_share") is not None]
     if shares:
         ok = all(s <= 0.05 for _, s in shares)
@@ -69,24 +84,53 @@ def goal_lines(blocks: list[dict[str, Any]], cores: int = 2) -> list[str]:
                      f"S={b['ranks']}: " + ", ".join(f"{n} {_pct(s)}" for n, s in shares)
                      + f", {'met' if ok else 'NOT met'}; torch's best "
                      f"{_pct(t.get('overhead_share'))} against the strict form of its schedule.")
-    cpu = [(r["name"], r["cpu_us_per_task"]) for r in (t, default, best) if r is not None
+    cpu = [(r["name"], r["cpu_us_per_task"]) for r in (t, *mine) if r is not None
            and "cpu_us_per_task" in r]
     lines.append("- CPU per task (each rank's process CPU per step / its tasks): "
                  + ", ".join(f"{n.replace('Schedule', 'torch ')} {c:.0f} us" for n, c in cpu)
                  + ". All ranks together, CPU seconds per step against the step's wall time "
                  "times the machine's cores (the share of the machine the run's own processes "
-                 "needed): " + ", ".join(_machine_share(r, b["cores"]) for r in (t, default, best)
+                 "needed): " + ", ".join(_machine_share(r, b["cores"]) for r in (t, *mine)
                                          if r is not None and "cpu_s_all" in r) + ".")
     return lines + [""]
+
+
+def _ceiling(b: dict[str, Any]) -> str:
+    """The most any schedule could gain over torch's best (bench/e2e_scale_report.py)."""
+    if "ceiling" not in b:
+        return "-"
+    bound = b["bound"]
+    text = (f"{_x(b['ceiling'])} (torch best / {bound['ms']:.0f} ms, the least lower bound of "
+            f"the placements measured, {bound['placement']})")
+    if "ceiling_any" in b:
+        text += (f"; {_x(b['ceiling_any'])} over any placement ({bound['any_ms']:.0f} ms: "
+                 "max(the split chain, all work / S))")
+    return text
+
+
+def _reach(b: dict[str, Any]) -> str:
+    """Why an unmet speedup goal is unmet: no schedule could reach it on these durations."""
+    ceiling = b.get("ceiling_any", b.get("ceiling"))
+    if ceiling is None or ceiling >= 1.5:
+        return "NOT met"
+    where = "for any schedule" if "ceiling_any" in b else "for any schedule of these placements"
+    return (f"NOT met, out of reach {where}: bound {_x(ceiling)} < 1.5x (the most any schedule "
+            f"could gain over torch's best: {_ceiling(b)})")
 
 
 def _summary(blocks: list[dict[str, Any]]) -> list[str]:
     lines = ["Speedup = torch's best median step / aioready's; simulated = the same ratio of the "
              "simulator's replays (scheduling alone, no runtime cost; '-' when torch's best is "
-             "DualPipeV, which has no twin).", "",
+             "DualPipeV, which has no twin). Most any schedule could gain = torch's best median "
+             "step / the least lower bound (median over steps) of the placements measured; in "
+             "brackets, over the bound that holds for any placement of the layer groups on S "
+             "ranks. The lower bound (docs/architecture.md \"Lower bound\") assumes a rank runs "
+             "one task at a time, each task takes its traced duration whatever the schedule, and "
+             "messages cost nothing; it ignores memory, so it caps every budget.", "",
              "| S | scenario | torch best (ms, peak) | aioready default | default / torch best "
              "at its memory | aioready best <= 2x peak | speedup | simulated | aioready best <= "
-             "same peak | speedup | simulated |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "same peak | speedup | simulated | most any schedule could gain |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for b in blocks:
         lines.append(
             f"| {b['ranks']} | `{b['scenario']}` | {_named(b['torch_best'])} | "
@@ -94,7 +138,8 @@ def _summary(blocks: list[dict[str, Any]]) -> list[str]:
             f"{_named(b.get('best_2x'))} | {_x(b.get('best_2x_speedup'))} | "
             f"{_x(b.get('best_2x_sim_speedup'))} | {_named(b.get('best_same_memory'))} | "
             f"{_x(b.get('best_same_memory_speedup'))} | "
-            f"{_x(b.get('best_same_memory_sim_speedup'))} |")
+            f"{_x(b.get('best_same_memory_sim_speedup'))} | {_x(b.get('ceiling'))} "
+            f"(any placement {_x(b.get('ceiling_any'))}) |")
     return lines + [""]
 
 
@@ -104,7 +149,8 @@ def _rows(b: dict[str, Any]) -> list[str]:
              "steps | simulated ms | overhead | lower bound ms | CPU us/task | note |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in sorted(b["rows"], key=lambda r: (r["side"], r.get("median_ms", float("inf")))):
-        note = "; ".join(r["errors"] + ([f"chose {r['chosen']}"] if r.get("chosen") else []))
+        note = "; ".join(r["errors"] + ([f"started from {r['start']}"] if r.get("start") else [])
+                         + ([f"chose {r['chosen']}"] if r.get("chosen") else []))
         if "median_ms" not in r:
             lines.append(f"| {r['side']} | {r['name']} | - | - | - | - | - | 0 | - | - | - | - "
                          f"| {note} |")
@@ -131,7 +177,7 @@ def _plot(blocks: list[dict[str, Any]], path: Path) -> bool:
                              squeeze=False, sharey=True)
     for ax, spec in zip(axes[0], scenarios):
         mine = sorted((b for b in blocks if b["scenario"] == spec), key=lambda b: b["ranks"])
-        for key, label, style in (("default_speedup", f"default ({DEFAULT})", "o-"),
+        for key, label, style in (("default_speedup", "default", "o-"),
                                   ("best_2x_speedup", "best, <= 2x torch's peak", "s-")):
             pts = [(b["ranks"], b[key]) for b in mine if b.get(key) is not None]
             if pts:
@@ -150,11 +196,11 @@ def _plot(blocks: list[dict[str, Any]], path: Path) -> bool:
 
 
 def write_outputs(blocks: list[dict[str, Any]], runs: list[dict[str, Any]],
-                  meta: dict[str, Any], results: Path) -> str:
-    """Write e2e_scale.json and .png; return the page's body."""
-    (results / "e2e_scale.json").write_text(json.dumps(
+                  meta: dict[str, Any], results: Path, name: str = "e2e_scale") -> str:
+    """Write NAME.json and .png; return the page's body."""
+    (results / f"{name}.json").write_text(json.dumps(
         {"meta": meta, "blocks": blocks, "runs": runs}, indent=1, default=float))
-    has_png = _plot(blocks, results / "e2e_scale.png")
+    has_png = _plot(blocks, results / f"{name}.png")
     load, end = meta["load_start"], meta["load_end"]
     lines = [f"Measured by {meta['measured_by']}; this page was rebuilt from those runs by the "
              "command above (no launches).", ""] if meta.get("measured_by") else []
@@ -177,7 +223,7 @@ def write_outputs(blocks: list[dict[str, Any]], runs: list[dict[str, Any]],
     lines += goal_lines(blocks, meta["cores"])
     lines += ["## Summary", "", *_summary(blocks)]
     if has_png:
-        lines += ["![speedup over torch's best schedule against S](e2e_scale.png)", ""]
+        lines += [f"![speedup over torch's best schedule against S]({name}.png)", ""]
     lines += ["## Per configuration", ""]
     for b in blocks:
         lines += _rows(b)

@@ -10,9 +10,10 @@ from typing import Any
 import numpy as np
 
 from .common import median
-from .e2e_scale import DEFAULT, HINT_FOR_TORCH
+from .e2e_scale import HINT_FOR_TORCH
+from .e2e_worker import DEFAULT
 
-__all__ = ["simulated", "summarize", "cpu_us_per_task"]
+__all__ = ["simulated", "summarize", "cpu_us_per_task", "add_ceiling"]
 
 
 def _shape(rec: dict[str, Any], ranks: int, groups: int) -> Any:
@@ -23,12 +24,19 @@ def _shape(rec: dict[str, Any], ranks: int, groups: int) -> Any:
                     rec["split_backward"])
 
 
-def _sim_args(rec: dict[str, Any]) -> dict[str, Any] | None:
+def _sim_args(rec: dict[str, Any], M: int) -> dict[str, Any] | None:
     """simulate() arguments for the record's configuration; None where it has no twin."""
     from .e2e_worker import parse_config
     if rec["side"] == "torch":
         hint = HINT_FOR_TORCH.get(rec["name"])
         return None if hint is None else {"hint": hint, "mode": "strict"}
+    if rec["name"].split("+")[0] == DEFAULT:  # the same start, then chooses as it did
+        from aioready.runtime.autotune import AutoHint
+        from aioready.schedulers import make_hint
+        start = make_hint(rec["start"]["hint"], num_stages=rec["num_stages"],
+                          num_ranks=rec["num_stages"] // 2, num_microbatches=M,
+                          split_backward=rec["split_backward"], placement=rec["style"])
+        return {"hint": AutoHint(start=start), "cap": rec["start"]["budget"]}
     hint, mode, policy, cap = parse_config(rec["name"].split("+")[0])
     if hint == "auto":  # the same start placement and budget; the simulator chooses with
         return {"hint": "auto:1f1b", "mode": mode, "cap": cap}  # the measured steps' durations
@@ -40,7 +48,7 @@ def simulated(run: dict[str, Any]) -> dict[str, Any]:
     from aioready.placement import Placement
     from aioready.sim.simulator import simulate
     from aioready.sim.traces import Trace, read_trace
-    from aioready.telemetry.bounds import lower_bound_table
+    from aioready.telemetry.bounds import any_placement_bound, lower_bound_table
 
     from .e2e import split_spec
     from .e2e_worker import parse_straggler, stage_seconds
@@ -48,6 +56,10 @@ def simulated(run: dict[str, Any]) -> dict[str, Any]:
     S, groups, M, warmup = run["ranks"], run["groups"], run["microbatches"], run["warmup"]
     trace = read_trace(run["trace"], placement=Placement(groups, groups, "linear"))
     straggler = parse_straggler(split_spec(run["scenario"])[1])
+    steps = max((len(r["step_s"]) for r in run["records"] if "step_s" in r), default=0)
+    # the straggler's factor left out: it only lengthens whatever rank holds its groups
+    run["any_bound_ms"] = [any_placement_bound(trace.table(warmup + i), S)
+                           for i in range(steps)]
     for rec in run["records"]:
         if "error" in rec:
             continue
@@ -57,7 +69,7 @@ def simulated(run: dict[str, Any]) -> dict[str, Any]:
                            for i in range(steps)])
         rec["lower_bound_ms"] = [lower_bound_table(shape.placement, t, shape.split_backward)
                                  for t in tables]
-        how = _sim_args(rec)
+        how = _sim_args(rec, M)
         if how is None:
             continue
         sim = simulate(stages=shape.placement.num_stages, ranks=S, microbatches=M,
@@ -94,7 +106,8 @@ def _row(recs: list[dict[str, Any]], M: int, S: int) -> dict[str, Any]:
                cpu_us_per_task=float(np.mean([cpu_us_per_task(r, M, S) for r in ok])),
                cpu_s_all=float(np.mean([sum(r["cpu_s_per_step"]) for r in ok])),
                lower_bound_ms=median([b for r in ok for b in r["lower_bound_ms"]]),
-               chosen=next((r["chosen"] for r in ok if r.get("chosen")), None))
+               chosen=next((r["chosen"] for r in ok if r.get("chosen")), None),
+               start=next((r["start"]["label"] for r in ok if r.get("start")), None))
     if all("sim_ms" in r for r in ok):
         sims = [s for r in ok for s in r["sim_ms"]]
         shares = [(t * 1e3 - s) / (t * 1e3) for r in ok for t, s in zip(r["step_s"], r["sim_ms"])]
@@ -115,8 +128,29 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             for rec in run["records"]:
                 names.setdefault((rec["side"], rec["name"]), []).append(rec)
         rows = [_row(recs, M, S) for recs in names.values()]
-        blocks.append(_block(S, spec, M, sorted(r["seed"] for r in mine), rows))
+        block = _block(S, spec, M, sorted(r["seed"] for r in mine), rows)
+        blocks.append(add_ceiling(block, [b for r in mine for b in r.get("any_bound_ms", [])]))
     return blocks
+
+
+def add_ceiling(block: dict[str, Any], any_bounds: list[float]) -> dict[str, Any]:
+    """The most any schedule could gain over torch's best: its median step over the lower
+    bound (telemetry/bounds.py), the smallest over the placements measured, and the one that
+    holds for any placement of the layer groups on these ranks (median over steps)."""
+    measured = [r for r in block["rows"] if "lower_bound_ms" in r]
+    if not measured:
+        return block
+    low = min(measured, key=lambda r: r["lower_bound_ms"])
+    block["bound"] = {"ms": low["lower_bound_ms"],
+                      "placement": f"{low['placement']}{' split' if low['split'] else ''}"}
+    if any_bounds:
+        block["bound"]["any_ms"] = median(any_bounds)
+    t = block["torch_best"]
+    if t is not None:
+        block["ceiling"] = t["median_ms"] / low["lower_bound_ms"]
+        if any_bounds:
+            block["ceiling_any"] = t["median_ms"] / median(any_bounds)
+    return block
 
 
 def _best(rows: list[dict[str, Any]], side: str, peak_at_most: float | None = None

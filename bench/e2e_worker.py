@@ -24,12 +24,15 @@ from aioready.placement import Placement
 from aioready.tasks import Kind
 
 __all__ = ["RunShape", "stage_seconds", "AIOREADY_SPLIT", "TORCH_SCHEDULES", "parse_straggler",
-           "parse_config"]
+           "parse_config", "DEFAULT", "default_start"]
 
 # hint -> split backward; the placement comes from the hint registry.
 AIOREADY_SPLIT = {"gpipe": False, "1f1b": False, "bf": False, "interleaved-1f1b": False,
                   "zb-h1": True, "zb-h2": True, "bfw": True, "interleaved-zb": True, "zbv": True,
                   "auto": True}  # auto: linear placement, chooses after its first step
+# what `aioready train` runs with no schedule flags (cli/auto_start.py), on the model split
+# torch's two-chunk schedules take (2 stages per rank); not a hint/mode form
+DEFAULT = "default"
 # torch schedule -> (placement style, chunks per rank, split backward)
 TORCH_SCHEDULES = {
     "ScheduleGPipe": ("linear", 1, False),
@@ -162,6 +165,34 @@ def _record(name: str, shape: RunShape, times: list[list[float]], loss: float,
             "cpu_s_per_step": cpu, "peak_activations": peak}
 
 
+def default_start(groups: int, ranks: int, microbatches: int, trace: Any,
+                  straggler: tuple[int, float] | None) -> Any:
+    """The start `aioready train` chooses with no schedule flags (sim/start.py), on the
+    durations of the trace's first step as this harness maps them to a placement's stages."""
+    from aioready.sim.start import choose_start
+    from aioready.sim.traces import Trace
+
+    def durations(placement: Placement, split: bool) -> dict[str, Any]:
+        table = stage_seconds(trace.table(0), RunShape(placement, groups, split), straggler)
+        return {"trace": Trace(table[None] * 1e3, placement=placement, split_backward=split,
+                               source="e2e default")}
+    return choose_start(num_stages=2 * ranks, num_ranks=ranks, num_microbatches=microbatches,
+                        split_backward=None, durations=durations)
+
+
+def _agreed_start(args: argparse.Namespace, trace: Any, straggler: Any, comm: Any) -> Any:
+    """Rank 0 chooses the default's start; the others get it as integers (no pickle)."""
+    from aioready.sim.start import Start
+    size = comm.Get_size()
+    start = (default_start(args.groups, size, args.microbatches, trace, straggler)
+             if comm.Get_rank() == 0 else None)
+    buf = np.array(start.encode() if start is not None else [0] * (6 + size), dtype=np.int64)
+    request = comm.Ibcast(buf, root=0)
+    while not request.Test():  # not a blocking Bcast: its busy wait would starve rank 0
+        time.sleep(0.02)
+    return start if start is not None else Start.decode([int(v) for v in buf])
+
+
 def parse_config(config: str) -> tuple[str, str, str, int | str | None]:
     """'hint/mode[:policy][@CAP]': CAP in-flight microbatches per rank (an int) or 'Nx' (N times
     the hint's own peak); policy of ready mode, default the reserving one. `auto/ready@2x`:
@@ -224,15 +255,23 @@ def run_aioready(args: argparse.Namespace, trace: Any, configs: list[str],
     straggler = parse_straggler(args.straggler)
 
     async def one(hint: str, mode: str, policy: str, cap: int | str | None) -> dict[str, Any]:
-        spec = HINTS["1f1b" if hint == "auto" else hint]
-        split = AIOREADY_SPLIT[hint]
-        shape = RunShape(Placement(size * spec.chunks, size, spec.style), args.groups, split)
+        start = _agreed_start(args, trace, straggler, comm) if hint == DEFAULT else None
+        if start is not None:  # as `aioready train` starts it: its mode, policy and budget
+            split, mode, policy, cap = (start.split_backward, start.choice.mode,
+                                        start.choice.policy, start.budget)
+            shape = RunShape(Placement(2 * size, size, start.choice.placement), args.groups,
+                             split)
+            auto: Any = AutoHint(start=start.order(num_stages=2 * size, num_ranks=size,
+                                                   num_microbatches=M), comm=comm)
+        else:
+            spec = HINTS["1f1b" if hint == "auto" else hint]
+            split = AIOREADY_SPLIT[hint]
+            shape = RunShape(Placement(size * spec.chunks, size, spec.style), args.groups, split)
+            auto = AutoHint(start="1f1b", retune_every=0, comm=comm) if hint == "auto" else hint
         mine = shape.placement.stages_of(rank)
         stages, injector = _build(args, shape, mine, trace, straggler)
         transport = TorchDistTransport() if gloo else MPITransport(comm)
-        pipe = Pipeline(stages, lm_loss, microbatches=M, mode=mode, policy=policy,
-                        hint=AutoHint(start="1f1b", retune_every=0, comm=comm)
-                        if hint == "auto" else hint,
+        pipe = Pipeline(stages, lm_loss, microbatches=M, mode=mode, policy=policy, hint=auto,
                         transport=transport, split_backward=split, device=DEVICE,
                         num_stages=shape.placement.num_stages, cap=cap)
         times, cpu, loss = [], [], None
@@ -259,9 +298,13 @@ def run_aioready(args: argparse.Namespace, trace: Any, configs: list[str],
         if rank != 0:
             return {}
         the_loss = next(v for v in losses if v is not None)
-        name = (f"{hint}/{mode}" + (f":{policy}" if policy != "reserve" else "")
-                + (f"@{cap}" if cap else "") + ("+gloo" if gloo else ""))
+        name = (DEFAULT if start is not None else f"{hint}/{mode}"
+                + (f":{policy}" if policy != "reserve" else "") + (f"@{cap}" if cap else "")
+                ) + ("+gloo" if gloo else "")
         record = _record(name, shape, all_times, the_loss, grad_sq, slept, counts, cpus, peaks)
+        if start is not None:  # what the simulator's twin starts from (e2e_scale_report.py)
+            record["start"] = {"hint": start.choice.hint, "label": start.label,
+                               "budget": start.budget}
         if pipe.auto is not None and pipe.auto.choices:
             choice = pipe.auto.choices[-1][1]
             record["chosen"] = f"{choice.label} {choice.how} caps {list(choice.cap)}"
@@ -269,7 +312,8 @@ def run_aioready(args: argparse.Namespace, trace: Any, configs: list[str],
 
     async def all_configs() -> None:
         for config in configs:
-            record = await one(*parse_config(config))
+            record = await one(*((DEFAULT, "ready", "reserve", None) if config == DEFAULT
+                                 else parse_config(config)))
             if record:
                 emit(record)
 

@@ -124,7 +124,8 @@ def test_train_json_summary_is_enough_to_advise(tmp_path: Path,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
     summary = tmp_path / "run.json"
     assert main(["train", "--stages", "2", "--microbatches", "4", "--steps", "2", "--sleep-only",
-                 "--task-ms", "2", "--no-progress", "--json", str(summary)]) == 0
+                 "--task-ms", "2", "--no-progress", "--hint", "1f1b", "--json", str(summary)]
+                ) == 0  # advice on a 1F1B run
     body = json.loads(summary.read_text())
     assert body["layers_per_stage"] == 1 and len(body["spans"]["rows"]) == 2 * 2 * 4 * 2
     capsys.readouterr()

@@ -21,7 +21,7 @@ from aioready.placement import Placement
 from aioready.sim.traces import read_trace
 from bench.e2e_scale import MODEL, run_one
 from bench.e2e_scale_report import simulated, summarize
-from bench.e2e_worker import RunShape, stage_seconds
+from bench.e2e_worker import DEFAULT, RunShape, stage_seconds
 
 pytestmark = [pytest.mark.mpi, requires_mpi]
 
@@ -47,15 +47,15 @@ def test_e2e_torch_side_under_torchrun(tmp_path: Path) -> None:
 @pytest.mark.timeout(240)
 def test_scale_harness_one_config_each_side(tmp_path: Path) -> None:
     run = run_one(spec="multimodal:0.3:3", ranks=S, seed=1, task_ms=1.0, warmup=WARMUP,
-                  steps=STEPS, aioready_configs=[PAIR[0]], torch_configs=[PAIR[1]],
+                  steps=STEPS, aioready_configs=[PAIR[0], DEFAULT], torch_configs=[PAIR[1]],
                   workdir=tmp_path, model_args=[*MODEL, "--dtype", "float64"])
     rows = {r["name"]: r for r in simulated(run)["records"]}
-    assert set(rows) == set(PAIR), rows
+    assert set(rows) == {*PAIR, DEFAULT}, rows
     assert not [r["error"] for r in rows.values() if "error" in r]
     groups, M = 2 * S, 4 * S
     trace = read_trace(run["trace"], placement=Placement(groups, groups, "linear"))
-    a, t = rows[PAIR[0]], rows[PAIR[1]]
-    for row in (a, t):
+    a, t, d = rows[PAIR[0]], rows[PAIR[1]], rows[DEFAULT]
+    for row in (a, t, d):
         assert len(row["step_s"]) == STEPS
         assert all(math.isfinite(x) and x > 0 for x in row["step_s"]), row["step_s"]
         shape = RunShape(Placement(row["num_stages"], S, row["style"]), groups,
@@ -68,12 +68,21 @@ def test_scale_harness_one_config_each_side(tmp_path: Path) -> None:
             assert sum(row["slept_s"][rank]) == pytest.approx(want, rel=1e-9)
         assert all(0 < p <= M for p in row["peak_activations"]), row["peak_activations"]
         assert len(row["sim_ms"]) == STEPS and all(x > 0 for x in row["sim_ms"])
-    assert a["sleep_counts"] == t["sleep_counts"]  # the same tasks on both sides
-    assert abs(a["loss"] - t["loss"]) <= 1e-10
-    assert a["grad_sq"] == pytest.approx(t["grad_sq"], rel=1e-9)
+    assert a["sleep_counts"] == t["sleep_counts"] == d["sleep_counts"]  # the same tasks
+    for row in (a, d):
+        assert abs(row["loss"] - t["loss"]) <= 1e-10
+        assert row["grad_sq"] == pytest.approx(t["grad_sq"], rel=1e-9)
+    # the default: `aioready train`'s start on 2 stages per rank, within 1F1B's busiest rank
+    assert d["num_stages"] == 2 * S and d["style"] in ("interleaved", "v")
+    assert d["start"]["budget"] == 2 * S and d["chosen"]
     assert t["sim_hint"] == "zbv"
     block = summarize([run])[0]
     assert block["torch_best"]["name"] == PAIR[1]
-    assert {r["name"] for r in block["rows"]} == set(PAIR)
+    assert {r["name"] for r in block["rows"]} == {*PAIR, DEFAULT}
+    assert block["default"]["name"] == DEFAULT
+    # the most any schedule could gain: any placement's bound is below the measured ones'
+    assert block["bound"]["any_ms"] <= block["bound"]["ms"] + 1e-9
+    assert min(r["median_ms"] for r in block["rows"]) >= block["bound"]["any_ms"]
+    assert block["ceiling_any"] >= block["ceiling"] > 0
     assert all(math.isfinite(r["overhead_share"]) and math.isfinite(r["cpu_us_per_task"])
                for r in block["rows"])

@@ -28,7 +28,7 @@ def test_a_run_writes_start_and_end(tmp_path: Path) -> None:
     assert cli_main([*ARGS, "--run-record", str(path)]) == 0
     start, end = _lines(path)
     assert start["event"] == "start" and end["event"] == "end"
-    assert start["config"]["stages"] == 2 and start["config"]["hint"] == "1f1b"
+    assert start["config"]["stages"] == 2 and start["config"]["hint"] == "auto"  # the default
     assert start["packages"]["torch"] and start["packages"]["aioready"]
     assert start["layout"] == {"0": [0], "1": [1]} and start["sealed"] is None
     assert start["rank"] == 0 and start["world_size"] == 1

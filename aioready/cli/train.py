@@ -22,6 +22,8 @@ EXAMPLES = """examples:
   aioready train --dashboard 8050 --steps 200   # then open http://127.0.0.1:8050/
   aioready train --trace trace.csv --sleep-only --json out/replay.json
   mpiexec -n 4 python -m aioready train --stages 4 --microbatches 8 --steps 5
+  mpiexec -n 4 python -m aioready train --stages 8 --jitter multimodal:0.3:3  # auto: V or
+      # interleaved, split backward or not, chosen before step 0; the schedule after step 1
   mpiexec -n 4 python -m aioready train --stages 2 --dp 2 --steps 5   # PP=2 x DP=2
   mpiexec -n 8 python -m aioready train --stages 2 --tp 2 --dp 2       # PP=2 x TP=2 x DP=2
   torchrun --nproc-per-node 4 -m aioready train --stages 2 --dp 2    # the same over gloo
@@ -40,8 +42,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--stages", type=int, default=4, help="pipeline stages S (default 4)")
     p.add_argument("--microbatches", type=int, default=8, help="microbatches per step M")
-    p.add_argument("--hint", default="1f1b", help=f"{' | '.join(hint_names())}, a hint file, or "
-                   "auto (measure the first step, then run the fastest schedule within --cap)")
+    p.add_argument("--hint", default=None, help=f"{' | '.join(hint_names())}, a hint file, or "
+                   "auto (measure the first step, then run the fastest schedule within --cap). "
+                   "Default: auto, choosing before step 0 also the placement (--stages = 2 x "
+                   "ranks: interleaved or V) and, unless given, --split-backward; 1f1b with "
+                   "--mode strict, --memory, --dp or --tp")
     p.add_argument("--mode", choices=("ready", "strict"), default="ready")
     p.add_argument("--policy", default="reserve", choices=("reserve", "greedy", "auto"),
                    help="ready mode's rule: reserve (default: keep the hint's next task's place, "
@@ -67,7 +72,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--sleep-only", action="store_true",
                    help="tasks only sleep their --trace/--jitter durations: no model compute")
     p.add_argument("--steps", type=int, default=3, help="training steps")
-    p.add_argument("--split-backward", action="store_true", help="separate B and W tasks")
+    p.add_argument("--split-backward", action=argparse.BooleanOptionalAction, default=None,
+                   help="separate B and W tasks (zero-bubble schedules need it); default: "
+                   "chosen by hint auto, else off")
     p.add_argument("--task-ms", type=float, default=20.0,
                    help="base F duration in ms (B = 2F unsplit; 0: compute time only)")
     p.add_argument("--batch", type=int, default=2, help="sequences per microbatch")
@@ -118,12 +125,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 
 
 def config_from_args(args: argparse.Namespace) -> Any:
+    from ..runtime.autotune import parse_auto
+    from .auto_start import default_auto
     from .trainer import TrainConfig
+    hint = args.hint or ("auto" if default_auto(mode=args.mode, memory=args.memory, dp=args.dp,
+                                                tp=args.tp) else "1f1b")
+    split = args.split_backward
+    if split is None and parse_auto(hint) != "":
+        split = False  # only a plain "auto" chooses it
     return TrainConfig(
-        stages=args.stages, microbatches=args.microbatches, hint=args.hint, mode=args.mode,
+        stages=args.stages, microbatches=args.microbatches, hint=hint, mode=args.mode,
         cap=args.cap, memory=args.memory, jitter=args.jitter, seed=args.seed, trace=args.trace,
         trace_mode=args.trace_mode, steps=args.steps,
-        split_backward=args.split_backward, task_ms=args.task_ms, batch=args.batch,
+        split_backward=split, task_ms=args.task_ms, batch=args.batch,
         seq=args.seq, dim=args.dim, lr=args.lr, metrics_port=args.metrics_port,
         sleep_only=args.sleep_only, checkpoint_dir=args.checkpoint_dir, resume=args.resume,
         policy=args.policy, on_nan=args.on_nan, check_config=args.check_config,
@@ -202,21 +216,33 @@ def run(args: argparse.Namespace) -> int:
 def _record(args: argparse.Namespace, cfg: Any, rank: int, comm: Any) -> Any:
     if not args.run_record:
         return None
-    from ..schedulers import make_hint
     from .record import RunRecord
     world = comm.Get_size() if comm is not None else 1
     record = RunRecord(args.run_record, rank=rank, world_size=world)
-    hint = make_hint(cfg.hint, num_stages=cfg.stages, num_microbatches=cfg.microbatches,
-                     num_ranks=world if world > 1 else None, split_backward=cfg.split_backward)
+    placement = _placement(cfg, world)
     key_file = cfg.key_file or os.environ.get("AIOREADY_KEY_FILE")
     fingerprint = None
     if key_file and world > 1:
         from ..transports.secure import key_fingerprint, load_key
         fingerprint = key_fingerprint(load_key(key_file))
-    record.start(cfg, layout={r: list(hint.placement.stages_of(r))
-                              for r in range(hint.placement.num_ranks)},
+    record.start(cfg, layout=None if placement is None else {
+        r: list(placement.stages_of(r)) for r in range(placement.num_ranks)},
                  key_fingerprint=fingerprint)
     return record
+
+
+def _placement(cfg: Any, world: int) -> Any:
+    """The run's placement before it starts; None where a plain "auto" chooses it (several
+    stages per rank: cli/auto_start.py)."""
+    from ..runtime.autotune import parse_auto, start_hint
+    from ..schedulers import make_hint
+    auto = parse_auto(cfg.hint)
+    if auto == "" and world > 1 and cfg.stages != world:
+        return None
+    split = bool(cfg.split_backward)
+    return make_hint(cfg.hint if auto is None else auto or start_hint("linear", split),
+                     num_stages=cfg.stages, num_microbatches=cfg.microbatches,
+                     num_ranks=world if world > 1 else None, split_backward=split).placement
 
 
 async def _recorded(record: Any, main: Any) -> Any:
@@ -242,6 +268,9 @@ def _print_summary(result: Any, cfg: Any) -> None:
     how = f"{cfg.mode}/{cfg.policy}" if greedy else cfg.mode
     print(f"{how} {cfg.hint}, S={cfg.stages} M={cfg.microbatches}, {where}, "
           f"{result.durations}")
+    if result.start is not None:
+        print(f"hint=auto: started from {result.start.label}, budget {result.start.budget} "
+              f"in flight per rank" + (f"\n{result.start.table}" if result.start.table else ""))
     for step, choice in result.choices:
         print(f"hint=auto: {choice.label} {choice.how} from step {step}, caps "
               f"{list(choice.cap)}\n{choice.table}")

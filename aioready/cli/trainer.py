@@ -36,6 +36,7 @@ from ..telemetry.instruments import Instruments, instrument_pipeline
 from ..telemetry.metrics import StepMetrics, step_metrics
 from ..telemetry.spans import StepReport
 from ..testing.models import gpt_stages, lm_loss
+from .auto_start import agreed_start, auto_budget
 
 __all__ = ["TrainConfig", "TrainResult", "train", "synthetic_microbatch", "ON_NAN"]
 
@@ -63,7 +64,8 @@ class TrainConfig:
     """floor: a task takes at least its duration (compute inside it); add: the compute, then a
     sleep of the whole duration (devices/paced.py)"""
     steps: int = 3
-    split_backward: bool = False
+    split_backward: bool | None = False
+    """None: a plain hint="auto" chooses it before step 0 (cli/auto_start.py)"""
     task_ms: float = 20.0
     """base F duration (B = 2F unsplit); 0: tasks take their compute time only"""
     batch: int = 2
@@ -120,6 +122,9 @@ class TrainConfig:
         if self.trace_mode not in PACE_MODES:
             raise ConfigError("trace_mode", expected=" | ".join(PACE_MODES),
                               got=repr(self.trace_mode))
+        if self.split_backward is None and parse_auto(self.hint) != "":
+            raise ConfigError("split_backward=None (chosen before step 0) needs hint='auto'",
+                              expected="True or False", got=f"None with hint {self.hint!r}")
         if self.on_nan not in ON_NAN:
             raise ConfigError("on_nan", expected=" | ".join(ON_NAN), got=repr(self.on_nan))
         for name in ("stages", "microbatches", "steps", "batch", "seq", "dim", "heads",
@@ -146,6 +151,8 @@ class TrainResult:
     """the sealing key's fingerprint when messages were sealed (None: plain)"""
     transport: str = ""  # "mpi" or "torch" for a multi-rank job
     choices: list[Any] = field(default_factory=list)  # hint="auto": (first step, Choice)
+    start: Any = None  # plain hint="auto": the sim.start.Start it began from (None: fixed)
+    split_backward: bool = False  # as run (a plain "auto" may have chosen it)
 
     def summary(self, cfg: TrainConfig) -> dict[str, Any]:
         """The `--json` summary: lists per step, times in ms."""
@@ -160,15 +167,28 @@ class TrainResult:
             "memory": cfg.memory,
             "loss": list(self.losses), "unit": "ms", "mode": cfg.mode, "policy": cfg.policy, "hint": cfg.hint,
             "stages": cfg.stages, "microbatches": cfg.microbatches, "cap": cfg.cap,
-            "split_backward": cfg.split_backward, "jitter": cfg.jitter, "seed": cfg.seed,
+            "split_backward": self.split_backward, "jitter": cfg.jitter, "seed": cfg.seed,
             "trace": cfg.trace, "task_ms": cfg.task_ms, "durations": self.durations,
             "transport": self.transport or ("mpi" if self.world_size > 1 else "inproc"),
             "ranks": self.world_size, "overruns": self.overruns,
             "sleep_only": cfg.sleep_only, "diverged_at": self.diverged_at,
             "sealed": self.key_fingerprint, "dp": cfg.dp, "tp": cfg.tp,
             "layers_per_stage": cfg.layers_per_stage, "trace_mode": cfg.trace_mode,
+            "auto": self._auto(),
             "spans": spans_table(self.reports),  # what `aioready advise` reads
         }
+
+    def _auto(self) -> dict[str, Any] | None:
+        """hint="auto": where it started and what it chose (None for a fixed hint)."""
+        if self.start is None and not self.choices:
+            return None
+        start = None if self.start is None else {
+            "hint": self.start.choice.label, "placement": self.start.choice.placement,
+            "mode": self.start.choice.how, "split_backward": self.start.split_backward,
+            "budget": self.start.budget}
+        return {"start": start, "choices": [
+            {"from_step": step, "hint": c.label, "placement": c.placement, "mode": c.how,
+             "caps": list(c.cap)} for step, c in self.choices]}
 
 
 def synthetic_microbatch(step: int, microbatch: int, *, batch: int, seq: int, vocab: int,
@@ -200,10 +220,14 @@ async def train(cfg: TrainConfig, *, comm: Any = None,
                                     session=await secure_session(line))
         fingerprint = transport.fingerprint
     auto = parse_auto(cfg.hint)  # "auto": start from its start hint, then choose
-    hint = make_hint(cfg.hint if auto is None else auto or start_hint("linear",
-                                                                       cfg.split_backward),
-                     num_stages=cfg.stages, num_ranks=world if world > 1 else None,
-                     num_microbatches=cfg.microbatches, split_backward=cfg.split_backward)
+    ranks = world if world > 1 else None
+    start = await agreed_start(cfg, num_ranks=ranks, comm=line if world > 1 else None)
+    split = start.split_backward if start is not None else bool(cfg.split_backward)
+    hint = start.order(num_stages=cfg.stages, num_ranks=ranks,
+                       num_microbatches=cfg.microbatches) if start is not None else make_hint(
+        cfg.hint if auto is None else auto or start_hint("linear", split),
+        num_stages=cfg.stages, num_ranks=ranks, num_microbatches=cfg.microbatches,
+        split_backward=split)
     placement = hint.placement
     model = gpt_stages(cfg.stages, vocab=cfg.vocab, dim=cfg.dim, heads=cfg.heads,
                        layers_per_stage=cfg.layers_per_stage, seq=cfg.seq, seed=cfg.seed)
@@ -212,7 +236,7 @@ async def train(cfg: TrainConfig, *, comm: Any = None,
     wrap = _tensor_parallel(grid, modules)
     duration, source = paced_duration(
         placement=placement, num_microbatches=cfg.microbatches,
-        split_backward=cfg.split_backward, task_ms=cfg.task_ms, jitter=cfg.jitter,
+        split_backward=split, task_ms=cfg.task_ms, jitter=cfg.jitter,
         seed=cfg.seed, trace=cfg.trace, steps=cfg.steps)
     devices: list[PacedDevice] = []
 
@@ -224,10 +248,13 @@ async def train(cfg: TrainConfig, *, comm: Any = None,
         devices.append(PacedDevice(inner, duration, cfg.trace_mode))
         return wrap(devices[-1])
 
-    pipe = Pipeline(modules, lm_loss, microbatches=cfg.microbatches, mode=cfg.mode,
-                    policy=cfg.policy,
-                    hint=hint if auto is None else AutoHint(start=hint.name, comm=line),
-                    transport=transport, split_backward=cfg.split_backward, cap=cfg.cap,
+    # a chosen start runs its simulated mode and policy from step 0 (its caps: the budget)
+    pipe = Pipeline(modules, lm_loss, microbatches=cfg.microbatches,
+                    mode=cfg.mode if start is None else start.choice.mode,
+                    policy=cfg.policy if start is None else start.choice.policy,
+                    hint=hint if auto is None else AutoHint(
+                        start=hint.name if start is None else hint, comm=line),
+                    transport=transport, split_backward=split, cap=auto_budget(cfg, ranks),
                     memory=cfg.memory, measure_memory=True,
                     device=make_device, num_stages=cfg.stages, grid=grid)
     params = [p for m in modules if m is not None for p in m.parameters()]
@@ -235,7 +262,7 @@ async def train(cfg: TrainConfig, *, comm: Any = None,
     result = TrainResult(rank=rank if comm is None else comm.Get_rank(),
                          world_size=1 if comm is None else comm.Get_size(), durations=source,
                          key_fingerprint=fingerprint,
-                         transport=kind)
+                         transport=kind, start=start, split_backward=split)
     start = 0
     if cfg.checkpoint_dir:
         _check_writable(Path(cfg.checkpoint_dir))
@@ -402,7 +429,7 @@ def _prometheus(cfg: TrainConfig, pipe: Pipeline, rank: int) -> Iterator[Instrum
         yield Instruments()
         return
     from ..telemetry.prometheus import PrometheusInstrument, serve_metrics
-    prom = PrometheusInstrument(split_backward=cfg.split_backward)
+    prom = PrometheusInstrument(split_backward=pipe.hint.split_backward)
     instruments = Instruments([prom])
     instrument_pipeline(pipe, instruments)
     server = serve_metrics(cfg.metrics_port + rank if cfg.metrics_port else 0, prom.registry)

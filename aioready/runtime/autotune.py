@@ -36,9 +36,10 @@ __all__ = ["AutoHint", "AutoTuning", "parse_auto", "start_hint"]
 
 log = logging.getLogger(__name__)
 
-def parse_auto(hint: object) -> str | None:
+def parse_auto(hint: object) -> str | HintOrder | None:
     """For "auto" (or "auto:<hint>", which names the hint to start from and so the placement):
-    the start hint's name, "" when none is named; None for any other hint."""
+    the start hint's name (AutoHint: its name or order), "" when none is named; None for any
+    other hint."""
     if isinstance(hint, AutoHint):
         return hint.start or ""
     if not isinstance(hint, str):
@@ -61,7 +62,8 @@ class AutoHint:
     """`Pipeline(hint=AutoHint(...))`; the text "auto" is AutoHint() and "auto:zbv" is
     AutoHint(start="zbv")."""
 
-    start: str | None = None  # the hint of the first steps (fixes the placement style)
+    start: str | HintOrder | None = None  # the hint of the first steps (fixes the placement
+    # style; an order: a rule on a placement of its choice, as sim/start.py chooses)
     retune_every: int = 50  # steps between re-checks after the first choice; 0: choose once
     window: int = 1  # the last steps whose spans a choice is made from (also the warm-up)
     chooser: Chooser | None = None  # None: CHOOSERS["simulate"]

@@ -19,7 +19,7 @@ from ..tasks import Kind
 if TYPE_CHECKING:
     from ..placement import Placement
 
-__all__ = ["lower_bound", "lower_bound_table"]
+__all__ = ["lower_bound", "lower_bound_table", "chain_bound", "any_placement_bound"]
 
 
 def lower_bound_table(placement: Placement, table: np.ndarray, split_backward: bool) -> float:
@@ -27,8 +27,7 @@ def lower_bound_table(placement: Placement, table: np.ndarray, split_backward: b
     F, B = table[:, :, Kind.F], table[:, :, Kind.B]
     W = table[:, :, Kind.W] if split_backward else np.zeros_like(F)
     f_end = np.cumsum(F, axis=0)  # F(s,m) ends after every F up to s
-    b_end = f_end[-1] + np.cumsum(B[::-1], axis=0)[::-1]  # B(s,m) after the last F and B >= s
-    chain = float(np.max(b_end + W))
+    chain = chain_bound(table, split_backward)
     before_f = np.vstack([np.zeros((1, F.shape[1])), f_end])  # F of stages < s
     before_b = np.vstack([np.zeros((1, B.shape[1])), np.cumsum(B, axis=0)])  # B of stages < s
     busy = (F + B + W).sum(axis=1)
@@ -40,6 +39,23 @@ def lower_bound_table(placement: Placement, table: np.ndarray, split_backward: b
         tail = 0.0 if split_backward else float(before_b[first].min())
         best = max(best, head + float(busy[stages].sum()) + tail)
     return best
+
+
+def chain_bound(table: np.ndarray, split_backward: bool) -> float:
+    """The longest dependency chain of one microbatch: every F in stage order, every B back,
+    then that stage's W; a bound on any schedule of these stages on any ranks."""
+    F, B = table[:, :, Kind.F], table[:, :, Kind.B]
+    W = table[:, :, Kind.W] if split_backward else np.zeros_like(F)
+    b_end = np.cumsum(F, axis=0)[-1] + np.cumsum(B[::-1], axis=0)[::-1]  # after B of >= s
+    return float(np.max(b_end + W))
+
+
+def any_placement_bound(table: np.ndarray, num_ranks: int) -> float:
+    """A bound on any schedule of any placement of these stages (kept whole, or merged) on
+    `num_ranks` ranks, backward split or not: max(the split chain, all work / ranks). Merging
+    stages or not splitting backward only lengthens the chain; some rank runs at least the
+    mean share of the work. `table` has W (split) durations; unsplit B is their B + W."""
+    return max(chain_bound(table, True), float(table.sum()) / num_ranks)
 
 
 def lower_bound(placement: Placement, num_microbatches: int, split_backward: bool,

@@ -93,6 +93,13 @@ class TorchComm:
                 out[int(at):int(at) + int(n)] = part.numpy()[:int(n)]
         return _Request(work, rows)
 
+    def Ibcast(self, buf: np.ndarray, *, root: int = 0) -> _Request:  # noqa: N802
+        """`root`'s `buf` into every rank's (broadcast_ints: hint="auto"'s choice); the tensor
+        shares `buf`'s memory, so it is filled in place."""
+        t = self._torch.from_numpy(buf)
+        return _Request(self._dist.broadcast(t, src=self._global(root), group=self.group,
+                                             async_op=True))
+
     def Ireduce(self, send: np.ndarray, recv: np.ndarray | None, *, op: Any = None,
                 root: int = 0) -> _Request:  # noqa: N802
         t = self._torch.from_numpy(np.array(send, copy=True))

@@ -1,0 +1,103 @@
+"""`aioready train` with hint "auto" and nothing fixed: where the pipeline starts, agreed by all ranks.
+
+The default run (`aioready train` with no --hint) is hint="auto": after its first step the
+pipeline simulates its candidate schedules on the measured durations and switches to the
+fastest (runtime/autotune.py). Two things it cannot switch in a running pipeline are chosen
+before step 0 by sim/start.py, on the durations model the run paces its tasks by: the
+placement style when a rank holds several stages (--stages = 2 x ranks: interleaved or V), and
+split backward when neither --split-backward nor --no-split-backward was given. Rank 0
+simulates and sends the choice to the others as integers (no pickle); every rank then builds
+its stages for that placement.
+
+Its budget is one in-flight count for every rank: the start hint's own peak on its busiest rank
+(sim/start.default_budget: 1F1B's on one stage per rank, ZBV's on two), unless --cap says
+otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from ..caps import CapSpec
+from ..errors import ConfigError
+from ..placement import Placement
+from ..runtime.autotune import parse_auto
+from ..sim.durations import base_durations
+from ..sim.start import Start, choose_start, default_budget, unmodelled_start
+
+__all__ = ["default_auto", "auto_budget", "agreed_start", "needs_start"]
+
+
+def default_auto(*, mode: str, memory: object, dp: int, tp: int) -> bool:
+    """Whether `aioready train` with no --hint runs "auto": not where the caller fixed the
+    order (--mode strict), gates by bytes (--memory: auto chooses within a count budget in a
+    running pipeline) or runs a process grid (--dp, --tp: the chooser agrees over one line);
+    those keep 1F1B, the default of a Pipeline."""
+    return mode == "ready" and memory is None and dp == 1 and tp == 1
+
+
+def auto_budget(cfg: Any, num_ranks: int | None) -> CapSpec:
+    """The cap of a plain "auto" run: the caller's, else `default_budget` for every rank."""
+    if cfg.cap is not None or parse_auto(cfg.hint) != "":
+        return cfg.cap  # type: ignore[no-any-return]
+    return default_budget(cfg.stages, num_ranks or cfg.stages, cfg.microbatches)
+
+
+def _durations(cfg: Any) -> Any:
+    """simulate()'s duration keywords for a shape, the model the run's tasks are paced by
+    (sim/durations.paced_duration): the trace, or the jitter over base durations of F =
+    task_ms."""
+    def keywords(placement: Placement, split: bool) -> dict[str, Any]:
+        if cfg.trace is not None:
+            from ..sim.traces import read_trace
+            loaded = read_trace(cfg.trace, placement=placement)
+            if loaded.split_backward != split:
+                raise ConfigError("the trace's backward", expected=f"split_backward={split}",
+                                  got=f"split_backward={loaded.split_backward}")
+            return {"trace": loaded}
+        return {"jitter": cfg.jitter or "none", "seed": cfg.seed,
+                "base": base_durations(cfg.task_ms)}
+    return keywords
+
+
+def needs_start(cfg: Any, num_ranks: int | None) -> bool:
+    """A plain "auto" with something only the start can choose: the split, or the style."""
+    ranks = num_ranks or cfg.stages
+    return parse_auto(cfg.hint) == "" and (cfg.split_backward is None or cfg.stages != ranks)
+
+
+async def agreed_start(cfg: Any, *, num_ranks: int | None, comm: Any) -> Start | None:
+    """The start of a plain "auto" run (None when nothing is open); under a communicator of
+    several ranks rank 0 chooses and broadcasts it."""
+    if not needs_start(cfg, num_ranks):
+        return None
+
+    def choose() -> Start:
+        if cfg.trace is None and cfg.task_ms == 0:  # compute only: nothing to simulate
+            return unmodelled_start(num_stages=cfg.stages, num_ranks=num_ranks,
+                                    num_microbatches=cfg.microbatches,
+                                    split_backward=cfg.split_backward)
+        return choose_start(num_stages=cfg.stages, num_ranks=num_ranks,
+                            num_microbatches=cfg.microbatches,
+                            split_backward=cfg.split_backward, durations=_durations(cfg),
+                            cap=auto_budget(cfg, num_ranks))
+    if comm is None or comm.Get_size() == 1:
+        return await asyncio.to_thread(choose)
+    from ..telemetry.gather import broadcast_ints
+    width = 6 + (num_ranks or cfg.stages)  # Start.encode: split, budget, Choice.encode
+    start, error = None, None
+    if comm.Get_rank() == 0:
+        try:  # in a thread: the loop keeps serving the transport meanwhile
+            start = await asyncio.to_thread(choose)
+        except Exception as exc:  # the others must not wait for a start that never comes
+            error = exc
+    values = await broadcast_ints(comm, None if comm.Get_rank() else [-1] * width
+                                  if start is None else start.encode(), width)
+    if error is not None:
+        raise error
+    if values[0] < 0:
+        raise ConfigError("hint='auto': rank 0 found no schedule to start from",
+                          rank=comm.Get_rank(), expected="a start from rank 0",
+                          got="its error (see rank 0's output)")
+    return start if start is not None else Start.decode(values)

@@ -1,0 +1,136 @@
+"""Where an auto pipeline starts: its placement style and split backward, chosen before step 0.
+
+A running Pipeline can switch its hint, mode and caps between steps (runtime/autotune.py), but
+not which stages a rank holds (the placement style: with two stages per rank, interleaved or V)
+nor whether backward is split (a different set of tasks). Zero-bubble schedules need both: ZBV
+runs on a V placement with split backward. So when the caller left them open (`aioready train`
+with no --hint and no --split-backward/--no-split-backward), they are chosen here, once, from
+the same durations model the run paces its tasks by (jitter and seed, or the trace): every
+candidate of every open (style, split) is simulated under the same budget (sim/choice.py), and
+the fastest wins. Ties go to unsplit backward (one autograd call per backward, not two), then
+to the style order of runtime/choosers.STYLES. After its first measured step the pipeline
+chooses again within that style and split, from what it measured.
+
+The budget: one in-flight count for every rank, the start hint's own peak on its busiest rank:
+min(ranks, M) microbatches with one stage per rank (1F1B's), chunks x that with several (ZBV's
+2 min(ranks, M)). A count bounds microbatches in flight (in_flight.py), and on two chunks each
+holds one or two chunks' activations: ZBV at its count holds one 1F1B's worth, another schedule
+at the same count up to twice that (bench/results/e2e_scale_default16.md measures both).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from ..caps import CapSpec
+from ..errors import AioreadyError, ConfigError
+from ..hints import HintOrder
+from ..placement import Placement
+from ..runtime.autotune import AutoHint, start_hint
+from ..runtime.choosers import STYLES, Choice
+from ..schedulers import make_hint
+from .simulator import simulate
+
+__all__ = ["Start", "choose_start", "default_budget", "open_styles", "unmodelled_start"]
+
+Durations = Callable[[Placement, bool], dict[str, Any]]
+"""durations(placement, split_backward): the duration keywords of `simulate` for that shape
+(`jitter`, `seed`, `base`, or `trace`); raise an AioreadyError where they have none for it (a
+trace recorded with the other split or placement)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Start:
+    """The schedule an auto pipeline starts from, its split, its budget and why."""
+
+    choice: Choice  # the fastest candidate: its hint on its placement style, mode, policy, caps
+    split_backward: bool
+    budget: int  # in-flight microbatches per rank, every rank alike
+    step_ms: float  # its simulated step time
+    table: str = ""  # one line per (style, split) simulated
+
+    def order(self, *, num_stages: int, num_ranks: int | None, num_microbatches: int
+              ) -> HintOrder:
+        return self.choice.build(num_stages=num_stages, num_ranks=num_ranks or num_stages,
+                                 num_microbatches=num_microbatches,
+                                 split_backward=self.split_backward)
+
+    def encode(self) -> list[int]:
+        """Integers that cross ranks (no pickle): split, budget, then Choice.encode."""
+        return [int(self.split_backward), self.budget, *self.choice.encode()]
+
+    @classmethod
+    def decode(cls, values: Sequence[int]) -> Start:
+        return cls(Choice.decode(values[2:]), bool(values[0]), int(values[1]), float("nan"))
+
+    @property
+    def label(self) -> str:
+        return (f"{self.choice.label} {self.choice.how}, "
+                f"{'split' if self.split_backward else 'unsplit'} backward")
+
+
+def open_styles(num_stages: int, num_ranks: int) -> list[str]:
+    """The placement styles of this many stages per rank (the ones a chooser may pick)."""
+    chunks, rest = divmod(num_stages, num_ranks)
+    if rest or chunks < 1:
+        raise ConfigError("stages must be a multiple of the pipeline ranks", expected=f"a "
+                          f"multiple of {num_ranks}", got=num_stages)
+    return [s for s in STYLES if (s == "linear") == (chunks == 1) and (s != "v" or chunks == 2)]
+
+
+def default_budget(num_stages: int, num_ranks: int, num_microbatches: int) -> int:
+    """The start hint's in-flight peak on its busiest rank: min(ranks, M) per chunk per rank
+    (1F1B's on one chunk, ZBV's on two)."""
+    return num_stages // num_ranks * min(num_ranks, num_microbatches)
+
+
+def choose_start(*, num_stages: int, num_ranks: int | None, num_microbatches: int,
+                 split_backward: bool | None, durations: Durations, cap: CapSpec = None
+                 ) -> Start:
+    """Simulate each open (style, split) with hint="auto" from its start hint, on one step of
+    `durations`, under `cap` (None: `default_budget`); the fastest. `split_backward` None: both."""
+    ranks = num_ranks or num_stages
+    budget = default_budget(num_stages, ranks, num_microbatches)
+    splits = (False, True) if split_backward is None else (split_backward,)
+    tried: list[tuple[tuple[float, int, int], Start]] = []
+    lines, skipped = [], []
+    for split in splits:
+        for style in open_styles(num_stages, ranks):
+            start = make_hint(start_hint(style, split), num_stages=num_stages, num_ranks=ranks,
+                              num_microbatches=num_microbatches, split_backward=split,
+                              placement=style)
+            try:
+                how = durations(start.placement, split)
+            except AioreadyError as exc:  # none for this shape (a trace of another)
+                skipped.append(f"{style} {'split' if split else 'unsplit'}: {exc.what}")
+                continue
+            sim = simulate(stages=num_stages, microbatches=num_microbatches, ranks=ranks,
+                           hint=AutoHint(start=start), split_backward=split,  # type: ignore[arg-type]
+                           cap=budget if cap is None else cap, steps=1, **how)
+            choice = sim.tuning.choice
+            tried.append(((sim.step_time, int(split), STYLES.index(style)),
+                          Start(choice, split, budget, sim.step_time)))
+            lines.append(f"{style:<11} {'split' if split else 'unsplit':<7} best "
+                         f"{choice.label} {choice.how}: {sim.step_time:.4g} ms")
+    if not tried:
+        raise ConfigError("no placement style and split to start an auto pipeline from",
+                          expected="durations for split or unsplit backward",
+                          got="; ".join(skipped))
+    best = min(tried, key=lambda t: t[0])[1]
+    table = "\n".join(lines + [f"skipped {s}" for s in skipped])
+    return Start(best.choice, best.split_backward, budget, best.step_ms, table)
+
+
+def unmodelled_start(*, num_stages: int, num_ranks: int | None, num_microbatches: int,
+                     split_backward: bool | None) -> Start:
+    """Where there is no durations model to simulate (tasks take their compute time only):
+    what every tie gives, unsplit backward (unless fixed) on the first open style, from its
+    start hint in ready mode; the first measured step then chooses the schedule."""
+    ranks = num_ranks or num_stages
+    split = bool(split_backward)
+    style = open_styles(num_stages, ranks)[0]
+    budget = default_budget(num_stages, ranks, num_microbatches)
+    choice = Choice(start_hint(style, split), style, "ready", (budget,) * ranks)
+    return Start(choice, split, budget, float("nan"),
+                 "no durations model (compute time only): nothing simulated")
