@@ -244,7 +244,8 @@ def simulate(*, stages: int, microbatches: int, hint: str | HintOrder = "1f1b",
              cap: CapSpec = None, split_backward: bool = False,
              steps: int = 1, ranks: int | None = None,
              base: BaseDurations | None = None, policy: str = "reserve",
-             memory: MemorySpec = None, stop_after: float | None = None) -> SimResult:
+             memory: MemorySpec = None, stop_after: float | None = None,
+             activations: int | None = None) -> SimResult:
     """Simulate `steps` steps of a pipeline with the real runtime on a virtual clock.
 
     Durations come from `trace` (a CSV path or a Trace; `jitter` may then add only comm terms)
@@ -258,7 +259,8 @@ def simulate(*, stages: int, microbatches: int, hint: str | HintOrder = "1f1b",
     runs its own
     virtual-clock loop and blocks until done (from async code: in a helper thread).
     `stop_after`: the tuner's bound; raise sim.cutoff.Exceeded as soon as the mean step time is
-    known to exceed it (sim/cutoff.py).
+    known to exceed it (sim/cutoff.py). `activations`: with "auto", the budget in (chunk,
+    microbatch) activations per rank instead (sim/budget.py).
     """
     _check_int("stages", stages)
     _check_int("microbatches", microbatches)
@@ -284,7 +286,8 @@ def simulate(*, stages: int, microbatches: int, hint: str | HintOrder = "1f1b",
             return mean_bytes(durations, order.placement, steps)
         tuning = choose_auto(run, hint, num_stages=stages, num_ranks=ranks,
                              num_microbatches=microbatches, split_backward=split_backward,
-                             budget=cap, memory=memory, mean_bytes=per_microbatch)
+                             budget=cap, memory=memory, mean_bytes=per_microbatch,
+                             activations=activations)
         best = tuning.best.candidate.choice
         chosen = done[(best.hint, best.placement, best.mode, best.cap, best.policy,
                        best.memory)]
