@@ -83,6 +83,9 @@ def _check(summary: dict, cfg: TrainConfig, ranks: int) -> dict:
     assert [c["from_step"] for c in auto["choices"]] == [1]
     assert auto["choices"][0]["placement"] == start["placement"]  # a style is kept
     assert all(max(c["caps"]) <= start["budget"] for c in auto["choices"])
+    chunks = cfg.stages // ranks
+    for c in auto["choices"]:  # ready: a count whose every microbatch may hold every chunk
+        assert c["mode"].startswith("strict") or chunks * max(c["caps"]) <= budget, c
     for peaks in summary["peak_in_flight"]:  # never past the budget, on any rank
         assert max(peaks) <= start["budget"], peaks
     assert summary["loss"] == pytest.approx(_reference_losses(cfg), rel=1e-5, abs=1e-6)
@@ -144,6 +147,7 @@ def test_the_start_is_the_fastest_simulated_or_unsplit_without_durations() -> No
     tie = unmodelled_start(num_stages=8, num_ranks=4, num_microbatches=8, split_backward=None)
     assert (tie.split_backward, tie.choice.placement, tie.choice.hint) == (
         False, "interleaved", "interleaved-1f1b")
+    assert tie.choice.cap == (default_budget(8, 4, 8) // 2,) * 4  # ready: budget // chunks
     fixed = choose_start(num_stages=4, num_ranks=4, num_microbatches=8, split_backward=True,
                          durations=jitter)
     assert fixed.split_backward and fixed.choice.placement == "linear"
