@@ -44,9 +44,19 @@ def _what_default(row: dict[str, Any] | None) -> str:
     if row is not None and row["name"].split("+")[0] != DEFAULT:
         return f"`{row['name']}`: Pipeline's hint, mode, policy and cap"
     chosen = "" if row is None or not row.get("start") else f"; it started from {row['start']}"
+    held = row is not None and (row.get("budget") or [0, ""])[1] == "activations"
     return (f"`{DEFAULT}`: what `aioready train` runs with no schedule flags, hint auto on 2 "
             "stages per rank, its placement and split backward chosen before step 0, within "
-            f"the in-flight count ZBV holds on its busiest rank{chosen}")
+            + ("the activations ZBV holds at its peak on its busiest rank" if held else
+               "the in-flight count ZBV holds on its busiest rank") + chosen)
+
+
+def _budget_note(row: dict[str, Any]) -> str:
+    """The default's budget beside its measured peak, both in linear-stage microbatches."""
+    budget, unit = row["budget"]
+    if unit != "activations":
+        return f"budget {budget} microbatches in flight"
+    return f"peak {row.get('peak_act', float('nan')):g} of its budget {budget / 2:g} (activations)"
 
 
 def goal_lines(blocks: list[dict[str, Any]], cores: int = 2) -> list[str]:
@@ -150,7 +160,8 @@ def _rows(b: dict[str, Any]) -> list[str]:
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in sorted(b["rows"], key=lambda r: (r["side"], r.get("median_ms", float("inf")))):
         note = "; ".join(r["errors"] + ([f"started from {r['start']}"] if r.get("start") else [])
-                         + ([f"chose {r['chosen']}"] if r.get("chosen") else []))
+                         + ([f"chose {r['chosen']}"] if r.get("chosen") else [])
+                         + [_budget_note(r)] * bool(r.get("budget")))
         if "median_ms" not in r:
             lines.append(f"| {r['side']} | {r['name']} | - | - | - | - | - | 0 | - | - | - | - "
                          f"| {note} |")

@@ -36,7 +36,10 @@ def _sim_args(rec: dict[str, Any], M: int) -> dict[str, Any] | None:
         start = make_hint(rec["start"]["hint"], num_stages=rec["num_stages"],
                           num_ranks=rec["num_stages"] // 2, num_microbatches=M,
                           split_backward=rec["split_backward"], placement=rec["style"])
-        return {"hint": AutoHint(start=start), "cap": rec["start"]["budget"]}
+        budget = rec["start"]["budget"]  # activations held; records before: in flight
+        return {"hint": AutoHint(start=start), **(
+            {"activations": budget} if rec["start"].get("budget_unit") == "activations"
+            else {"cap": budget})}
     hint, mode, policy, cap = parse_config(rec["name"].split("+")[0])
     if hint == "auto":  # the same start placement and budget; the simulator chooses with
         return {"hint": "auto:1f1b", "mode": mode, "cap": cap}  # the measured steps' durations
@@ -107,7 +110,9 @@ def _row(recs: list[dict[str, Any]], M: int, S: int) -> dict[str, Any]:
                cpu_s_all=float(np.mean([sum(r["cpu_s_per_step"]) for r in ok])),
                lower_bound_ms=median([b for r in ok for b in r["lower_bound_ms"]]),
                chosen=next((r["chosen"] for r in ok if r.get("chosen")), None),
-               start=next((r["start"]["label"] for r in ok if r.get("start")), None))
+               start=next((r["start"]["label"] for r in ok if r.get("start")), None),
+               budget=next(([r["start"]["budget"], r["start"].get("budget_unit", "in flight")]
+                            for r in ok if r.get("start")), None))
     if all("sim_ms" in r for r in ok):
         sims = [s for r in ok for s in r["sim_ms"]]
         shares = [(t * 1e3 - s) / (t * 1e3) for r in ok for t, s in zip(r["step_s"], r["sim_ms"])]

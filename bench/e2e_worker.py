@@ -235,6 +235,7 @@ def run_aioready(args: argparse.Namespace, trace: Any, configs: list[str],
     from aioready.runtime.autotune import AutoHint
     from aioready.runtime.pipeline import Pipeline
     from aioready.schedulers import HINTS
+    from aioready.sim.tune import SimChooser
     from aioready.testing.models import lm_loss
     from aioready.transports.mpi import MPITransport
 
@@ -256,13 +257,15 @@ def run_aioready(args: argparse.Namespace, trace: Any, configs: list[str],
 
     async def one(hint: str, mode: str, policy: str, cap: int | str | None) -> dict[str, Any]:
         start = _agreed_start(args, trace, straggler, comm) if hint == DEFAULT else None
-        if start is not None:  # as `aioready train` starts it: its mode, policy and budget
+        if start is not None:  # as `aioready train` starts it: its mode, policy and caps,
+            # then choices held to its activation budget (cli/auto_start.py)
             split, mode, policy, cap = (start.split_backward, start.choice.mode,
-                                        start.choice.policy, start.budget)
+                                        start.choice.policy, list(start.choice.cap))
             shape = RunShape(Placement(2 * size, size, start.choice.placement), args.groups,
                              split)
             auto: Any = AutoHint(start=start.order(num_stages=2 * size, num_ranks=size,
-                                                   num_microbatches=M), comm=comm)
+                                                   num_microbatches=M), comm=comm,
+                                 chooser=SimChooser(activations=start.budget))
         else:
             spec = HINTS["1f1b" if hint == "auto" else hint]
             split = AIOREADY_SPLIT[hint]
@@ -304,7 +307,7 @@ def run_aioready(args: argparse.Namespace, trace: Any, configs: list[str],
         record = _record(name, shape, all_times, the_loss, grad_sq, slept, counts, cpus, peaks)
         if start is not None:  # what the simulator's twin starts from (e2e_scale_report.py)
             record["start"] = {"hint": start.choice.hint, "label": start.label,
-                               "budget": start.budget}
+                               "budget": start.budget, "budget_unit": "activations"}
         if pipe.auto is not None and pipe.auto.choices:
             choice = pipe.auto.choices[-1][1]
             record["chosen"] = f"{choice.label} {choice.how} caps {list(choice.cap)}"

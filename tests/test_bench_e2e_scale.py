@@ -74,7 +74,9 @@ def test_scale_harness_one_config_each_side(tmp_path: Path) -> None:
         assert row["grad_sq"] == pytest.approx(t["grad_sq"], rel=1e-9)
     # the default: `aioready train`'s start on 2 stages per rank, within 1F1B's busiest rank
     assert d["num_stages"] == 2 * S and d["style"] in ("interleaved", "v")
-    assert d["start"]["budget"] == 2 * S and d["chosen"]
+    assert d["start"]["budget"] == 2 * S and d["chosen"]  # ZBV's activations, one chunk each
+    assert d["start"]["budget_unit"] == "activations"
+    assert max(d["peak_activations"]) <= d["start"]["budget"] / 2  # injector: linear units
     assert t["sim_hint"] == "zbv"
     block = summarize([run])[0]
     assert block["torch_best"]["name"] == PAIR[1]

@@ -9,9 +9,10 @@ split backward when neither --split-backward nor --no-split-backward was given. 
 simulates and sends the choice to the others as integers (no pickle); every rank then builds
 its stages for that placement.
 
-Its budget is one in-flight count for every rank: the start hint's own peak on its busiest rank
-(sim/start.default_budget: 1F1B's on one stage per rank, ZBV's on two), unless --cap says
-otherwise.
+Its budget is activations held, one number for every rank (sim/start.default_budget: 1F1B's
+peak on one stage per rank, ZBV's on two), unless --cap gives a count instead: the start and
+every later choice are held to it (sim/budget.py, "held activations"), and the pipeline starts
+under the start's own caps.
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ from ..placement import Placement
 from ..runtime.autotune import parse_auto
 from ..sim.durations import base_durations
 from ..sim.start import Start, choose_start, default_budget, unmodelled_start
+from ..sim.tune import SimChooser
 
-__all__ = ["default_auto", "auto_budget", "agreed_start", "needs_start"]
+__all__ = ["default_auto", "auto_budget", "auto_chooser", "agreed_start", "needs_start"]
 
 
 def default_auto(*, mode: str, memory: object, dp: int, tp: int) -> bool:
@@ -37,11 +39,23 @@ def default_auto(*, mode: str, memory: object, dp: int, tp: int) -> bool:
     return mode == "ready" and memory is None and dp == 1 and tp == 1
 
 
-def auto_budget(cfg: Any, num_ranks: int | None) -> CapSpec:
-    """The cap of a plain "auto" run: the caller's, else `default_budget` for every rank."""
+def auto_budget(cfg: Any, num_ranks: int | None, start: Start | None = None) -> CapSpec:
+    """The cap of a plain "auto" run: the caller's, else the start's caps, else (one stage per
+    rank, where activations and microbatches are one) `default_budget` for every rank."""
     if cfg.cap is not None or parse_auto(cfg.hint) != "":
         return cfg.cap  # type: ignore[no-any-return]
-    return default_budget(cfg.stages, num_ranks or cfg.stages, cfg.microbatches)
+    if start is not None:
+        return list(start.choice.cap)
+    return default_budget(cfg.stages, num_ranks or cfg.stages, cfg.microbatches,
+                          cfg.split_backward)
+
+
+def auto_chooser(cfg: Any, start: Start | None) -> Any:
+    """The chooser after step 1 of a plain "auto" run from a start, held to the start's
+    activations (None: the default chooser, under the caller's --cap)."""
+    if start is None or cfg.cap is not None:
+        return None
+    return SimChooser(activations=start.budget)
 
 
 def _durations(cfg: Any) -> Any:
@@ -81,7 +95,7 @@ async def agreed_start(cfg: Any, *, num_ranks: int | None, comm: Any) -> Start |
         return choose_start(num_stages=cfg.stages, num_ranks=num_ranks,
                             num_microbatches=cfg.microbatches,
                             split_backward=cfg.split_backward, durations=_durations(cfg),
-                            cap=auto_budget(cfg, num_ranks))
+                            cap=cfg.cap)
     if comm is None or comm.Get_size() == 1:
         return await asyncio.to_thread(choose)
     from ..telemetry.gather import broadcast_ints

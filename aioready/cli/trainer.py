@@ -33,10 +33,10 @@ from ..schedulers import make_hint
 from ..sim.durations import paced_duration
 from ..telemetry.export import spans_table
 from ..telemetry.instruments import Instruments, instrument_pipeline
-from ..telemetry.metrics import StepMetrics, step_metrics
+from ..telemetry.metrics import StepMetrics, peak_activations, step_metrics
 from ..telemetry.spans import StepReport
 from ..testing.models import gpt_stages, lm_loss
-from .auto_start import agreed_start, auto_budget
+from .auto_start import agreed_start, auto_budget, auto_chooser
 
 __all__ = ["TrainConfig", "TrainResult", "train", "synthetic_microbatch", "ON_NAN"]
 
@@ -163,6 +163,8 @@ class TrainResult:
             "bubble_fraction": [m.bubble_fraction for m in self.metrics],
             "busy_fraction": [list(m.busy_fraction) for m in self.metrics],
             "peak_in_flight": [list(m.peak_in_flight) for m in self.metrics],
+            "peak_activations": [[peak_activations(r.spans, k) for k in range(r.num_ranks)]
+                                 for r in self.reports],  # (chunk, microbatch) pairs held
             "peak_activation_bytes": [list(m.peak_activation_bytes) for m in self.metrics],
             "memory": cfg.memory,
             "loss": list(self.losses), "unit": "ms", "mode": cfg.mode, "policy": cfg.policy, "hint": cfg.hint,
@@ -253,8 +255,10 @@ async def train(cfg: TrainConfig, *, comm: Any = None,
                     mode=cfg.mode if start is None else start.choice.mode,
                     policy=cfg.policy if start is None else start.choice.policy,
                     hint=hint if auto is None else AutoHint(
-                        start=hint.name if start is None else hint, comm=line),
-                    transport=transport, split_backward=split, cap=auto_budget(cfg, ranks),
+                        start=hint.name if start is None else hint, comm=line,
+                        chooser=auto_chooser(cfg, start)),
+                    transport=transport, split_backward=split,
+                    cap=auto_budget(cfg, ranks, start),
                     memory=cfg.memory, measure_memory=True,
                     device=make_device, num_stages=cfg.stages, grid=grid)
     params = [p for m in modules if m is not None for p in m.parameters()]

@@ -18,6 +18,15 @@ The two forms differ only in what a candidate is given and what "fits" compares 
   the reserving policy never holds back the order's own entry forward, so under a budget below
   what its order needs it can exceed it, and is then not chosen.
 
+- held activations (`held=True`, the default of `aioready train`): the budget counts (chunk,
+  microbatch) activations a rank holds, each alike. A strict candidate holds what its order
+  holds (hints.HintOrder.peak_chunk_activations, the same at runtime whatever the durations);
+  a ready one runs under a count of budget // chunks microbatches, since a microbatch in flight
+  holds at most one activation per chunk of the rank: its bound, chunks x its simulated peak
+  in-flight count, is what fits compares, and it holds at runtime too, where the durations
+  differ from the simulated ones. (Comparing the simulated held peak of a ready candidate
+  instead would admit larger caps that can hold more on another step's durations.)
+
 `mean_bytes(order)` is each rank's mean bytes per microbatch (every chunk) on the durations
 being tuned for; the simulator's comes from its bytes model (sim/memory.py).
 """
@@ -45,6 +54,7 @@ class Limit:
     per_rank: tuple[int, ...]
     in_bytes: bool = False
     mean_bytes: MeanBytes | None = None
+    held: bool = False  # per_rank counts (chunk, microbatch) activations held, not microbatches
 
     @classmethod
     def resolve(cls, budget: CapSpec, memory: MemorySpec, reference: HintOrder,
@@ -68,6 +78,14 @@ class Limit:
              ) -> tuple[tuple[int, ...], tuple[int, ...] | None] | None:
         """(caps, byte budgets or None) of `order` at `factor` in `mode`; None: strict under a
         count budget below its own peak, which cannot run."""
+        if self.held:
+            if mode == "strict":
+                if any(order.peak_chunk_activations(r) > m for r, m in enumerate(self.per_rank)):
+                    return None
+                return tuple(resolve_caps(None, order)), None
+            chunks = order.placement.num_chunks
+            own = resolve_caps(f"{factor:g}x", order)
+            return tuple(max(1, min(c, m // chunks)) for c, m in zip(own, self.per_rank)), None
         if self.in_bytes:
             if mode == "strict":
                 return tuple(resolve_caps(None, order)), None
@@ -81,8 +99,14 @@ class Limit:
             return None
         return caps, None
 
-    def peak(self, peak_in_flight: Sequence[int], peak_bytes: Sequence[int]) -> tuple[int, ...]:
-        """What is compared with the budget: the peak count or the peak bytes per rank."""
+    def peak(self, peak_in_flight: Sequence[int], peak_bytes: Sequence[int],
+             order: HintOrder | None = None, mode: str = "ready") -> tuple[int, ...]:
+        """What is compared with the budget: the peak count or the peak bytes per rank; held
+        activations: the strict order's own, or chunks x the peak count (the module's note)."""
+        if self.held and order is not None:
+            if mode == "strict":
+                return tuple(order.peak_chunk_activations(r) for r in range(order.num_ranks))
+            return tuple(order.placement.num_chunks * p for p in peak_in_flight)
         return tuple(peak_bytes if self.in_bytes else peak_in_flight)
 
     def fits(self, peak: Sequence[int]) -> bool:
@@ -94,4 +118,6 @@ class Limit:
 
     @property
     def what(self) -> str:
+        if self.held:
+            return "peak (chunk, microbatch) activations held"
         return "peak activation bytes" if self.in_bytes else "peak in-flight"

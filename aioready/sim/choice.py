@@ -108,6 +108,7 @@ class Tuning:
     limit: tuple[int, ...]  # the caller's budget per rank (counts, or bytes with `in_bytes`)
     best: Row
     in_bytes: bool = False
+    held: bool = False  # the budget counts (chunk, microbatch) activations (sim/budget.py)
 
     @property
     def choice(self) -> Choice:
@@ -121,6 +122,7 @@ class Tuning:
         show = Limit(self.limit, self.in_bytes).text
         lines = [f"{'':1} {'hint':<20} {'mode':<12} {'budget':>6} {'step ms':>10} "
                  f"{'vs best':>7} {'eff':>5}  " + ("peak bytes (budgets)" if self.in_bytes
+                                                  else "peak held (caps)" if self.held
                                                   else "peak in-flight (caps)")]
         for row in self.rows:
             c = row.candidate.choice
@@ -218,7 +220,7 @@ def choose_auto(run: Run, hint: object, *, num_stages: int, num_ranks: int | Non
                 num_microbatches: int, split_backward: bool, budget: CapSpec = None,
                 modes: Sequence[str] = MODES, factors: Sequence[float] = FACTORS,
                 prune: bool = True, memory: MemorySpec = None,
-                mean_bytes: MeanBytes | None = None) -> Tuning:
+                mean_bytes: MeanBytes | None = None, activations: int | None = None) -> Tuning:
     """`choose_schedule` over the candidates of a shape; `hint` is "auto" (any placement style
     for `num_ranks`, default one rank per stage) or "auto:<hint>" (that hint's placement, and
     relative budgets measured against it)."""
@@ -232,13 +234,15 @@ def choose_auto(run: Run, hint: object, *, num_stages: int, num_ranks: int | Non
                              num_microbatches=num_microbatches, split_backward=split_backward,
                              placement=style)
     return choose_schedule(run, orders, budget=budget, reference=reference, modes=modes,
-                           factors=factors, prune=prune, memory=memory, mean_bytes=mean_bytes)
+                           factors=factors, prune=prune, memory=memory, mean_bytes=mean_bytes,
+                           activations=activations)
 
 
 def choose_schedule(run: Run, orders: Sequence[HintOrder], *, budget: CapSpec = None,
                     reference: HintOrder | None = None, modes: Sequence[str] = MODES,
                     factors: Sequence[float] = FACTORS, prune: bool = True,
-                    memory: MemorySpec = None, mean_bytes: MeanBytes | None = None) -> Tuning:
+                    memory: MemorySpec = None, mean_bytes: MeanBytes | None = None,
+                    activations: int | None = None) -> Tuning:
     """Simulate every candidate with `run` and return them ranked, the fastest that fits first.
 
     `prune`: stop a candidate once it is known to be slower than the best so far (the module's
@@ -248,6 +252,8 @@ def choose_schedule(run: Run, orders: Sequence[HintOrder], *, budget: CapSpec = 
     `orders` that an auto pipeline of that placement starts from, else the first).
     `memory`: a byte budget instead of `budget` (any form of aioready.memory; sim/budget.py),
     with `mean_bytes` the bytes per microbatch of the durations.
+    `activations`: instead of both, (chunk, microbatch) activations each rank may hold
+    (sim/budget.py, "held activations").
     Raises ConfigError when no candidate fits the budget.
     """
     if not orders:
@@ -265,7 +271,8 @@ def choose_schedule(run: Run, orders: Sequence[HintOrder], *, budget: CapSpec = 
     def reference_peak() -> Sequence[int]:
         return run(ref, "strict", tuple(ref.default_caps), "reserve",  # type: ignore[arg-type]
                    None).peak_activation_bytes
-    limit = Limit.resolve(budget, memory, reference, mean_bytes, reference_peak)
+    limit = (Limit((activations,) * ref.num_ranks, held=True) if activations is not None
+             else Limit.resolve(budget, memory, reference, mean_bytes, reference_peak))
     rows = []
     bound: float | None = None
     with _quiet():
@@ -283,7 +290,7 @@ def choose_schedule(run: Run, orders: Sequence[HintOrder], *, budget: CapSpec = 
                           expected=f"{limit.what} <= {limit.text(limit.per_rank)} per rank",
                           got=f"every candidate over it; tried {tried}",
                           fix="raise the budget, or allow mode 'ready' (it runs under any cap)")
-    return Tuning(tuple(rows), limit.per_rank, best, limit.in_bytes)
+    return Tuning(tuple(rows), limit.per_rank, best, limit.in_bytes, limit.held)
 
 
 
@@ -298,7 +305,7 @@ def _one(run: Run, order: HintOrder, cand: Candidate, limit: Limit, rows: list[R
         rows.append(Row(cand, stop.at_least, math.nan, (), False, stopped=True))
         return
     peak = limit.peak(result.peak_in_flight,
-                      result.peak_activation_bytes if limit.in_bytes else ())
+                      result.peak_activation_bytes if limit.in_bytes else (), order, c.mode)
     rows.append(Row(cand, result.step_time, result.efficiency, tuple(result.peak_in_flight),
                     limit.fits(peak), peak=peak))
 

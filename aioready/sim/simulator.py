@@ -35,6 +35,7 @@ from ..runtime.driver import run_ranks
 from ..runtime.rank import MODES, RankRuntime
 from ..schedulers import make_hint
 from ..telemetry.bounds import lower_bound_table
+from ..telemetry.metrics import peak_activations
 from ..telemetry.spans import StepReport
 from ..transports.inproc import InprocWorld
 from .choice import choose_auto
@@ -59,6 +60,8 @@ class StepStats:
     peak_in_flight: tuple[int, ...]
     peak_activation_bytes: tuple[int, ...] = ()
     """per rank, by the simulator's bytes model (sim/memory.py)"""
+    peak_held: tuple[int, ...] = ()
+    """per rank, (chunk, microbatch) activations held at once (telemetry.metrics.peak_activations)"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +128,11 @@ class SimResult:
         """Per rank, the most activation bytes held at once over all steps (sim/memory.py)."""
         return tuple(max(s.peak_activation_bytes[r] for s in self.per_step)
                      for r in range(self.ranks))
+
+    @property
+    def peak_held(self) -> tuple[int, ...]:
+        """Per rank, the most (chunk, microbatch) activations held at once over all steps."""
+        return tuple(max(s.peak_held[r] for s in self.per_step) for r in range(self.ranks))
 
     def as_dict(self) -> dict[str, Any]:
         """Plain data; step_time, lower_bound and efficiency are lists when several steps ran."""
@@ -234,8 +242,10 @@ def _step_stats(reports: list[StepReport], table: np.ndarray, hint: HintOrder) -
             peak[rank] = value
     fraction = tuple(b / total if total > 0 else 0.0 for b in busy)
     lb = lower_bound_table(hint.placement, table, hint.split_backward)
+    spans = [s for report in reports for s in report.spans]
     return StepStats(total, lb, lb / total if total > 0 else 1.0, fraction,
-                     1.0 - sum(fraction) / len(fraction), tuple(peak), tuple(held))
+                     1.0 - sum(fraction) / len(fraction), tuple(peak), tuple(held),
+                     tuple(peak_activations(spans, r) for r in range(hint.num_ranks)))
 
 
 def simulate(*, stages: int, microbatches: int, hint: str | HintOrder = "1f1b",
@@ -244,7 +254,8 @@ def simulate(*, stages: int, microbatches: int, hint: str | HintOrder = "1f1b",
              cap: CapSpec = None, split_backward: bool = False,
              steps: int = 1, ranks: int | None = None,
              base: BaseDurations | None = None, policy: str = "reserve",
-             memory: MemorySpec = None, stop_after: float | None = None) -> SimResult:
+             memory: MemorySpec = None, stop_after: float | None = None,
+             activations: int | None = None) -> SimResult:
     """Simulate `steps` steps of a pipeline with the real runtime on a virtual clock.
 
     Durations come from `trace` (a CSV path or a Trace; `jitter` may then add only comm terms)
@@ -258,7 +269,8 @@ def simulate(*, stages: int, microbatches: int, hint: str | HintOrder = "1f1b",
     runs its own
     virtual-clock loop and blocks until done (from async code: in a helper thread).
     `stop_after`: the tuner's bound; raise sim.cutoff.Exceeded as soon as the mean step time is
-    known to exceed it (sim/cutoff.py).
+    known to exceed it (sim/cutoff.py). `activations`: with "auto", the budget in (chunk,
+    microbatch) activations per rank instead (sim/budget.py).
     """
     _check_int("stages", stages)
     _check_int("microbatches", microbatches)
@@ -284,7 +296,8 @@ def simulate(*, stages: int, microbatches: int, hint: str | HintOrder = "1f1b",
             return mean_bytes(durations, order.placement, steps)
         tuning = choose_auto(run, hint, num_stages=stages, num_ranks=ranks,
                              num_microbatches=microbatches, split_backward=split_backward,
-                             budget=cap, memory=memory, mean_bytes=per_microbatch)
+                             budget=cap, memory=memory, mean_bytes=per_microbatch,
+                             activations=activations)
         best = tuning.best.candidate.choice
         chosen = done[(best.hint, best.placement, best.mode, best.cap, best.policy,
                        best.memory)]

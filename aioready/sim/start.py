@@ -11,11 +11,14 @@ the fastest wins. Ties go to unsplit backward (one autograd call per backward, n
 to the style order of runtime/choosers.STYLES. After its first measured step the pipeline
 chooses again within that style and split, from what it measured.
 
-The budget: one in-flight count for every rank, the start hint's own peak on its busiest rank:
-min(ranks, M) microbatches with one stage per rank (1F1B's), chunks x that with several (ZBV's
-2 min(ranks, M)). A count bounds microbatches in flight (in_flight.py), and on two chunks each
-holds one or two chunks' activations: ZBV at its count holds one 1F1B's worth, another schedule
-at the same count up to twice that (bench/results/e2e_scale_default16.md measures both).
+The budget: activations, not microbatches. One number for every rank: the (chunk, microbatch)
+activations the least-holding start hint of the open (style, split) holds at its peak on its
+busiest rank in its strict order: 1F1B's min(ranks, M) with one stage per rank, ZBV's 2 min(ranks,
+M) with two and split backward open (torch's ZBVZeroBubble holds the same). A count of
+microbatches in flight would not do: on two chunks a microbatch in flight holds one or two
+chunks' activations, so another schedule at ZBV's count holds up to twice ZBV's activations
+(bench/results/e2e_scale_default16.md measured it). How a candidate is held to it (strict: its
+order's own peak; ready: a count of budget // chunks) is sim/budget.py's "held activations".
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ class Start:
 
     choice: Choice  # the fastest candidate: its hint on its placement style, mode, policy, caps
     split_backward: bool
-    budget: int  # in-flight microbatches per rank, every rank alike
+    budget: int  # (chunk, microbatch) activations held per rank, every rank alike
     step_ms: float  # its simulated step time
     table: str = ""  # one line per (style, split) simulated
 
@@ -79,19 +82,30 @@ def open_styles(num_stages: int, num_ranks: int) -> list[str]:
     return [s for s in STYLES if (s == "linear") == (chunks == 1) and (s != "v" or chunks == 2)]
 
 
-def default_budget(num_stages: int, num_ranks: int, num_microbatches: int) -> int:
-    """The start hint's in-flight peak on its busiest rank: min(ranks, M) per chunk per rank
-    (1F1B's on one chunk, ZBV's on two)."""
-    return num_stages // num_ranks * min(num_ranks, num_microbatches)
+def default_budget(num_stages: int, num_ranks: int, num_microbatches: int,
+                   split_backward: bool | None = None) -> int:
+    """The (chunk, microbatch) activations of the least-holding start hint among the open
+    (style, split), at its strict peak on its busiest rank (1F1B's on one chunk; ZBV's on two
+    when split backward is open)."""
+    splits = (False, True) if split_backward is None else (split_backward,)
+    held = []
+    for split in splits:
+        for style in open_styles(num_stages, num_ranks):
+            order = make_hint(start_hint(style, split), num_stages=num_stages,
+                              num_ranks=num_ranks, num_microbatches=num_microbatches,
+                              split_backward=split, placement=style)
+            held.append(max(order.peak_chunk_activations(r) for r in range(num_ranks)))
+    return min(held)
 
 
 def choose_start(*, num_stages: int, num_ranks: int | None, num_microbatches: int,
                  split_backward: bool | None, durations: Durations, cap: CapSpec = None
                  ) -> Start:
     """Simulate each open (style, split) with hint="auto" from its start hint, on one step of
-    `durations`, under `cap` (None: `default_budget`); the fastest. `split_backward` None: both."""
+    `durations`, under the count `cap` (None: `default_budget` activations); the fastest.
+    `split_backward` None: both."""
     ranks = num_ranks or num_stages
-    budget = default_budget(num_stages, ranks, num_microbatches)
+    budget = default_budget(num_stages, ranks, num_microbatches, split_backward)
     splits = (False, True) if split_backward is None else (split_backward,)
     tried: list[tuple[tuple[float, int, int], Start]] = []
     lines, skipped = [], []
@@ -107,7 +121,8 @@ def choose_start(*, num_stages: int, num_ranks: int | None, num_microbatches: in
                 continue
             sim = simulate(stages=num_stages, microbatches=num_microbatches, ranks=ranks,
                            hint=AutoHint(start=start), split_backward=split,  # type: ignore[arg-type]
-                           cap=budget if cap is None else cap, steps=1, **how)
+                           cap=cap, activations=budget if cap is None else None, steps=1,
+                           **how)
             choice = sim.tuning.choice
             tried.append(((sim.step_time, int(split), STYLES.index(style)),
                           Start(choice, split, budget, sim.step_time)))
@@ -126,11 +141,13 @@ def unmodelled_start(*, num_stages: int, num_ranks: int | None, num_microbatches
                      split_backward: bool | None) -> Start:
     """Where there is no durations model to simulate (tasks take their compute time only):
     what every tie gives, unsplit backward (unless fixed) on the first open style, from its
-    start hint in ready mode; the first measured step then chooses the schedule."""
+    start hint in ready mode under budget // chunks microbatches (sim/budget.py); the first
+    measured step then chooses the schedule."""
     ranks = num_ranks or num_stages
     split = bool(split_backward)
     style = open_styles(num_stages, ranks)[0]
-    budget = default_budget(num_stages, ranks, num_microbatches)
-    choice = Choice(start_hint(style, split), style, "ready", (budget,) * ranks)
+    budget = default_budget(num_stages, ranks, num_microbatches, split_backward)
+    choice = Choice(start_hint(style, split), style, "ready",
+                    (max(1, budget // (num_stages // ranks)),) * ranks)
     return Start(choice, split, budget, float("nan"),
                  "no durations model (compute time only): nothing simulated")

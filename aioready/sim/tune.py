@@ -71,10 +71,12 @@ class SimChooser:
     candidate of its placement simulated on them."""
 
     def __init__(self, *, modes: Sequence[str] = MODES,
-                 factors: Sequence[float] = FACTORS, same_hint: bool = False) -> None:
+                 factors: Sequence[float] = FACTORS, same_hint: bool = False,
+                 activations: int | None = None) -> None:
         self.modes = tuple(modes)
         self.factors = tuple(factors)
         self.same_hint = same_hint  # policy="auto": only the pipeline's own hint is a candidate
+        self.activations = activations  # a budget of held activations instead of `budget`
         self.last: Tuning | None = None  # the latest table, for whoever wants to look
 
     def choose(self, reports: Sequence[StepReport], *, hint: HintOrder, budget: CapSpec,
@@ -87,7 +89,8 @@ class SimChooser:
             num_microbatches=hint.num_microbatches, split_backward=hint.split_backward,
             placement=hint.placement.style)
         self.last = choose_schedule(_runner(trace, "none"), orders, budget=budget,
-                                    reference=hint, modes=self.modes, factors=self.factors)
+                                    reference=hint, modes=self.modes, factors=self.factors,
+                                    activations=self.activations)
         return self.last.choice
 
 

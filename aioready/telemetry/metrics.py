@@ -15,7 +15,7 @@ from ..tasks import Kind, Task
 from .bounds import lower_bound
 from .spans import Span, StepReport
 
-__all__ = ["StepMetrics", "step_metrics", "peak_in_flight", "SpanPlacement"]
+__all__ = ["StepMetrics", "step_metrics", "peak_in_flight", "peak_activations", "SpanPlacement"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -73,6 +73,17 @@ def peak_in_flight(spans: Sequence[Span], rank: int) -> int:
     mine = sorted((s for s in spans if s.rank == rank), key=lambda s: (s.start, s.end))
     runs = [(Task(s.kind, s.microbatch, s.chunk), s.start, s.end) for s in mine]
     return peak_of_timeline(runs, num_chunks=1 + max((s.chunk for s in mine), default=0),
+                            split_backward=any(s.kind is Kind.W for s in mine))
+
+
+def peak_activations(spans: Sequence[Span], rank: int) -> int:
+    """Most (chunk, microbatch) activations `rank` held at once: each from its F's start to the
+    end of its last backward piece on that chunk (B unsplit, W split), replayed like
+    `peak_in_flight` with each pair counted as a microbatch of one chunk."""
+    mine = sorted((s for s in spans if s.rank == rank), key=lambda s: (s.start, s.end))
+    chunks = 1 + max((s.chunk for s in mine), default=0)
+    runs = [(Task(s.kind, s.microbatch * chunks + s.chunk), s.start, s.end) for s in mine]
+    return peak_of_timeline(runs, num_chunks=1,
                             split_backward=any(s.kind is Kind.W for s in mine))
 
 
