@@ -6,9 +6,10 @@ Two kinds of Work, two ways to learn they finished:
   `wait()`: `is_completed()` stays False after the bytes arrived, and `get_future()` is not
   implemented (torch 2.13, checked when this was written). So each channel (peer x direction)
   has one waiter thread that calls `wait()` on its Works in posting order (which releases the
-  GIL) and hands the result to the loop with `call_soon_threadsafe`, the `thread` wake mode of
-  cuda/events.py. One FIFO per channel is exact: gloo completes the transfers of one peer pair in
-  the order they were posted, so the thread never waits behind a Work that finished later.
+  GIL), queues the result and wakes the loop through an eventfd (see WorkWaiter for why not
+  `call_soon_threadsafe`). One FIFO per channel is exact: gloo completes the transfers of one
+  peer pair in the order they were posted, so the thread never waits behind a Work that
+  finished later.
 - **NCCL** (CUDA tensors): `is_completed()` queries the Work's CUDA event without blocking, so
   these Works are polled by the loop's ProgressEngine (this is one of its CompletionSources),
   head of each channel's FIFO only, like CUDA events.

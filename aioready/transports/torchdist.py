@@ -16,9 +16,10 @@ peer and tag, in order), so readiness needs a framing of its own (docs/torchrun.
   transfer costs a thread and a loop wake-up.)
 - larger or CUDA payloads follow as one transfer per non-empty tensor, on the payload tag (gloo)
   or through the group's CUDA backend (flag in the slot). The receiver posts them, into tensors
-  of the advertised dtype and shape (variable per microbatch), when their header arrived, then
-  posts the next slot receive: the loop handles a peer's slots in arrival order, so both sides
-  post a peer's NCCL transfers in the same order, which is all NCCL needs to match them.
+  of the advertised dtype and shape (variable per microbatch), when their header arrived, and
+  posts the next slot receive once the message was handed over: the loop handles a peer's slots
+  in arrival order, so both sides post a peer's NCCL transfers in the same order, which is all
+  NCCL needs to match them. The slot layout and send buffers are transports/torch_slots.py.
 
 Completion: transports/torch_work.py (gloo Works are waited on one thread per peer and kind:
 slots, payload receives, sends; NCCL Works polled by the ProgressEngine); nothing blocks the
