@@ -14,6 +14,7 @@ sends the same few lengths over and over.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import struct
 from typing import Any, Callable
@@ -23,7 +24,7 @@ import numpy as np
 from .tensor_bytes import host_bytes, torch_module
 from .wire import align
 
-__all__ = ["SLOT_BYTES", "CONTENT", "ON_DEVICE", "PREFIX", "SendSlots", "new_slot"]
+__all__ = ["SLOT_BYTES", "CONTENT", "ON_DEVICE", "PREFIX", "SendSlots", "SlotLedger", "new_slot"]
 
 SLOT_BYTES = int(os.environ.get("AIOREADY_TORCH_SLOT_BYTES", 68 << 10))
 PREFIX = struct.Struct("<IB")  # content length (0: goodbye), flags
@@ -102,3 +103,46 @@ class SendSlots:
         PREFIX.pack_into(slot, 0, len(content), flags)
         slot[CONTENT:CONTENT + len(content)] = np.frombuffer(content, np.uint8)
         return whole
+
+
+class SlotLedger:
+    """Per peer: slot receives outstanding and goodbyes received, for the closing handshake.
+
+    Each rank keeps `depth` slot receives posted per peer, and a closing rank sends each peer
+    `depth` empty slots, one per receive that peer posted; so a peer is gone once `depth`
+    goodbyes came from it, and a closing rank that stopped reposting (after an error) first
+    posts the receives its peers' goodbyes still need (`missing`). No slot receive then stays
+    posted on the group, and another transport can use it later.
+    """
+
+    def __init__(self, peers: list[int], depth: int) -> None:
+        self.peers = peers
+        self.depth = depth
+        self.posted: dict[int, int] = dict.fromkeys(peers, 0)
+        self._goodbyes: dict[int, int] = dict.fromkeys(peers, 0)
+        self._all_gone: asyncio.Future[None] | None = None
+
+    def missing(self, peer: int) -> int:
+        """Slot receives to post so that every goodbye `peer` still sends has one."""
+        return max(0, self.depth - self._goodbyes[peer] - self.posted[peer])
+
+    def goodbye(self, peer: int, *, all_of_them: bool = False) -> None:
+        """An empty slot came from `peer` (`all_of_them`: it died after we said goodbye)."""
+        self._goodbyes[peer] = self.depth if all_of_them else self._goodbyes[peer] + 1
+        waiter = self._all_gone
+        if waiter is not None and not waiter.done() and not self.staying():
+            waiter.set_result(None)
+
+    def staying(self) -> list[int]:
+        """Peers whose goodbyes did not all arrive."""
+        return [p for p in self.peers if self._goodbyes[p] < self.depth]
+
+    async def wait_all_gone(self, timeout: float) -> list[int]:
+        """Wait (at most `timeout`) for every peer's goodbyes; return the peers still staying."""
+        if self.staying():
+            self._all_gone = asyncio.get_running_loop().create_future()
+            try:
+                await asyncio.wait_for(self._all_gone, timeout)
+            except asyncio.TimeoutError:
+                pass
+        return self.staying()

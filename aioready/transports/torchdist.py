@@ -44,7 +44,7 @@ from .base import Deliver, Message, OnFailure
 from .receive_pool import ReceivePool
 from .tensor_bytes import from_bytes, host_bytes, torch_dtype, torch_module
 from .torch_groups import cpu_backend, device_backend, resolve_group
-from .torch_slots import CONTENT, ON_DEVICE, PREFIX, SLOT_BYTES, SendSlots, new_slot
+from .torch_slots import CONTENT, ON_DEVICE, PREFIX, SLOT_BYTES, SendSlots, SlotLedger, new_slot
 from .torch_staging import StagedSends
 from .torch_work import WorkWaiter
 from .wire import Header, WireCodec
@@ -96,12 +96,10 @@ class TorchDistTransport:
         self._num_sending = self._num_local = 0
         self._sent_waiters: list[asyncio.Future[None]] = []
         self._unwaited: list[tuple[int, Any, Any]] = []  # sends not yet handed to a thread
-        self._goodbyes: dict[int, int] = {}  # peer -> empty slots received (SLOT_DEPTH: gone)
-        self._slots_posted: dict[int, int] = {}  # peer -> slot receives outstanding
+        self._ledger = SlotLedger(self._peers(), SLOT_DEPTH)  # slot receives, goodbyes
         self._lost: set[int] = set()  # peers whose transfers failed (reported once)
         self._staged: StagedSends | None = None  # CUDA payloads without a CUDA backend
         self._closing = False
-        self._goodbye_waiter: asyncio.Future[None] | None = None
         self._deliver: Deliver | None = None
         self._early: list[Message] = []
         self._fail: OnFailure | None = None
@@ -192,11 +190,13 @@ class TorchDistTransport:
                         self._send_slot(peer, b"", 0)
                 self._flush_sends()
                 for peer in self._peers():  # not reposted after an error: take its goodbyes
-                    missing = SLOT_DEPTH - self._goodbyes.get(peer, 0) - \
-                        self._slots_posted.get(peer, 0)
-                    for _ in range(max(0, missing)):
+                    for _ in range(self._ledger.missing(peer)):
                         self._post_slot(peer)
-                await self._wait_goodbyes()
+                staying = await self._ledger.wait_all_gone(CLOSE_TIMEOUT_S)
+                if staying:
+                    log.warning("rank %d: ranks %s did not close their transports within %.0f s;"
+                                " their slot receives stay posted", self._rank, staying,
+                                CLOSE_TIMEOUT_S)
                 await self._waiter.aclose(CLOSE_TIMEOUT_S)
                 self._waiter = None
             if self._staged is not None:
@@ -309,7 +309,7 @@ class TorchDistTransport:
     # -- receiving ------------------------------------------------------------------------
     def _post_slot(self, peer: int, counted: bool = False) -> None:
         """Post one slot receive from `peer`, on its own channel (thread); `counted`: it was
-        counted in `_slots_posted` when it was scheduled (see `_on_slot`).
+        counted in the ledger when it was scheduled (see `_on_slot`).
 
         SLOT_DEPTH of them stay posted per peer (gloo matches a peer's receives of one tag in
         posting order): while the loop handles one slot the thread already waits on the next,
@@ -319,14 +319,14 @@ class TorchDistTransport:
         wait behind a slot that the peer has no message for yet.
         """
         if not counted:
-            self._slots_posted[peer] = self._slots_posted.get(peer, 0) + 1
+            self._ledger.posted[peer] += 1
         if self._waiter is None:  # closed before a deferred repost ran
             return
         slot, whole = new_slot(self.slot_bytes)  # fresh: inline tensors keep viewing it
         try:
             work = self._group.recv([whole], peer, HEADER_TAG)
         except RuntimeError as exc:  # gloo refuses at once a receive from a closed link
-            self._slots_posted[peer] -= 1
+            self._ledger.posted[peer] -= 1
             self._peer_failed(peer, exc)
             return
         self._waiter.add((peer, "slot"), work, partial(self._on_slot, peer, slot))
@@ -342,13 +342,13 @@ class TorchDistTransport:
         arrival order, so both sides post that peer's NCCL payloads in the same order.
         """
         if exc is not None:
-            self._slots_posted[peer] -= 1
+            self._ledger.posted[peer] -= 1
             self._peer_failed(peer, exc)
             return
         n, flags = PREFIX.unpack_from(slot, 0)
         if n == 0:
-            self._slots_posted[peer] -= 1
-            self._goodbye(peer)
+            self._ledger.posted[peer] -= 1
+            self._ledger.goodbye(peer)  # before our close: fine if we expect nothing more
             return
         try:
             if n > self.slot_bytes - CONTENT:
@@ -357,7 +357,7 @@ class TorchDistTransport:
                                     " bytes of content", got=n)
             self._route(peer, slot[CONTENT:CONTENT + n], flags)
         except AioreadyError as exc:
-            self._slots_posted[peer] -= 1
+            self._ledger.posted[peer] -= 1
             self._raise(exc)
             return
         self._waiter.loop.call_soon(self._post_slot, peer, True)  # type: ignore[union-attr]
@@ -448,31 +448,9 @@ class TorchDistTransport:
                                       rank=self._rank))
 
     # -- closing and failures ---------------------------------------------------------------
-    def _goodbye(self, peer: int, *, all_of_them: bool = False) -> None:
-        self._goodbyes[peer] = SLOT_DEPTH if all_of_them else self._goodbyes.get(peer, 0) + 1
-        if not self._closing:  # a peer left first: fine, as long as we expect nothing from it
-            return
-        if self._all_gone() and self._goodbye_waiter is not None:
-            if not self._goodbye_waiter.done():
-                self._goodbye_waiter.set_result(None)
-
-    def _all_gone(self) -> bool:
-        return all(self._goodbyes.get(p, 0) >= SLOT_DEPTH for p in self._peers())
-
-    async def _wait_goodbyes(self) -> None:
-        if self._all_gone():
-            return
-        self._goodbye_waiter = asyncio.get_running_loop().create_future()
-        try:
-            await asyncio.wait_for(self._goodbye_waiter, CLOSE_TIMEOUT_S)
-        except asyncio.TimeoutError:
-            missing = [p for p in self._peers() if self._goodbyes.get(p, 0) < SLOT_DEPTH]
-            log.warning("rank %d: ranks %s did not close their transports within %.0f s; their "
-                        "slot receives stay posted", self._rank, missing, CLOSE_TIMEOUT_S)
-
     def _peer_failed(self, peer: int, exc: BaseException) -> None:
         if self._closing:  # a peer that died after we said goodbye: nothing is lost
-            self._goodbye(peer, all_of_them=True)
+            self._ledger.goodbye(peer, all_of_them=True)
             return
         if peer in self._lost:  # its other transfers fail too: one error per peer
             return
