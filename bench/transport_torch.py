@@ -10,6 +10,11 @@ header, waiter threads, delivery). Repeats are interleaved (both columns see the
 medians of per-repeat medians. Goals (issue: the torch.distributed backend): aioready / raw
 <= 1.5 at 64 KiB, raw / aioready bandwidth >= 0.9 at 64 MiB. Writes
 bench/results/transport_torch.md.
+
+The wall clock of a shared machine moves with its load, so each row also counts, per round trip
+and summed over both ranks, the voluntary context switches and the CPU time of every thread
+(read from /proc: what the load does not change much), and the page gives what one thread
+hand-off costs here (`handoff`), the unit in which the transport's extra latency is paid.
 """
 
 from __future__ import annotations
@@ -17,8 +22,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import queue
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -34,6 +41,83 @@ TIMEOUT_S = 900
 def iters_for(size: int, quick: bool) -> int:
     base = 200 if size <= 64 << 10 else (20 if size <= 4 << 20 else 3)
     return base if quick else base * 4
+
+
+def thread_counters() -> tuple[float, float, float]:
+    """Voluntary context switches of every thread of this process, and the CPU seconds of its
+    main thread and of the others (Linux /proc; zeros elsewhere)."""
+    switches = main = others = 0.0
+    me = str(os.getpid())
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return 0.0, 0.0, 0.0
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                cpu = int(f.read().split()[0]) / 1e9
+            with open(f"/proc/self/task/{tid}/status") as f:
+                status = f.read()
+        except OSError:  # the thread ended meanwhile
+            continue
+        switches += int(status.split("\nvoluntary_ctxt_switches:")[1].split()[0])
+        if tid == me:
+            main += cpu
+        else:
+            others += cpu
+    return switches, main, others
+
+
+def counted(dist, torch, start: tuple[float, float, float], n: int) -> list[float]:
+    """Switches, main-thread CPU us and other threads' CPU us per round trip since `start`,
+    summed over the ranks."""
+    end = thread_counters()
+    t = torch.tensor([(end[i] - start[i]) / n for i in range(3)], dtype=torch.float64)
+    dist.all_reduce(t)
+    return [float(t[0]), float(t[1]) * 1e6, float(t[2]) * 1e6]
+
+
+async def handoff(n: int = 2000) -> tuple[float, float]:
+    """One-way latency (us) of a hand-off between two Python threads (a blocked thread woken
+    through a futex, what raw `wait()` pays once per message) and from a thread to an event
+    loop through an eventfd (what the transport's waiter thread adds), each a ping-pong / 2."""
+    there, back = queue.SimpleQueue(), queue.SimpleQueue()
+
+    def echo() -> None:
+        while (x := there.get()) is not None:
+            back.put(x)
+    thread = threading.Thread(target=echo)
+    thread.start()
+    t0 = time.perf_counter()
+    for i in range(n):
+        there.put(i)
+        back.get()
+    threads = (time.perf_counter() - t0) / n / 2
+    there.put(None)
+    thread.join()
+    if not hasattr(os, "eventfd"):
+        return threads * 1e6, 0.0
+    loop = asyncio.get_running_loop()
+    fd = os.eventfd(0, os.EFD_NONBLOCK)
+    box: list[asyncio.Future] = []
+    loop.add_reader(fd, lambda: (os.eventfd_read(fd), box[0].set_result(None)))
+
+    def ring() -> None:
+        while there.get() is not None:
+            os.eventfd_write(fd, 1)
+    ringer = threading.Thread(target=ring)
+    ringer.start()
+    t0 = time.perf_counter()
+    for i in range(n):
+        box[:] = [loop.create_future()]
+        there.put(i)
+        await box[0]
+    to_loop = (time.perf_counter() - t0) / n / 2
+    there.put(None)
+    ringer.join()
+    loop.remove_reader(fd)
+    os.close(fd)
+    return threads * 1e6, to_loop * 1e6
 
 
 def raw_pingpong(dist, torch, size: int, iters: int) -> list[float]:
@@ -109,45 +193,66 @@ async def measure(args: argparse.Namespace) -> None:
     transport.open(echo.deliver)
     repeats = 3 if args.quick else 5
     rows = []
+    load = list(os.getloadavg())
     for label, size in [(lb, sz) for lb, sz in SIZES if not args.sizes or lb in args.sizes]:
         n = iters_for(size, args.quick)
-        raw, aio = [], []
+        raw, aio, raw_counts, aio_counts = [], [], [], []
         for _ in range(repeats):
             dist.barrier()
+            start = thread_counters()
             raw.append(median(raw_pingpong(dist, torch, size, n)))
+            raw_counts.append(counted(dist, torch, start, n + 2))
+            start = thread_counters()
             times = await aio_pingpong(echo, dist, torch, size, n)
+            aio_counts.append(counted(dist, torch, start, n + 2))
             if times:
                 aio.append(median(times))
         if dist.get_rank() == 0:
-            rows.append((label, size, median(raw), median(aio), n, repeats))
+            rows.append((label, size, median(raw), median(aio), n, repeats,
+                         [median(c[i] for c in raw_counts) for i in range(3)],
+                         [median(c[i] for c in aio_counts) for i in range(3)],
+                         min(a / r for a, r in zip(aio, raw)), max(a / r for a, r in zip(aio, raw))))
     await transport.close()
     if dist.get_rank() == 0:
-        report(args, rows, torch.__version__)
+        report(args, rows, torch.__version__, load, await handoff())
     dist.destroy_process_group()
 
 
-def report(args: argparse.Namespace, rows: list, version: str) -> None:
+def report(args: argparse.Namespace, rows: list, version: str, load: list[float],
+           hop: tuple[float, float]) -> None:
     lines = ["# Transport over torch.distributed (gloo): TorchDistTransport vs raw isend/irecv",
              "", f"torch {version}, 2 ranks on one host (loopback TCP).", "",
-             "| size | raw one-way | aioready one-way | aioready / raw | raw GB/s | "
+             "| size | raw one-way | aioready one-way | aioready / raw (repeats) | raw GB/s | "
              "aioready GB/s | iters x repeats |", "|---|---|---|---|---|---|---|"]
-    for label, size, raw, aio, n, rep in rows:
-        lines.append(f"| {label} | {raw * 1e6:.1f} us | {aio * 1e6:.1f} us | {aio / raw:.2f} | "
-                     f"{size / raw / 1e9:.2f} | {size / aio / 1e9:.2f} | {n} x {rep} |")
-    lines += ["", "Reading it: one-way = median over repeats of each repeat's median RTT/2. The "
-              "transport sends one slot per message into one of two 68 KiB receives posted "
-              "ahead per peer (payloads up to 64 KiB ride in it, copied once into a reused send "
-              "buffer; larger ones follow as a second transfer) and learns of each arrival from "
-              "a waiter thread that wakes the loop (gloo's point-to-point Works only complete in "
-              "`wait()`); the raw column blocks in `wait()` on the calling thread. With many "
-              "more runnable threads than cores (see the load average) each of those wake-ups "
-              "waits for a core, which dominates small messages; docs/torchrun.md gives the "
-              "context switches and CPU time per message, which the load does not distort.", ""]
+    for label, size, raw, aio, n, rep, _, _, lo, hi in rows:
+        lines.append(f"| {label} | {raw * 1e6:.1f} us | {aio * 1e6:.1f} us | {aio / raw:.2f} "
+                     f"({lo:.2f}-{hi:.2f}) | {size / raw / 1e9:.2f} | {size / aio / 1e9:.2f} | "
+                     f"{n} x {rep} |")
+    lines += ["", "Per round trip, both ranks together (medians over repeats; /proc):", "",
+              "| size | raw switches | aioready switches | raw CPU main + others | "
+              "aioready CPU main + others |", "|---|---|---|---|---|"]
+    for label, _, _, _, _, _, rc, ac, _, _ in rows:
+        lines.append(f"| {label} | {rc[0]:.2f} | {ac[0]:.2f} | {rc[1]:.0f} + {rc[2]:.0f} us | "
+                     f"{ac[1]:.0f} + {ac[2]:.0f} us |")
+    lines += ["", f"One hand-off measured in the same run (rank 0, after the rows): Python thread "
+              f"to blocked Python thread {hop[0]:.1f} us, thread to event loop through an "
+              f"eventfd {hop[1]:.1f} us (ping-pong / 2).", "",
+              "Reading it: one-way = median over repeats of each repeat's median RTT/2; the "
+              "parenthesis gives the lowest and highest ratio of single repeats. The transport "
+              "sends one slot per message into one of two 68 KiB receives posted ahead per peer "
+              "(payloads up to 64 KiB ride in it, copied once into a reused send buffer; larger "
+              "ones follow as a second transfer) and learns of each arrival from a waiter thread "
+              "that wakes the loop through an eventfd (gloo's point-to-point Works only complete "
+              "in `wait()`); the raw column blocks in `wait()` on the calling thread. So each "
+              "message costs the receiving rank one thread hand-off more than raw (one voluntary "
+              "switch more per rank and message: the switches column), plus the Python of "
+              "framing, delivery and the awaiting task (the CPU column); docs/torchrun.md does "
+              "the arithmetic.", ""]
     text = "\n".join(lines)
     print(text, flush=True)
     if not args.no_write:
         write_result("transport_torch", text, "python -m bench transport --backend gloo"
-                     + (" --quick" if args.quick else ""))
+                     + (" --quick" if args.quick else ""), load=load)
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:

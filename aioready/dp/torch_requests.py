@@ -4,10 +4,9 @@ The torchrun counterpart of requests.py: the data-parallel reducer and the cross
 start `all_reduce(..., async_op=True)` on the loop thread, `track(work, done, channel=...)`
 registers the Work and the callback to run once it finished, `wait_all()` awaits every Work
 tracked so far. Completion comes through transports/torch_work.py: a gloo Work is waited on a
-thread per channel (`wait()` releases the GIL; the result reaches the loop with
-`call_soon_threadsafe`), so a finished all-reduce wakes the loop at once instead of at the next
-poll of the progress engine; an NCCL Work (`device=True`) is polled by the engine like a CUDA
-event. One channel per process group: a group's collectives finish in issue order, which is the
+thread per channel (`wait()` releases the GIL; the thread wakes the loop through an eventfd), so
+a finished all-reduce wakes the loop at once instead of at the next poll of the progress engine;
+an NCCL Work (`device=True`) is polled by the engine like a CUDA event. One channel per process group: a group's collectives finish in issue order, which is the
 order its thread waits in. A backend error fails every waiter with a CoordinationError naming
 the group (a peer that died: "Connection closed by peer", not a 30-minute timeout).
 """

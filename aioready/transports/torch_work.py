@@ -6,9 +6,10 @@ Two kinds of Work, two ways to learn they finished:
   `wait()`: `is_completed()` stays False after the bytes arrived, and `get_future()` is not
   implemented (torch 2.13, checked when this was written). So each channel (peer x direction)
   has one waiter thread that calls `wait()` on its Works in posting order (which releases the
-  GIL) and hands the result to the loop with `call_soon_threadsafe`, the `thread` wake mode of
-  cuda/events.py. One FIFO per channel is exact: gloo completes the transfers of one peer pair in
-  the order they were posted, so the thread never waits behind a Work that finished later.
+  GIL), queues the result and wakes the loop through an eventfd (see WorkWaiter for why not
+  `call_soon_threadsafe`). One FIFO per channel is exact: gloo completes the transfers of one
+  peer pair in the order they were posted, so the thread never waits behind a Work that
+  finished later.
 - **NCCL** (CUDA tensors): `is_completed()` queries the Work's CUDA event without blocking, so
   these Works are polled by the loop's ProgressEngine (this is one of its CompletionSources),
   head of each channel's FIFO only, like CUDA events.
@@ -27,8 +28,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import os
 import queue
 import threading
+import weakref
 from typing import Any, Callable, Hashable
 
 from ..progress import ProgressEngine
@@ -62,7 +65,7 @@ class _Channel(threading.Thread):
             item = get()
             if item is _STOP:
                 try:
-                    self._loop.call_soon_threadsafe(_resolve, self.stopped)
+                    self._loop.call_soon_threadsafe(self._owner.ended, self)
                 except RuntimeError:  # the loop closed
                     pass
                 return
@@ -72,24 +75,35 @@ class _Channel(threading.Thread):
                 work.wait()
             except BaseException as err:  # handed to the loop, which names the peer
                 exc = err
-            try:
-                if self._lazy and exc is None:
-                    self._owner.ready.append(done)  # appended before `eager` is read: see drain
-                    if self._owner.eager:
-                        self._loop.call_soon_threadsafe(self._owner.drain)
-                else:
-                    self._loop.call_soon_threadsafe(done, exc)
-            except RuntimeError:  # the loop closed: nobody is left to tell
-                return
+            owner = self._owner
+            if self._lazy and exc is None:
+                owner.ready.append(done)  # appended before `eager` is read: see drain
+                if owner.eager:
+                    owner.wake()
+            else:
+                owner.arrived.append((done, exc))  # before `wake` reads `signalled`
+                owner.wake()
 
 
 class WorkWaiter:
-    """Calls `done(exc)` on the loop when each Work completes; one FIFO per channel key."""
+    """Calls `done(exc)` on the loop when each Work completes; one FIFO per channel key.
+
+    Threads wake the loop through an eventfd the loop watches, written with the GIL released,
+    not with `call_soon_threadsafe`: that returns holding the GIL, and the loop thread, woken
+    by its write within microseconds, then blocked on the GIL until the thread was back inside
+    `wait()` (strace: a futex wait after every wake-up, two context switches of the loop thread
+    per message instead of one). Completions that arrive before the loop ran are handed over
+    by the same wake-up (`signalled`).
+    """
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self.ready: collections.deque[Done] = collections.deque()  # lazy successes
+        self.arrived: collections.deque[tuple[Done, BaseException | None]] = collections.deque()
         self.eager = False  # wake the loop for lazy completions too (someone is waiting)
+        self.signalled = False  # a wake-up is on its way: later completions ride along
+        self._fd = -1
+        self._stopping: set[_Channel] = set()  # stopped threads that did not end yet
         self._threads: dict[Hashable, _Channel] = {}
         self._polled: dict[Hashable, collections.deque[tuple[Any, Done]]] = {}
         self._num_polled = 0
@@ -109,9 +123,66 @@ class WorkWaiter:
             return
         thread = self._threads.get(channel)
         if thread is None:
+            if self._fd < 0:
+                self._open_fd()
             thread = self._threads[channel] = _Channel(f"aioready-work-{channel}", self, lazy)
             thread.start()
         thread.put(work, done)
+
+    def _open_fd(self) -> None:
+        """The eventfd the threads write and the loop watches; closed when this object is
+        collected (a thread may still write it after `stop()`: the number must stay ours)."""
+        if not hasattr(os, "eventfd"):  # not Linux: wake through the loop's own queue
+            return
+        fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        try:
+            self.loop.add_reader(fd, self._readable)
+        except NotImplementedError:  # a loop without readers
+            os.close(fd)
+            return
+        self._fd = fd
+        weakref.finalize(self, os.close, fd)
+
+    def wake(self) -> None:
+        """Called on a waiter thread after it queued a completion: wake the loop, once."""
+        if self.signalled:
+            return
+        self.signalled = True
+        try:
+            if self._fd >= 0:
+                os.eventfd_write(self._fd, 1)  # releases the GIL: the loop can take it
+            else:
+                self.loop.call_soon_threadsafe(self._readable)
+        except (OSError, RuntimeError):  # the loop closed: nobody is left to tell
+            pass
+
+    def _readable(self) -> None:
+        if self._fd >= 0:
+            try:
+                os.eventfd_read(self._fd)
+            except BlockingIOError:
+                pass
+        self.signalled = False  # before draining: a completion queued later wakes again
+        arrived = self.arrived
+        while arrived:
+            done, exc = arrived.popleft()
+            try:
+                done(exc)
+            except Exception as err:  # one callback's bug must not strand the others
+                self.loop.call_exception_handler({"message": "WorkWaiter callback failed",
+                                                  "exception": err})
+        if self.eager:
+            self.drain()
+
+    def ended(self, thread: _Channel) -> None:
+        """On the loop: `thread` ended after `stop()`. After the last one, hand over what
+        they queued and stop watching the eventfd (then nothing refers to this object)."""
+        _resolve(thread.stopped)
+        self._stopping.discard(thread)
+        if not self._stopping and not self._threads and self._fd >= 0:
+            self._readable()
+            if not self.loop.is_closed():
+                self.loop.remove_reader(self._fd)
 
     def drain(self) -> int:
         """Run the callbacks of lazy completions that arrived; return how many.
@@ -131,6 +202,7 @@ class WorkWaiter:
         closed outside the loop whose Works are all complete: the threads are idle)."""
         threads = list(self._threads.values())
         self._threads.clear()
+        self._stopping.update(threads)
         for thread in threads:
             thread.stop()
         if self._engine is not None:

@@ -16,9 +16,10 @@ peer and tag, in order), so readiness needs a framing of its own (docs/torchrun.
   transfer costs a thread and a loop wake-up.)
 - larger or CUDA payloads follow as one transfer per non-empty tensor, on the payload tag (gloo)
   or through the group's CUDA backend (flag in the slot). The receiver posts them, into tensors
-  of the advertised dtype and shape (variable per microbatch), when their header arrived, then
-  posts the next slot receive: the loop handles a peer's slots in arrival order, so both sides
-  post a peer's NCCL transfers in the same order, which is all NCCL needs to match them.
+  of the advertised dtype and shape (variable per microbatch), when their header arrived, and
+  posts the next slot receive once the message was handed over: the loop handles a peer's slots
+  in arrival order, so both sides post a peer's NCCL transfers in the same order, which is all
+  NCCL needs to match them. The slot layout and send buffers are transports/torch_slots.py.
 
 Completion: transports/torch_work.py (gloo Works are waited on one thread per peer and kind:
 slots, payload receives, sends; NCCL Works polled by the ProgressEngine); nothing blocks the
@@ -33,8 +34,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import struct
 from functools import partial
 from typing import Any, Callable
 
@@ -45,23 +44,19 @@ from .base import Deliver, Message, OnFailure
 from .receive_pool import ReceivePool
 from .tensor_bytes import from_bytes, host_bytes, torch_dtype, torch_module
 from .torch_groups import cpu_backend, device_backend, resolve_group
+from .torch_slots import CONTENT, ON_DEVICE, PREFIX, SLOT_BYTES, SendSlots, SlotLedger, new_slot
 from .torch_staging import StagedSends
 from .torch_work import WorkWaiter
-from .wire import Header, WireCodec, align
+from .wire import Header, WireCodec
 
 __all__ = ["TorchDistTransport", "SLOT_BYTES", "HEADER_TAG", "PAYLOAD_TAG"]
 
 log = logging.getLogger(__name__)
 
-SLOT_BYTES = int(os.environ.get("AIOREADY_TORCH_SLOT_BYTES", 68 << 10))
 HEADER_TAG, PAYLOAD_TAG = 0x6A10, 0x6A11  # unlikely to meet a user's own point-to-point tags
 CLOSE_TIMEOUT_S = 10.0
 SEND_BATCH = 64  # sends handed to their waiter thread together (see _flush_sends)
 SLOT_DEPTH = 2  # slot receives posted ahead per peer (see _post_slot)
-FREE_SLOTS = 64  # send slot buffers kept for reuse (see _send_inline)
-_PREFIX = struct.Struct("<IB")  # content length (0: goodbye), flags
-_CONTENT = 16  # content offset: keeps inline tensors 16-byte aligned (wire.ALIGN)
-_ON_DEVICE = 1  # flag: the payload travels through the group's CUDA backend
 
 
 class _Inbound:
@@ -93,6 +88,7 @@ class TorchDistTransport:
             raise ConfigError("slot_bytes", expected=">= 256 and a multiple of 16",
                               got=slot_bytes)
         self.slot_bytes = slot_bytes
+        self._slots = SendSlots(slot_bytes)
         self._codec = WireCodec()
         self._pool = ReceivePool()
         self._waiter: WorkWaiter | None = None
@@ -100,13 +96,10 @@ class TorchDistTransport:
         self._num_sending = self._num_local = 0
         self._sent_waiters: list[asyncio.Future[None]] = []
         self._unwaited: list[tuple[int, Any, Any]] = []  # sends not yet handed to a thread
-        self._goodbyes: dict[int, int] = {}  # peer -> empty slots received (SLOT_DEPTH: gone)
-        self._slots_posted: dict[int, int] = {}  # peer -> slot receives outstanding
+        self._ledger = SlotLedger(self._peers(), SLOT_DEPTH)  # slot receives, goodbyes
         self._lost: set[int] = set()  # peers whose transfers failed (reported once)
-        self._free: list[tuple[np.ndarray, Any]] = []  # send slots whose sends completed
         self._staged: StagedSends | None = None  # CUDA payloads without a CUDA backend
         self._closing = False
-        self._goodbye_waiter: asyncio.Future[None] | None = None
         self._deliver: Deliver | None = None
         self._early: list[Message] = []
         self._fail: OnFailure | None = None
@@ -155,15 +148,14 @@ class TorchDistTransport:
     def _send_remote(self, dest: int, msg: Message) -> None:
         tensors = msg.tensors
         descriptors, sizes, on_cuda = self._codec.describe(tensors)
-        room = self.slot_bytes - _CONTENT
-        if not on_cuda and len(descriptors) + sum(sizes) + 16 * (len(sizes) + 2) <= room:
-            head = self._codec.fixed(msg, len(sizes)) + descriptors
-            if align(len(head)) + sum(align(n) for n in sizes) <= room:
-                self._send_inline(dest, head, tensors, sizes)
-                return
+        head = self._codec.fixed(msg, len(sizes)) + descriptors
+        if not on_cuda and self._slots.fits(len(head), sizes):  # one transfer, one copy
+            buf, release = self._slots.inline(head, tensors, sizes)
+            self._track_send(dest, self._group.send([buf], dest, HEADER_TAG), buf, False,
+                             release)
+            return
         on_device = on_cuda and self.device_backend  # else staged through the host
-        self._send_slot(dest, self._codec.fixed(msg, len(sizes)) + descriptors,
-                        _ON_DEVICE if on_device else 0)
+        self._send_slot(dest, head, ON_DEVICE if on_device else 0)
         for t, n in zip(tensors, sizes):
             if n:
                 self._send_payload(dest, t, on_device)
@@ -198,11 +190,13 @@ class TorchDistTransport:
                         self._send_slot(peer, b"", 0)
                 self._flush_sends()
                 for peer in self._peers():  # not reposted after an error: take its goodbyes
-                    missing = SLOT_DEPTH - self._goodbyes.get(peer, 0) - \
-                        self._slots_posted.get(peer, 0)
-                    for _ in range(max(0, missing)):
+                    for _ in range(self._ledger.missing(peer)):
                         self._post_slot(peer)
-                await self._wait_goodbyes()
+                staying = await self._ledger.wait_all_gone(CLOSE_TIMEOUT_S)
+                if staying:
+                    log.warning("rank %d: ranks %s did not close their transports within %.0f s;"
+                                " their slot receives stay posted", self._rank, staying,
+                                CLOSE_TIMEOUT_S)
                 await self._waiter.aclose(CLOSE_TIMEOUT_S)
                 self._waiter = None
             if self._staged is not None:
@@ -221,42 +215,8 @@ class TorchDistTransport:
             for _ in range(SLOT_DEPTH):
                 self._post_slot(peer)
 
-    def _send_inline(self, dest: int, head: bytes, tensors: tuple[Any, ...],
-                     sizes: list[int]) -> None:
-        """Header and CPU payloads written straight into a slot buffer: one copy of each
-        payload (the bytes of wire.encode_inline, without building them first). Slot buffers
-        are reused once their send completed: a fresh 64 KiB buffer per message cost its page
-        faults, about as much as the copy."""
-        start = _CONTENT + align(len(head))
-        end = start + sum(align(n) for n in sizes)
-        if self._free:
-            slot, whole = self._free.pop()
-        else:
-            slot = np.empty(self.slot_bytes, np.uint8)
-            whole = torch_module().from_numpy(slot)
-        slot[:start] = 0
-        _PREFIX.pack_into(slot, 0, end - _CONTENT, 0)
-        slot[_CONTENT:_CONTENT + len(head)] = np.frombuffer(head, np.uint8)
-        off = start
-        for t, n in zip(tensors, sizes):
-            if n:
-                slot[off:off + n] = host_bytes(t)
-                slot[off + n:off + align(n)] = 0
-                off += align(n)
-        buf = whole[:end]
-        self._track_send(dest, self._group.send([buf], dest, HEADER_TAG), buf, False,
-                         partial(self._reuse, slot, whole))
-
-    def _reuse(self, slot: np.ndarray, whole: Any) -> None:
-        if len(self._free) < FREE_SLOTS:
-            self._free.append((slot, whole))
-
     def _send_slot(self, dest: int, content: bytes, flags: int) -> None:
-        torch = torch_module()
-        slot = np.empty(_CONTENT + len(content), np.uint8)  # the posted receive is larger
-        _PREFIX.pack_into(slot, 0, len(content), flags)
-        slot[_CONTENT:_CONTENT + len(content)] = np.frombuffer(content, np.uint8)
-        buf = torch.from_numpy(slot)
+        buf = SendSlots.control(content, flags)
         self._track_send(dest, self._group.send([buf], dest, HEADER_TAG), buf, False)
 
     def _send_payload(self, dest: int, t: Any, on_device: bool) -> None:
@@ -347,8 +307,9 @@ class TorchDistTransport:
                     fut.set_result(None)
 
     # -- receiving ------------------------------------------------------------------------
-    def _post_slot(self, peer: int) -> None:
-        """Post one slot receive from `peer`, on its own channel (thread).
+    def _post_slot(self, peer: int, counted: bool = False) -> None:
+        """Post one slot receive from `peer`, on its own channel (thread); `counted`: it was
+        counted in the ledger when it was scheduled (see `_on_slot`).
 
         SLOT_DEPTH of them stay posted per peer (gloo matches a peer's receives of one tag in
         posting order): while the loop handles one slot the thread already waits on the next,
@@ -357,32 +318,49 @@ class TorchDistTransport:
         the message's task. Payload receives have a channel of their own: a payload must not
         wait behind a slot that the peer has no message for yet.
         """
-        torch = torch_module()
-        slot = np.empty(self.slot_bytes, np.uint8)  # fresh: inline tensors keep viewing it
-        work = self._group.recv([torch.from_numpy(slot)], peer, HEADER_TAG)
-        self._slots_posted[peer] = self._slots_posted.get(peer, 0) + 1
-        assert self._waiter is not None
+        if not counted:
+            self._ledger.posted[peer] += 1
+        if self._waiter is None:  # closed before a deferred repost ran
+            return
+        slot, whole = new_slot(self.slot_bytes)  # fresh: inline tensors keep viewing it
+        try:
+            work = self._group.recv([whole], peer, HEADER_TAG)
+        except RuntimeError as exc:  # gloo refuses at once a receive from a closed link
+            self._ledger.posted[peer] -= 1
+            self._peer_failed(peer, exc)
+            return
         self._waiter.add((peer, "slot"), work, partial(self._on_slot, peer, slot))
 
     def _on_slot(self, peer: int, slot: np.ndarray, exc: BaseException | None) -> None:
-        self._slots_posted[peer] -= 1
+        """A slot from `peer` arrived: deliver its message (or post its payload receives).
+
+        Its replacement is posted after the message was handed over, from a callback the loop
+        runs after the ones already scheduled: the task that the delivery woke runs first, and
+        the other slot receive posted ahead is there meanwhile. Posting it here, before, put
+        the receive's ~10-20 us (gloo tells the sender the receive is ready) between every
+        arrival and its task (bench/transport_torch.py). Slots of one peer are handled in
+        arrival order, so both sides post that peer's NCCL payloads in the same order.
+        """
         if exc is not None:
+            self._ledger.posted[peer] -= 1
             self._peer_failed(peer, exc)
             return
-        n, flags = _PREFIX.unpack_from(slot, 0)
+        n, flags = PREFIX.unpack_from(slot, 0)
         if n == 0:
-            self._goodbye(peer)
+            self._ledger.posted[peer] -= 1
+            self._ledger.goodbye(peer)  # before our close: fine if we expect nothing more
             return
         try:
-            if n > self.slot_bytes - _CONTENT:
+            if n > self.slot_bytes - CONTENT:
                 raise ProtocolError(f"header slot from rank {peer} is malformed",
-                                    rank=self._rank, expected=f"<= {self.slot_bytes - _CONTENT}"
+                                    rank=self._rank, expected=f"<= {self.slot_bytes - CONTENT}"
                                     " bytes of content", got=n)
-            self._route(peer, slot[_CONTENT:_CONTENT + n], flags)
+            self._route(peer, slot[CONTENT:CONTENT + n], flags)
         except AioreadyError as exc:
+            self._ledger.posted[peer] -= 1
             self._raise(exc)
             return
-        self._post_slot(peer)  # slots are handled in arrival order: NCCL payloads match
+        self._waiter.loop.call_soon(self._post_slot, peer, True)  # type: ignore[union-attr]
 
     def _route(self, peer: int, buf: np.ndarray, flags: int) -> None:
         try:
@@ -390,7 +368,7 @@ class TorchDistTransport:
         except ProtocolError as exc:
             raise ProtocolError(exc.what, rank=self._rank, expected=exc.expected,
                                 got=exc.got) from None
-        if len(buf) == layout.inline_len and not flags & _ON_DEVICE:
+        if len(buf) == layout.inline_len and not flags & ON_DEVICE:
             tensors = self._codec.inline_tensors(buf, layout)
             if self._device is not None:
                 tensors = tuple(self._to_device(t) for t in tensors)
@@ -400,7 +378,7 @@ class TorchDistTransport:
             raise ProtocolError(f"header slot from rank {peer} does not match its header",
                                 rank=self._rank, expected=f"{layout.header_len} or "
                                 f"{layout.inline_len} bytes", got=f"{len(buf)} bytes")
-        on_device = bool(flags & _ON_DEVICE)
+        on_device = bool(flags & ON_DEVICE)
         tensors: list[Any] = []
         inbound = _Inbound(header, tensors, sum(1 for n in layout.sizes if n))
         for spec, dtype, n in zip(layout.specs, layout.dtypes, layout.sizes):
@@ -470,31 +448,9 @@ class TorchDistTransport:
                                       rank=self._rank))
 
     # -- closing and failures ---------------------------------------------------------------
-    def _goodbye(self, peer: int, *, all_of_them: bool = False) -> None:
-        self._goodbyes[peer] = SLOT_DEPTH if all_of_them else self._goodbyes.get(peer, 0) + 1
-        if not self._closing:  # a peer left first: fine, as long as we expect nothing from it
-            return
-        if self._all_gone() and self._goodbye_waiter is not None:
-            if not self._goodbye_waiter.done():
-                self._goodbye_waiter.set_result(None)
-
-    def _all_gone(self) -> bool:
-        return all(self._goodbyes.get(p, 0) >= SLOT_DEPTH for p in self._peers())
-
-    async def _wait_goodbyes(self) -> None:
-        if self._all_gone():
-            return
-        self._goodbye_waiter = asyncio.get_running_loop().create_future()
-        try:
-            await asyncio.wait_for(self._goodbye_waiter, CLOSE_TIMEOUT_S)
-        except asyncio.TimeoutError:
-            missing = [p for p in self._peers() if self._goodbyes.get(p, 0) < SLOT_DEPTH]
-            log.warning("rank %d: ranks %s did not close their transports within %.0f s; their "
-                        "slot receives stay posted", self._rank, missing, CLOSE_TIMEOUT_S)
-
     def _peer_failed(self, peer: int, exc: BaseException) -> None:
         if self._closing:  # a peer that died after we said goodbye: nothing is lost
-            self._goodbye(peer, all_of_them=True)
+            self._ledger.goodbye(peer, all_of_them=True)
             return
         if peer in self._lost:  # its other transfers fail too: one error per peer
             return

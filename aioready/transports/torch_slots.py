@@ -1,0 +1,148 @@
+"""The slot framing of TorchDistTransport: what one header slot holds, and its send buffers.
+
+A slot is one transfer on the header tag into a receive of `slot_bytes` posted ahead
+(docs/torchrun.md "The framing, and why"): a prefix (content length, flags), then at `CONTENT`
+the header of transports/header.py, then, when the whole message fits, the CPU payloads, each
+padded to 16 bytes (wire.encode_inline's layout). Gloo lets a send be shorter than the receive it
+matches, so only the used bytes travel. An empty slot (length 0) says goodbye.
+
+Send buffers are reused once their send completed (`SendSlots`): a fresh 64 KiB buffer per
+message cost its page faults, about as much as the copy. Each buffer also keeps the torch views
+of the lengths it was sent with, since slicing a tensor costs about a microsecond and a pipeline
+sends the same few lengths over and over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import struct
+from typing import Any, Callable
+
+import numpy as np
+
+from .tensor_bytes import host_bytes, torch_module
+from .wire import align
+
+__all__ = ["SLOT_BYTES", "CONTENT", "ON_DEVICE", "PREFIX", "SendSlots", "SlotLedger", "new_slot"]
+
+SLOT_BYTES = int(os.environ.get("AIOREADY_TORCH_SLOT_BYTES", 68 << 10))
+PREFIX = struct.Struct("<IB")  # content length (0: goodbye), flags
+CONTENT = 16  # content offset: keeps inline tensors 16-byte aligned (wire.ALIGN)
+ON_DEVICE = 1  # flag: the payload travels through the group's CUDA backend
+FREE_SLOTS = 64  # send buffers kept for reuse
+VIEWS = 8  # lengths remembered per send buffer (more: the shapes do not repeat; forget them)
+
+
+def new_slot(nbytes: int) -> tuple[np.ndarray, Any]:
+    """A slot buffer and the tensor over it (what gloo sends from or receives into)."""
+    array = np.empty(nbytes, np.uint8)
+    return array, torch_module().from_numpy(array)
+
+
+class _Buffer:
+    __slots__ = ("array", "whole", "views")
+
+    def __init__(self, nbytes: int) -> None:
+        self.array, self.whole = new_slot(nbytes)
+        self.views: dict[int, Any] = {}
+
+    def view(self, end: int) -> Any:
+        """The tensor of the first `end` bytes (cached by length)."""
+        views = self.views
+        found = views.get(end)
+        if found is None:
+            if len(views) >= VIEWS:
+                views.clear()
+            found = views[end] = self.whole[:end]
+        return found
+
+
+class SendSlots:
+    """Slot buffers to send from: `inline` packs a whole message into a reused one."""
+
+    def __init__(self, slot_bytes: int) -> None:
+        self.slot_bytes = slot_bytes
+        self.room = slot_bytes - CONTENT
+        self._free: list[_Buffer] = []
+
+    def fits(self, head_len: int, sizes: list[int]) -> bool:
+        """Whether a header of `head_len` bytes and payloads of `sizes` fit one slot."""
+        return align(head_len) + sum(align(n) for n in sizes) <= self.room
+
+    def inline(self, head: bytes, tensors: tuple[Any, ...], sizes: list[int]
+               ) -> tuple[Any, Callable[[], None]]:
+        """The tensor to send (prefix, header and payloads, each payload copied once), and the
+        callback that gives its buffer back once the send completed."""
+        start = CONTENT + align(len(head))
+        end = start
+        for n in sizes:
+            end += align(n)
+        buf = self._free.pop() if self._free else _Buffer(self.slot_bytes)
+        slot = buf.array
+        slot[:start] = 0
+        PREFIX.pack_into(slot, 0, end - CONTENT, 0)
+        slot[CONTENT:CONTENT + len(head)] = np.frombuffer(head, np.uint8)
+        off = start
+        for t, n in zip(tensors, sizes):
+            if n:
+                slot[off:off + n] = host_bytes(t)
+                slot[off + n:off + align(n)] = 0
+                off += align(n)
+        return buf.view(end), lambda: self._give_back(buf)
+
+    def _give_back(self, buf: _Buffer) -> None:
+        if len(self._free) < FREE_SLOTS:
+            self._free.append(buf)
+
+    @staticmethod
+    def control(content: bytes, flags: int) -> Any:
+        """A slot of `content` alone (a header whose payloads follow, or a goodbye), in a fresh
+        buffer of its own length: the posted receive is larger."""
+        slot, whole = new_slot(CONTENT + len(content))
+        PREFIX.pack_into(slot, 0, len(content), flags)
+        slot[CONTENT:CONTENT + len(content)] = np.frombuffer(content, np.uint8)
+        return whole
+
+
+class SlotLedger:
+    """Per peer: slot receives outstanding and goodbyes received, for the closing handshake.
+
+    Each rank keeps `depth` slot receives posted per peer, and a closing rank sends each peer
+    `depth` empty slots, one per receive that peer posted; so a peer is gone once `depth`
+    goodbyes came from it, and a closing rank that stopped reposting (after an error) first
+    posts the receives its peers' goodbyes still need (`missing`). No slot receive then stays
+    posted on the group, and another transport can use it later.
+    """
+
+    def __init__(self, peers: list[int], depth: int) -> None:
+        self.peers = peers
+        self.depth = depth
+        self.posted: dict[int, int] = dict.fromkeys(peers, 0)
+        self._goodbyes: dict[int, int] = dict.fromkeys(peers, 0)
+        self._all_gone: asyncio.Future[None] | None = None
+
+    def missing(self, peer: int) -> int:
+        """Slot receives to post so that every goodbye `peer` still sends has one."""
+        return max(0, self.depth - self._goodbyes[peer] - self.posted[peer])
+
+    def goodbye(self, peer: int, *, all_of_them: bool = False) -> None:
+        """An empty slot came from `peer` (`all_of_them`: it died after we said goodbye)."""
+        self._goodbyes[peer] = self.depth if all_of_them else self._goodbyes[peer] + 1
+        waiter = self._all_gone
+        if waiter is not None and not waiter.done() and not self.staying():
+            waiter.set_result(None)
+
+    def staying(self) -> list[int]:
+        """Peers whose goodbyes did not all arrive."""
+        return [p for p in self.peers if self._goodbyes[p] < self.depth]
+
+    async def wait_all_gone(self, timeout: float) -> list[int]:
+        """Wait (at most `timeout`) for every peer's goodbyes; return the peers still staying."""
+        if self.staying():
+            self._all_gone = asyncio.get_running_loop().create_future()
+            try:
+                await asyncio.wait_for(self._all_gone, timeout)
+            except asyncio.TimeoutError:
+                pass
+        return self.staying()
