@@ -1,0 +1,177 @@
+"""An idle waiting rank on an oversubscribed host: its CPU and how fast a message wakes it.
+
+S MPI ranks share this machine's cores. Every rank but 0 has an MPITransport whose completion
+engine is told its arbiter waits (`set_waiting(True)`, what a RankRuntime with nothing ready
+says), and waits for one message; rank 0 sleeps `--idle-s`, then sends one message to each rank
+in turn, `--gap-ms` apart, so each wakes alone (as a pipeline wakes one rank per message). Per
+waiting rank: process CPU / wall while it waited, the engine's wake-ups a second, and the wake
+delay (the send's CLOCK_MONOTONIC stamp, carried in the message, to the delivery callback).
+
+Variants alternate launch by launch (the fast paths off and on, `AIOREADY_MPI_FAST`, and with
+`--baseline REV` an older commit's aioready), so they share the machine's load; figures are
+medians over ranks per launch, then median [range] over launches.
+
+Run: python -m bench.oversub_idle [--ranks 16] [--launches 5]
+(one launch: mpiexec -n 16 python -m bench.oversub_idle --worker --out f.json)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from .common import median, other_load, write_result
+from .e2e import mpiexec
+from .oversub import ROOT, baseline_tree
+
+FIELDS = ("cpu", "delay", "wakes")
+
+
+def worker(args: argparse.Namespace) -> None:
+    import asyncio
+
+    import numpy as np
+    import torch
+    from mpi4py import MPI
+
+    from aioready.launch import run
+    from aioready.progress import ProgressEngine
+    from aioready.transports.base import Message, MessageKind
+    from aioready.transports.mpi import MPITransport
+
+    comm = MPI.COMM_WORLD
+    S, me = comm.Get_size(), comm.Get_rank()
+
+    async def main() -> list[list[float]]:
+        loop = asyncio.get_running_loop()
+        transport = MPITransport(comm)
+        box: dict[str, Any] = {}
+
+        def deliver(msg: Message) -> None:
+            fut = box.get("fut")
+            if fut is not None and not fut.done():
+                fut.set_result((time.monotonic(), msg))
+
+        transport.open(deliver)
+        engine = ProgressEngine.for_loop()
+        out = []
+        for rep in range(args.repeats):
+            box["fut"] = loop.create_future()
+            if me:
+                engine.set_waiting(True)
+            comm.Barrier()
+            if me == 0:
+                await asyncio.sleep(args.idle_s)
+                for dest in range(1, S):
+                    stamp = torch.tensor([time.monotonic()], dtype=torch.float64)
+                    transport.send_nowait(dest, Message(0, MessageKind.ACTIVATION, 1, rep,
+                                                        (stamp,)))
+                    await asyncio.sleep(args.gap_ms / 1e3)
+                await transport.wait_sent()
+                continue
+            c0, w0, p0 = time.process_time(), time.monotonic(), engine.num_parks
+            got, msg = await box["fut"]
+            wall = got - w0
+            out.append([(time.process_time() - c0) / wall * 100,
+                        (got - float(msg.tensors[0][0])) * 1e3, (engine.num_parks - p0) / wall])
+        comm.Barrier()
+        await transport.close()
+        return out
+
+    mine = np.array(run(main()) or [[0.0] * len(FIELDS)] * args.repeats, np.float64)
+    every = np.zeros((S,) + mine.shape, np.float64) if me == 0 else None
+    comm.Gather(mine, every, root=0)
+    if me == 0:
+        assert every is not None
+        per = {k: every[1:, :, i].ravel().tolist() for i, k in enumerate(FIELDS)}
+        Path(args.out).write_text(json.dumps(per))
+
+
+def launch(S: int, variant: tuple[str, str, dict[str, str]], args: argparse.Namespace,
+           out: Path) -> dict[str, list[float]] | str:
+    label, tree, extra = variant
+    cmd = [mpiexec(), "-n", str(S), sys.executable, "-m", "bench.oversub_idle", "--worker",
+           "--idle-s", str(args.idle_s), "--gap-ms", str(args.gap_ms), "--repeats",
+           str(args.repeats), "--out", str(out), "--tree", tree]
+    try:
+        proc = subprocess.run(cmd, env={**os.environ, **extra}, capture_output=True, text=True,
+                              timeout=600, cwd=ROOT)
+    except subprocess.TimeoutExpired:
+        return "timed out after 600 s"
+    if proc.returncode != 0 or not out.exists():
+        return f"failed (rc {proc.returncode}): {proc.stderr.strip()[-300:]}"
+    return json.loads(out.read_text())  # type: ignore[no-any-return]
+
+
+def _cell(xs: list[float], fmt: str) -> str:
+    return f"{median(xs):{fmt}} [{min(xs):{fmt}}-{max(xs):{fmt}}]"
+
+
+def main(argv: list[str] | None = None) -> str:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--worker", action="store_true", help="one launch (under mpiexec)")
+    ap.add_argument("--ranks", default="16")
+    ap.add_argument("--launches", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=2, help="waits per launch")
+    ap.add_argument("--idle-s", type=float, default=1.0)
+    ap.add_argument("--gap-ms", type=float, default=20.0)
+    ap.add_argument("--fast", default="0,1", help="AIOREADY_MPI_FAST values to alternate")
+    ap.add_argument("--baseline", default="")
+    ap.add_argument("--out", default="")
+    ap.add_argument("--tree", default="")
+    args = ap.parse_args(argv)
+    if args.worker:
+        if args.tree:
+            sys.path.insert(0, args.tree)
+        worker(args)
+        return ""
+    load = os.getloadavg()
+    rows: dict[tuple[int, str], list[dict[str, float]]] = {}
+    failures = []
+    with tempfile.TemporaryDirectory() as tmp:
+        variants = [(f"AIOREADY_MPI_FAST={f}", str(ROOT), {"AIOREADY_MPI_FAST": f})
+                    for f in args.fast.split(",")]
+        if args.baseline:
+            variants.insert(0, (f"commit {args.baseline}",
+                                baseline_tree(args.baseline, Path(tmp)), {}))
+        for S in (int(r) for r in args.ranks.split(",")):
+            for i in range(args.launches):
+                for j, variant in enumerate(variants):
+                    got = launch(S, variant, args, Path(tmp) / f"{S}-{i}-{j}.json")
+                    if isinstance(got, str):
+                        failures.append(f"S={S} {variant[0]} launch {i}: {got}")
+                        continue
+                    row = {k: median(v) for k, v in got.items()}
+                    rows.setdefault((S, variant[0]), []).append(row)
+                    print(f"S={S} {variant[0]} #{i}: {row}", flush=True)
+    lines = ["## An idle waiting rank on an oversubscribed host", "",
+             f"Every rank but 0 waits ~{args.idle_s:g} s for one message (its engine in the "
+             f"waiting state); rank 0 sends them {args.gap_ms:g} ms apart. {args.launches} "
+             f"launches per row, {args.repeats} waits each, the variants alternating; medians "
+             f"over ranks per launch, then median [range]. {os.cpu_count()} cores; "
+             f"{other_load()} at the end.", "",
+             "| S | code | idle waiting rank CPU % | wake delay ms | engine wakes/s |",
+             "|---|---|---|---|---|"]
+    for (S, label), got in rows.items():
+        lines.append(f"| {S} | {label} | {_cell([r['cpu'] for r in got], '.2f')} | "
+                     f"{_cell([r['delay'] for r in got], '.2f')} | "
+                     f"{_cell([r['wakes'] for r in got], '.0f')} |")
+    if failures:
+        lines += ["", "Failed launches:", *[f"- {f}" for f in failures]]
+    body = "\n".join(lines)
+    command = (f"python -m bench.oversub_idle --ranks {args.ranks} --launches {args.launches}"
+               + f" --baseline {args.baseline}" * bool(args.baseline))
+    write_result("oversub_idle", body, command, load=list(load))
+    print(body)
+    return body
+
+
+if __name__ == "__main__":
+    main()
