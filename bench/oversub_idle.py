@@ -7,7 +7,9 @@ in turn, `--gap-ms` apart, so each wakes alone (as a pipeline wakes one rank per
 waiting rank: process CPU / wall while it waited, the engine's wake-ups a second, and the wake
 delay (the send's CLOCK_MONOTONIC stamp, carried in the message, to the delivery callback).
 
-Variants alternate launch by launch (the fast paths off and on, `AIOREADY_MPI_FAST`, and with
+The floor row is the same waits in a blocking `recv` on a datagram socket (no loop, no MPI): the
+OS's own wake-up delay on this host at this load. Variants alternate launch by launch (the
+floor, the fast paths off and on, `AIOREADY_MPI_FAST`, and with
 `--baseline REV` an older commit's aioready), so they share the machine's load; figures are
 medians over ranks per launch, then median [range] over launches.
 
@@ -48,6 +50,9 @@ def worker(args: argparse.Namespace) -> None:
 
     comm = MPI.COMM_WORLD
     S, me = comm.Get_size(), comm.Get_rank()
+    if args.floor:
+        _floor(args, comm, np)
+        return
 
     async def main() -> list[list[float]]:
         loop = asyncio.get_running_loop()
@@ -86,10 +91,46 @@ def worker(args: argparse.Namespace) -> None:
         return out
 
     mine = np.array(run(main()) or [[0.0] * len(FIELDS)] * args.repeats, np.float64)
+    _gather(args, comm, mine, np)
+
+
+def _floor(args: argparse.Namespace, comm: Any, np: Any) -> None:
+    """The machine's floor for the same waits: each rank blocks in `recv` on a datagram socket
+    (no loop, no MPI), and rank 0 sends each the stamp: the OS's own wake-up delay."""
+    import socket
+
+    S, me = comm.Get_size(), comm.Get_rank()
+    token = np.array([os.getpid()], np.int64)
+    comm.Bcast(token, root=0)
+    prefix = f"\0aioready-bench-{int(token[0])}-".encode()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(prefix + str(me).encode())
+    comm.Barrier()
+    out = []
+    for _ in range(args.repeats):
+        comm.Barrier()
+        if me == 0:
+            time.sleep(args.idle_s)
+            for dest in range(1, S):
+                sock.sendto(np.array([time.monotonic()]).tobytes(), prefix + str(dest).encode())
+                time.sleep(args.gap_ms / 1e3)
+            continue
+        c0, w0 = time.process_time(), time.monotonic()
+        data = sock.recv(64)
+        got = time.monotonic()
+        out.append([(time.process_time() - c0) / (got - w0) * 100,
+                    (got - float(np.frombuffer(data, np.float64)[0])) * 1e3, 0.0])
+    comm.Barrier()
+    sock.close()
+    mine = np.array(out or [[0.0] * len(FIELDS)] * args.repeats, np.float64)
+    _gather(args, comm, mine, np)
+
+
+def _gather(args: argparse.Namespace, comm: Any, mine: Any, np: Any) -> None:
+    S, me = comm.Get_size(), comm.Get_rank()
     every = np.zeros((S,) + mine.shape, np.float64) if me == 0 else None
     comm.Gather(mine, every, root=0)
     if me == 0:
-        assert every is not None
         per = {k: every[1:, :, i].ravel().tolist() for i, k in enumerate(FIELDS)}
         Path(args.out).write_text(json.dumps(per))
 
@@ -97,9 +138,11 @@ def worker(args: argparse.Namespace) -> None:
 def launch(S: int, variant: tuple[str, str, dict[str, str]], args: argparse.Namespace,
            out: Path) -> dict[str, list[float]] | str:
     label, tree, extra = variant
+    extra = dict(extra)
+    floor = extra.pop("floor", "")
     cmd = [mpiexec(), "-n", str(S), sys.executable, "-m", "bench.oversub_idle", "--worker",
            "--idle-s", str(args.idle_s), "--gap-ms", str(args.gap_ms), "--repeats",
-           str(args.repeats), "--out", str(out), "--tree", tree]
+           str(args.repeats), "--out", str(out), "--tree", tree] + ["--floor"] * bool(floor)
     try:
         proc = subprocess.run(cmd, env={**os.environ, **extra}, capture_output=True, text=True,
                               timeout=600, cwd=ROOT)
@@ -126,6 +169,7 @@ def main(argv: list[str] | None = None) -> str:
     ap.add_argument("--baseline", default="")
     ap.add_argument("--out", default="")
     ap.add_argument("--tree", default="")
+    ap.add_argument("--floor", action="store_true", help="(worker) blocking socket recv")
     args = ap.parse_args(argv)
     if args.worker:
         if args.tree:
@@ -141,6 +185,7 @@ def main(argv: list[str] | None = None) -> str:
         if args.baseline:
             variants.insert(0, (f"commit {args.baseline}",
                                 baseline_tree(args.baseline, Path(tmp)), {}))
+        variants.insert(0, ("floor: blocking socket recv", str(ROOT), {"floor": "1"}))
         for S in (int(r) for r in args.ranks.split(",")):
             for i in range(args.launches):
                 for j, variant in enumerate(variants):
