@@ -257,6 +257,7 @@ def main(argv: list[str] | None = None) -> str:
     body = "\n".join(lines)
     command = "python -m bench.oversub" + (" --quick" if args.quick else
                                            f" --ranks {args.ranks} --repeats {args.repeats}")
+    command += f" --fast {args.fast}" * (args.fast != "0,1")
     command += f" --baseline {args.baseline}" * bool(args.baseline)
     command += " --busy-sleep" * args.busy_sleep
     write_result("oversub", body, command)
