@@ -212,6 +212,7 @@ def main(argv: list[str] | None = None) -> str:
         lines += ["", "Failed launches:", *[f"- {f}" for f in failures]]
     body = "\n".join(lines)
     command = (f"python -m bench.oversub_idle --ranks {args.ranks} --launches {args.launches}"
+               + f" --fast {args.fast}" * (args.fast != "0,1")
                + f" --baseline {args.baseline}" * bool(args.baseline))
     write_result("oversub_idle", body, command, load=list(load))
     print(body)
