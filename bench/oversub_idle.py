@@ -13,7 +13,7 @@ floor, the fast paths off and on, `AIOREADY_MPI_FAST`, and with
 `--baseline REV` an older commit's aioready), so they share the machine's load; figures are
 medians over ranks per launch, then median [range] over launches.
 
-Run: python -m bench.oversub_idle [--ranks 16] [--launches 5]
+Run: python -m bench.oversub_idle [--quick] [--ranks 16] [--launches 5]
 (one launch: mpiexec -n 16 python -m bench.oversub_idle --worker --out f.json)
 """
 
@@ -160,6 +160,7 @@ def _cell(xs: list[float], fmt: str) -> str:
 def main(argv: list[str] | None = None) -> str:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--worker", action="store_true", help="one launch (under mpiexec)")
+    ap.add_argument("--quick", action="store_true", help="8 ranks, 2 launches")
     ap.add_argument("--ranks", default="16")
     ap.add_argument("--launches", type=int, default=5)
     ap.add_argument("--repeats", type=int, default=2, help="waits per launch")
@@ -176,6 +177,8 @@ def main(argv: list[str] | None = None) -> str:
             sys.path.insert(0, args.tree)
         worker(args)
         return ""
+    if args.quick:
+        args.ranks, args.launches = "8", 2
     load = os.getloadavg()
     rows: dict[tuple[int, str], list[dict[str, float]]] = {}
     failures = []
@@ -211,7 +214,9 @@ def main(argv: list[str] | None = None) -> str:
     if failures:
         lines += ["", "Failed launches:", *[f"- {f}" for f in failures]]
     body = "\n".join(lines)
-    command = (f"python -m bench.oversub_idle --ranks {args.ranks} --launches {args.launches}"
+    command = ("python -m bench.oversub_idle --quick" if args.quick else
+               f"python -m bench.oversub_idle --ranks {args.ranks} --launches {args.launches}")
+    command = (command
                + f" --fast {args.fast}" * (args.fast != "0,1")
                + f" --baseline {args.baseline}" * bool(args.baseline))
     write_result("oversub_idle", body, command, load=list(load))
