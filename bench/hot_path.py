@@ -16,25 +16,30 @@ import argparse
 import asyncio
 import cProfile
 import io
+import os
 import pstats
 import time
 from typing import Any, Callable
 
-from .common import median, write_result
+from .common import median, other_load, write_result
 
 
-def per_call(fn: Callable[[], Any], n: int, repeats: int) -> float:
-    """Median over repeats of the mean time of one call (us)."""
+def _spread(xs: list[float], fmt: str) -> str:
+    return f"{median(xs):{fmt}} [{min(xs):{fmt}}-{max(xs):{fmt}}]"
+
+
+def per_call(fn: Callable[[], Any], n: int, repeats: int) -> list[float]:
+    """The mean time of one call (us), once per repeat."""
     out = []
     for _ in range(repeats):
         t0 = time.perf_counter_ns()
         for _ in range(n):
             fn()
         out.append((time.perf_counter_ns() - t0) / n / 1000)
-    return median(out)
+    return out
 
 
-def message_pieces(n: int, repeats: int, nbytes: int = 8) -> list[tuple[str, float]]:
+def message_pieces(n: int, repeats: int, nbytes: int = 8) -> list[tuple[str, list[float]]]:
     import numpy as np
     import torch
     from mpi4py import MPI
@@ -89,7 +94,7 @@ def message_pieces(n: int, repeats: int, nbytes: int = 8) -> list[tuple[str, flo
     return rows
 
 
-def task_pieces(n: int, repeats: int) -> list[tuple[str, float]]:
+def task_pieces(n: int, repeats: int) -> list[tuple[str, list[float]]]:
     from aioready.arbiter import Wakeup
     from aioready.devices.base import TaskInfo
     from aioready.devices.cpu import CPUDevice
@@ -110,15 +115,15 @@ def task_pieces(n: int, repeats: int) -> list[tuple[str, float]]:
         while (task := rs.pop_nowait()) is not None:
             rs.done(task)
 
-    rows.append(("task: ReadySet push + pop + done", per_call(decisions, max(1, n // 100),
-                                                             repeats) / len(order)))
+    rows.append(("task: ReadySet push + pop + done", [
+        us / len(order) for us in per_call(decisions, max(1, n // 100), repeats)]))
     rows.append(("task: TaskInfo + Span objects", per_call(
         lambda: (TaskInfo(0, 0, 0, 0, 1, Kind.F), Span(0, 0, 0, 1, Kind.F, 0.0, 0.0, 0.0)),
         n, repeats)))
     rows.append(("task: Task(...) and its hash (a dict key ~20 times a task)", per_call(
         lambda: hash(Task(Kind.B, 3, 0)), n, repeats)))
 
-    async def await_device(device: Any, k: int) -> float:
+    async def await_device(device: Any, k: int) -> list[float]:
         info = TaskInfo(0, 0, 0, 0, 0, Kind.F)
         fn = tuple
         out = []
@@ -127,9 +132,9 @@ def task_pieces(n: int, repeats: int) -> list[tuple[str, float]]:
             for _ in range(k):
                 await device.run(info, fn)
             out.append((time.perf_counter_ns() - t0) / k / 1000)
-        return median(out)
+        return out
 
-    async def wake_cost(k: int) -> float:
+    async def wake_cost(k: int) -> list[float]:
         wakeup = Wakeup()
         out = []
 
@@ -145,12 +150,12 @@ def task_pieces(n: int, repeats: int) -> list[tuple[str, float]]:
                 wakeup.notify()
                 await asyncio.sleep(0)
             out.append((time.perf_counter_ns() - t0) / k / 1000)
-        return median(out)
+        return out
 
-    async def loop_pass(k: int) -> float:
-        return median([await _passes(k) for _ in range(repeats)])
+    async def loop_pass(k: int) -> list[float]:
+        return [await _passes(k) for _ in range(repeats)]
 
-    async def main() -> list[tuple[str, float]]:
+    async def main() -> list[tuple[str, list[float]]]:
         cpu = CPUDevice(inline_below_s=0.0)
         fast = CPUDevice(inline_below_s=100e-6)
         try:
@@ -186,7 +191,7 @@ def _run(coro: Any) -> Any:
         return asyncio.run(coro)
 
 
-def whole_step(S: int, M: int, repeats: int, profile: bool) -> tuple[float, str]:
+def whole_step(S: int, M: int, repeats: int, profile: bool) -> tuple[list[float], str]:
     """us per zero-length task of a whole in-process step on the inline device, and a profile."""
     import aioready
     from aioready.devices.inline import InlineDevice
@@ -202,7 +207,7 @@ def whole_step(S: int, M: int, repeats: int, profile: bool) -> tuple[float, str]
             out.append((time.perf_counter() - t0) / (2 * S * M) * 1e6)
         return out
 
-    us = median(_run(main()))
+    us = _run(main())
     text = ""
     if profile:
         prof = cProfile.Profile()
@@ -221,19 +226,23 @@ def main(argv: list[str] | None = None) -> str:
     ap.add_argument("--profile", action="store_true", help="add a cProfile of a whole step")
     args = ap.parse_args(argv)
     n, reps = (2000, 5) if args.quick else (20000, 9)
+    load = os.getloadavg()
     rows = message_pieces(n, reps) + [
         row for row in message_pieces(max(1, n // 10), reps, 64 << 10)
         if "64 KiB" in row[0]] + task_pieces(n, reps)
-    lines = ["## The hot path, piece by piece (median us per call, one process)", "",
+    lines = ["## The hot path, piece by piece (us per call, one process)", "",
+             f"Median [min-max] over {reps} repeats; {other_load()} after the pieces.", "",
              "| piece | us |", "|---|---|"]
-    lines += [f"| {name} | {us:.2f} |" for name, us in rows]
-    step_us, prof = whole_step(4, 64, 3 if args.quick else 7, args.profile)
+    lines += [f"| {name} | {_spread(us, '.2f')} |" for name, us in rows]
+    step_us, prof = whole_step(4, 64, 5 if args.quick else 7, args.profile)
     lines += ["", f"Whole in-process step, S=4 M=64 1f1b, zero-length tasks on the inline device "
-              f"(4 ranks on one loop, reserving policy): {step_us:.1f} us per task.", ""]
+              f"(4 ranks on one loop, reserving policy): {_spread(step_us, '.1f')} us per task "
+              f"({len(step_us)} steps).", ""]
     if prof:
         lines += ["```", prof.strip(), "```"]
     body = "\n".join(lines)
-    write_result("hot_path", body, "python -m bench.hot_path" + " --quick" * args.quick)
+    write_result("hot_path", body, "python -m bench.hot_path" + " --quick" * args.quick
+                 + " --profile" * args.profile, load=list(load))
     print(body)
     return body
 

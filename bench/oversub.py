@@ -141,7 +141,9 @@ def summarize(run: dict[str, Any]) -> dict[str, float]:
     wait_hz = [p / w for p, w in zip(pr["wait_parks"], pr["wait_s"]) if w > 0]
     run_hz = [p / w for p, w in zip(pr["run_parks"], pr["run_s"]) if w > 0]
     over = run["overrun_ms"]
-    return {"wait_cpu": median(wait_pct), "run_cpu": median(run_pct),
+    tasks = 2 * run["microbatches"] * len(run["step_ms"])  # 1F1B: an F and a B per microbatch
+    task_us = [(c + d) / tasks * 1e6 for c, d in zip(pr["wait_cpu_s"], pr["run_cpu_s"])]
+    return {"task_cpu_us": median(task_us), "wait_cpu": median(wait_pct), "run_cpu": median(run_pct),
             "wait_hz": median(wait_hz), "run_hz": median(run_hz),
             "overrun_med": median(over), "overrun_p90": _pct(over, 0.9),
             "step_ratio": median(run["step_ms"]) / run["ideal_ms"],
@@ -181,7 +183,8 @@ def _cell(xs: list[float], fmt: str) -> str:
     return f"{median(xs):{fmt}} [{min(xs):{fmt}}-{max(xs):{fmt}}]"
 
 
-COLUMNS = (("wait_cpu", "waiting rank CPU %", ".2f"), ("run_cpu", "CPU % while a task runs",
+COLUMNS = (("task_cpu_us", "CPU us per task (all of it runtime)", ".0f"),
+           ("wait_cpu", "waiting rank CPU %", ".2f"), ("run_cpu", "CPU % while a task runs",
            ".2f"), ("wait_hz", "engine wakes/s waiting", ".0f"),
            ("run_hz", "engine wakes/s in a task", ".0f"),
            ("overrun_med", "task overrun median ms", ".2f"),
@@ -254,6 +257,7 @@ def main(argv: list[str] | None = None) -> str:
     body = "\n".join(lines)
     command = "python -m bench.oversub" + (" --quick" if args.quick else
                                            f" --ranks {args.ranks} --repeats {args.repeats}")
+    command += f" --fast {args.fast}" * (args.fast != "0,1")
     command += f" --baseline {args.baseline}" * bool(args.baseline)
     command += " --busy-sleep" * args.busy_sleep
     write_result("oversub", body, command)

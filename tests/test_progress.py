@@ -218,6 +218,11 @@ class BellSource(FakeSource):
         self.armed = False
         self.num_armed = 0
         self.num_rung = 0
+        self.num_polls = 0
+
+    def poll(self) -> int:
+        self.num_polls += 1
+        return super().poll()
 
     def arm_doorbell(self) -> bool:
         if self.can_arm:
@@ -328,3 +333,39 @@ def test_a_missed_ring_is_found_by_the_backstop_and_counted() -> None:
     took, engine = run_virtual(main())
     assert 0.0 < took <= 50e-3 + 1e-9, took
     assert engine.num_missed_rings == 1 and engine.num_rings == 0
+
+
+@pytest.mark.parametrize("spin_s", [0.0, 2e-3], ids=["oversubscribed", "spin-window"])
+def test_starting_to_wait_leaves_a_doorbell_park_alone_without_a_spin_window(
+        spin_s: float) -> None:
+    """An arbiter that starts waiting while the engine is parked on its doorbells (it parked
+    there while the previous wait ended, and stayed through the task) needs no kick when there
+    is no spin window to start: the next message rings anyway. The park goes on (no new poll,
+    no new doorbell park), and the item that arrives then is completed at once. With a spin
+    window the kick still ends the park (the engine polls again; hot polls on a real clock)."""
+    async def main() -> tuple[float, int, int, ProgressEngine]:
+        loop = asyncio.get_running_loop()
+        engine = ProgressEngine(loop, ProgressConfig(spin_s=spin_s, bell_backstop_s=50e-3))
+        src = BellSource(loop, engine)
+        engine.add_source(src)
+        engine.set_waiting(True)
+        fut = src.add(100.0)
+        await asyncio.sleep(0.0203)  # parked on the doorbell by now (after any spin window)
+        engine.set_waiting(False)
+        assert src.armed
+        parks, polls = engine.num_doorbell_parks, src.num_polls
+        engine.set_waiting(True)
+        await asyncio.sleep(0.001)
+        parks, polls = engine.num_doorbell_parks - parks, src.num_polls - polls
+        t0 = loop.time()
+        src.arrive()
+        done = await fut
+        engine.close()
+        return done - t0, parks, polls, engine
+
+    took, parks, polls, engine = run_virtual(main())
+    assert took == 0.0 and engine.num_rings == 1, took
+    if spin_s:
+        assert polls >= 1
+    else:
+        assert parks == 0 and polls == 0, (parks, polls)

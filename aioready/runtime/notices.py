@@ -27,7 +27,7 @@ NOTICE_B = 1 << 31
 class Notices:
     """Whom one rank tells when its tasks start, and what a peer's notice means there."""
 
-    __slots__ = ("rank", "stages", "_targets", "_chunk_of")
+    __slots__ = ("rank", "stages", "_targets", "_chunk_of", "_tasks")
 
     def __init__(self, rank: int, placement: Placement, stages: Sequence[int]) -> None:
         self.rank = rank
@@ -35,6 +35,9 @@ class Notices:
         self._chunk_of = {stage: chunk for chunk, stage in reversed(list(enumerate(stages)))}
         # (chunk, kind) -> (peer rank, the peer's stage, tag bit): outputs that leave the rank
         self._targets: dict[tuple[int, Kind], tuple[int, int, int]] = {}
+        # (stage, microbatch, NOTICE_B bit) -> the Task a notice names, once checked: one
+        # lookup per notice (a notice per task that feeds a peer) instead of a new Task
+        self._tasks: dict[tuple[int, int, int], Task] = {}
         last = placement.num_stages - 1
         for chunk, stage in enumerate(self.stages):
             if stage < last and placement.rank_of(stage + 1) != rank:
@@ -59,11 +62,15 @@ class Notices:
 
     def read(self, msg: Message, num_microbatches: int) -> tuple[Task, float]:
         """The local task a peer's notice is about, and the duration it announced."""
-        chunk = self._chunk_of.get(msg.stage)
-        if chunk is None or not 0 <= msg.microbatch < num_microbatches:
-            raise ProtocolError("notice for a task this rank does not hold", rank=self.rank,
-                                step=msg.step, expected=f"stages {list(self.stages)}",
-                                got=msg.describe())
         tag = msg.tag
-        return (Task(Kind.B if tag & NOTICE_B else Kind.F, msg.microbatch, chunk),
-                decode_duration(tag & ~NOTICE_B))
+        key = (msg.stage, msg.microbatch, tag & NOTICE_B)
+        task = self._tasks.get(key)
+        if task is None:
+            chunk = self._chunk_of.get(msg.stage)
+            if chunk is None or not 0 <= msg.microbatch < num_microbatches:
+                raise ProtocolError("notice for a task this rank does not hold",
+                                    rank=self.rank, step=msg.step,
+                                    expected=f"stages {list(self.stages)}", got=msg.describe())
+            task = self._tasks[key] = Task(Kind.B if tag & NOTICE_B else Kind.F,
+                                           msg.microbatch, chunk)
+        return task, decode_duration(tag & ~NOTICE_B)

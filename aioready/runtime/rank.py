@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 from functools import partial
-from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, NoReturn, Protocol, Sequence
 
 from ..arbiter import ReadyQueue, Wakeup, run_arbiter
 from ..clock import clock_of
@@ -104,6 +104,11 @@ class RankRuntime:
         self._senders = {task: self.placement.rank_of(self.stages[task.chunk] +
                                                       (1 if need is Need.GRAD else -1))
                          for task, need in self._needs.messages.items()}
+        # (kind, stage, microbatch) of a message -> the task it feeds: one lookup per message,
+        # where _route found the chunk, built the Task and checked it (the checks stay for the
+        # messages that miss, to name what is wrong)
+        self._inbox = {(MessageKind.ACTIVATION if task.kind is Kind.F else MessageKind.GRADIENT,
+                        self.stages[task.chunk], task.microbatch): task for task in self._senders}
         self.forecast: Forecast | None = None
         # activation bytes: measured on real stages, modelled in the simulator, gated by
         # `memory` (held_bytes.py; ready_set Note [byte gate])
@@ -313,24 +318,12 @@ class RankRuntime:
         self._wakeup.fail(exc)
 
     def _route(self, msg: Message) -> None:
-        if msg.stage not in self.stages:
-            raise ProtocolError("message for a stage this rank does not hold", rank=self.rank,
-                                step=msg.step, expected=f"stages {list(self.stages)}",
-                                got=msg.describe())
-        if not 0 <= msg.microbatch < self.num_microbatches:
-            raise ProtocolError("message for an unknown microbatch", rank=self.rank,
-                                step=msg.step, expected=f"0..{self.num_microbatches - 1}",
-                                got=msg.describe())
-        chunk = self.stages.index(msg.stage)
+        task = self._inbox.get((msg.kind, msg.stage, msg.microbatch))
+        if task is None:
+            self._unroutable(msg)
+        chunk = task.chunk
         key = (chunk, msg.microbatch)
-        if msg.kind is MessageKind.ACTIVATION:
-            store, task = self._acts, Task(Kind.F, msg.microbatch, chunk)
-        else:
-            store, task = self._grads, Task(Kind.B, msg.microbatch, chunk)
-        if task not in self._senders:
-            raise ProtocolError("message kind that this stage never receives", rank=self.rank,
-                                step=msg.step, expected="activations for stages > 0, gradients "
-                                "for stages < last", got=msg.describe())
+        store = self._acts if task.kind is Kind.F else self._grads
         if key in store or self._missing.get(task, 0) <= 0:
             raise ProtocolError("duplicate message", rank=self.rank, step=msg.step,
                                 task=task, expected="one message per task", got=msg.describe())
@@ -342,6 +335,20 @@ class RankRuntime:
             if msg.kind is MessageKind.ACTIVATION and msg.tag:
                 self.forecast.carry(msg.microbatch, msg.tag / COST_UNIT)
         self._satisfy(task)
+
+    def _unroutable(self, msg: Message) -> NoReturn:
+        """Raise the ProtocolError that says why `msg` feeds no task of this rank."""
+        if msg.stage not in self.stages:
+            raise ProtocolError("message for a stage this rank does not hold", rank=self.rank,
+                                step=msg.step, expected=f"stages {list(self.stages)}",
+                                got=msg.describe())
+        if not 0 <= msg.microbatch < self.num_microbatches:
+            raise ProtocolError("message for an unknown microbatch", rank=self.rank,
+                                step=msg.step, expected=f"0..{self.num_microbatches - 1}",
+                                got=msg.describe())
+        raise ProtocolError("message kind that this stage never receives", rank=self.rank,
+                            step=msg.step, expected="activations for stages > 0, gradients "
+                            "for stages < last", got=msg.describe())
 
     # -- the step -------------------------------------------------------------------------
     def open(self) -> None:

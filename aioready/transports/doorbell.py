@@ -111,9 +111,10 @@ class Doorbell:
             pass
 
     def drain(self) -> None:
+        """Read one datagram: a second one (two peers rang) keeps the socket readable, and the
+        loop calls the reader again, so no extra `recv` (and its EAGAIN) per wake-up."""
         try:
-            while True:
-                self._sock.recv(64)  # type: ignore[union-attr]
+            self._sock.recv(64)  # type: ignore[union-attr]
         except OSError:
             pass
 
