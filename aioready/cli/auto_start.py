@@ -1,4 +1,5 @@
-"""`aioready train` with hint "auto" and nothing fixed: where the pipeline starts, agreed by all ranks.
+"""`aioready train` with hint "auto" and nothing fixed: where the pipeline starts, agreed by
+all ranks.
 
 The default run (`aioready train` with no --hint) is hint="auto": after its first step the
 pipeline simulates its candidate schedules on the measured durations and switches to the
@@ -98,20 +99,11 @@ async def agreed_start(cfg: Any, *, num_ranks: int | None, comm: Any) -> Start |
                             cap=cfg.cap)
     if comm is None or comm.Get_size() == 1:
         return await asyncio.to_thread(choose)
-    from ..telemetry.gather import broadcast_ints
-    width = 6 + (num_ranks or cfg.stages)  # Start.encode: split, budget, Choice.encode
-    start, error = None, None
-    if comm.Get_rank() == 0:
-        try:  # in a thread: the loop keeps serving the transport meanwhile
-            start = await asyncio.to_thread(choose)
-        except Exception as exc:  # the others must not wait for a start that never comes
-            error = exc
-    values = await broadcast_ints(comm, None if comm.Get_rank() else [-1] * width
-                                  if start is None else start.encode(), width)
-    if error is not None:
-        raise error
-    if values[0] < 0:
-        raise ConfigError("hint='auto': rank 0 found no schedule to start from",
-                          rank=comm.Get_rank(), expected="a start from rank 0",
-                          got="its error (see rank 0's output)")
-    return start if start is not None else Start.decode(values)
+    from ..telemetry.gather import root_decides
+
+    async def decide() -> Start:  # in a thread: the loop keeps serving the transport meanwhile
+        return await asyncio.to_thread(choose)
+    return await root_decides(comm, decide if comm.Get_rank() == 0 else None,
+                              6 + (num_ranks or cfg.stages),  # split, budget, Choice.encode
+                              encode=Start.encode, decode=Start.decode,
+                              what="schedule to start from")

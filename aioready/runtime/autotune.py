@@ -186,7 +186,7 @@ class AutoTuning:
         return choose() if virtual else await asyncio.to_thread(choose)
 
     async def _agree_mpi(self, pipe: Any, mine: list[StepReport]) -> Choice:
-        from ..telemetry.gather import broadcast_ints, gather_reports
+        from ..telemetry.gather import gather_reports, root_decides
         comm = self.auto.comm
         if comm is None:
             from mpi4py import MPI
@@ -196,24 +196,14 @@ class AutoTuning:
                               expected=f"{pipe.hint.num_ranks} ranks",
                               got=f"{comm.Get_size()}", fix="pass AutoHint(comm=...)")
         gathered = await gather_reports(mine, comm)
-        width = 4 + pipe.hint.num_ranks  # Choice.encode: hint, placement, mode, policy, caps
-        choice: Choice | None = None
-        error: BaseException | None = None
-        if gathered is not None:  # the root decides
-            try:
-                choice = await self._choose([report for report, _ in gathered], pipe)
-            except Exception as exc:  # the others must not wait for a choice that never comes
-                error = exc
-        values = await broadcast_ints(
-            comm, None if gathered is None else [-1] * width if choice is None
-            else choice.encode(), width)
-        if error is not None:
-            raise error
-        if values[0] < 0:
-            raise ConfigError("hint='auto': the deciding rank found no schedule to switch to",
-                              rank=comm.Get_rank(), expected="a choice from rank 0",
-                              got="its error (see rank 0's output)")
-        return choice if choice is not None else Choice.decode(values)
+        reports = None if gathered is None else [report for report, _ in gathered]
+
+        async def decide() -> Choice:  # the root decides
+            return await self._choose(reports, pipe)
+        return await root_decides(comm, None if reports is None else decide,
+                                  4 + pipe.hint.num_ranks,  # hint, placement, mode, policy, caps
+                                  encode=Choice.encode, decode=Choice.decode,
+                                  what="schedule to switch to")
 
 
 def _check_every_rank(choice: Choice, order: HintOrder) -> None:

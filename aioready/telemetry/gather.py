@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import math
-from typing import Any, Sequence
+from typing import Any, Awaitable, Callable, Sequence, TypeVar
 
+from ..errors import ConfigError
 from .spans import SPAN_COLUMNS, StepReport, spans_from_array, spans_to_array
 
-__all__ = ["gather_reports", "merge_rows", "reduce_sum", "broadcast_ints", "barrier",
-           "STEP_COLUMNS"]
+__all__ = ["gather_reports", "merge_rows", "reduce_sum", "broadcast_ints", "root_decides",
+           "barrier", "STEP_COLUMNS"]
 
 STEP_COLUMNS = ("step", "start", "end", "peak_in_flight", "loss", "num_ranks", "rank",
                 "has_loss", "peak_activation_bytes")
@@ -97,6 +98,32 @@ async def broadcast_ints(comm: Any, values: Sequence[int] | None, count: int, *,
         raise ValueError(f"broadcast_ints: {buf.shape[0]} values, expected {count}")
     await _wait(comm.Ibcast(buf, root=root))
     return [int(v) for v in buf]
+
+
+T = TypeVar("T")
+
+
+async def root_decides(comm: Any, decide: Callable[[], Awaitable[T]] | None, count: int, *,
+                       encode: Callable[[T], Sequence[int]],
+                       decode: Callable[[Sequence[int]], T], what: str) -> T:
+    """Rank 0 runs `decide` (the other ranks pass None) and every rank returns its answer,
+    sent as `count` integers. Rank 0's error is raised on rank 0 and a ConfigError naming it on
+    the others, after the broadcast: no rank waits for an answer that never comes."""
+    answer: T | None = None
+    error: BaseException | None = None
+    if decide is not None:
+        try:
+            answer = await decide()
+        except Exception as exc:
+            error = exc
+    values = await broadcast_ints(comm, None if decide is None else [-1] * count
+                                  if answer is None else list(encode(answer)), count)
+    if error is not None:
+        raise error
+    if values[0] < 0:
+        raise ConfigError(f"hint='auto': rank 0 found no {what}", rank=comm.Get_rank(),
+                          expected=f"{what} from rank 0", got="its error (see rank 0's output)")
+    return answer if answer is not None else decode(values)
 
 
 def merge_rows(span_rows: Any, step_rows: Any) -> list[tuple[StepReport, float | None]]:
