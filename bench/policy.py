@@ -100,6 +100,7 @@ _HINTS = ("1f1b", "bf", "zb-h1", "bfw", "zbv", "interleaved-1f1b", "zb-h2", "int
 CONFIGS: list[Config] = [
     *(Config(h) for h in _HINTS),  # ready, the default (reserving) policy
     *(Config(h, label=f"greedy {h}", kwargs=(("policy", "greedy"),)) for h in _HINTS),
+    *(Config(h, label=f"light {h}", kwargs=(("policy", "light"),)) for h in _HINTS),
     Config("auto", label="auto", baseline="1f1b", split=False, budgets=("2x",)),
     Config("auto", label="auto split", baseline="1f1b", split=True, budgets=("2x",)),
     # the same memory on every rank: twice what strict 1F1B holds on its fullest rank (2S), the
@@ -326,6 +327,10 @@ def _summary(units: list[dict[str, Any]]) -> dict[str, Any]:
                                            for u in units) if same else None,
                          "eff": median(u["rows"][name]["eff"] for u in units),
                          "ord": median(u["rows"][name]["ord"] for u in units),
+                         # per seed, in seed order (policy.json; docs/policy.md reads tuning
+                         # and validation seeds apart)
+                         "eff_seeds": [u["rows"][name]["eff"] for u in units],
+                         "speedup_seeds": speed,
                          "peak": max(u["rows"][name]["peak"] for u in units),
                          "cap0": units[0]["rows"][name]["cap0"]}
     return out
