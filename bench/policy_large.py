@@ -87,6 +87,13 @@ def one_jitter(S: int, jitter: str, seed: int, budget: str) -> dict[str, Any]:
             "cpu_s": time.process_time() - began}
 
 
+def _budget_text(budget: str) -> str:
+    """'2x': relative to strict 1F1B per rank; a count: the same on every rank."""
+    if budget.endswith("x"):
+        return f"{budget} of strict 1F1B's peak on each rank"
+    return f"{budget} on every rank"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--stages", type=int, default=128)
@@ -106,7 +113,7 @@ def main() -> None:
              "vs split = strict 1F1B with split backward on the same durations / step time; "
              "efficiency = lower bound / step time; in-order = in_order_bound / step time; "
              "peak = the largest in-flight count on any rank (strict 1F1B's is S). auto's "
-             f"budget: {args.budget} of strict 1F1B's peak on each rank.", "",
+             f"budget: {_budget_text(args.budget)}.", "",
              "| jitter | configuration | step | vs unsplit 1F1B | vs split 1F1B | efficiency "
              "| in-order | peak |", "|---|---|---|---|---|---|---|---|"]
     hint, policy, times = REFERENCE
