@@ -111,6 +111,11 @@ class Forecast:
         """A message said how costly `microbatch` was upstream (clamped: it is a peer's word)."""
         self._factor[microbatch] = min(MAX_FACTOR, max(1 / MAX_FACTOR, factor))
 
+    def carried(self, microbatch: int) -> float | None:
+        """The cost factor `microbatch`'s activation carried here, None before one did
+        (ready_set Note [light first])."""
+        return self._factor.get(microbatch)
+
     def notice(self, task: Task, duration: float) -> None:
         """The feeder of our `task` started now and takes about `duration`."""
         self._feeder[(task.chunk, task.kind)] = duration

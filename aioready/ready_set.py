@@ -18,6 +18,15 @@ microbatch larger than the budget still runs, alone) or when the bytes held plus
 bytes fit the budget. Under the reservation the hint's own next entry F is never held (the order
 alone must always go on, as with a count cap at or above the hint's peak), and one admitted
 ahead of the order must also fit the byte room above what the order holds at its peak.
+
+Note [light first]: with `lightness` (the `light` policy, docs/policy.md "Light first"), a
+forward of the entry chunk whose microbatch's carried cost factor is below OVERTAKE times that of
+the best-ranked one runs first. A microbatch that is slow on every stage (multimodal) otherwise
+leads a convoy: each stage runs forwards in microbatch order, so the light ones behind it wait
+for it on every stage. Only microbatches whose factor arrived with their activation take part
+(not the first stage's, whose cost nobody knows yet). A third heap keyed by (factor, rank)
+keeps the decision O(log n); the choice is among admissible ready tasks, so greedy's liveness
+argument holds unchanged.
 """
 
 from __future__ import annotations
@@ -31,11 +40,15 @@ from .held_bytes import HeldBytes
 from .in_flight import InFlight, is_entry
 from .tasks import Task
 
-__all__ = ["ReadySet", "ReadySetStatistics", "InFlightReport", "Fits"]
+__all__ = ["ReadySet", "ReadySetStatistics", "InFlightReport", "Fits", "OVERTAKE"]
 
 Fits = Callable[[Task, Task], bool]
 """`fits(candidate, reserved)`: may `candidate` run now without delaying `reserved`
 (forecast.py)."""
+
+OVERTAKE = 2 / 3
+"""Note [light first]: a forward overtakes the best-ranked one when its microbatch costs less
+than this fraction of it: clearly lighter, not within the noise of two ordinary ones."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +95,7 @@ class ReadySet(InFlightReport):
     """
 
     __slots__ = ("_priority", "_main", "_entry", "_cap", "flight", "_order", "_pos", "_ready",
-                 "_strict", "_fits", "_taken", "_ahead", "_room", "_held")
+                 "_strict", "_fits", "_taken", "_ahead", "_room", "_held", "_light", "_factor")
 
     def __init__(
         self,
@@ -96,6 +109,7 @@ class ReadySet(InFlightReport):
         reserve_peak: int = 0,
         fits: Fits | None = None,
         held: HeldBytes | None = None,
+        lightness: Callable[[int], float | None] | None = None,
     ) -> None:
         if cap < 1:
             raise ConfigError("cap must admit at least one microbatch", expected=">= 1", got=cap)
@@ -120,6 +134,9 @@ class ReadySet(InFlightReport):
         self._room = cap - reserve_peak  # how many may be held ahead of it
         # Note [byte gate]: the ledger is the runtime's to write; here it is only asked
         self._held = held if held is not None and held.budget is not None else None
+        # Note [light first]: microbatch -> carried cost factor (None: not known)
+        self._factor = lightness if not self._strict and self._fits is None else None
+        self._light: list[tuple[float, int, Task]] = []
 
     def _opens(self, task: Task) -> bool:
         """Whether the gate admits entry F `task` now (count, or Note [byte gate])."""
@@ -134,6 +151,10 @@ class ReadySet(InFlightReport):
             return
         heap = self._entry if is_entry(task) else self._main
         heapq.heappush(heap, (self._priority[task], task))
+        if self._factor is not None and heap is self._entry:
+            factor = self._factor(task.microbatch)
+            if factor is not None:
+                heapq.heappush(self._light, (factor, self._priority[task], task))
 
     def pop_nowait(self) -> Task | None:
         """The task to run now, or None if nothing admissible is ready."""
@@ -142,14 +163,34 @@ class ReadySet(InFlightReport):
         if self._fits is not None:
             return self._pop_reserving()
         main, entry = self._main, self._entry
+        if self._factor is not None:  # entries taken from the light heap are dropped lazily
+            while entry and entry[0][1] not in self._ready:
+                heapq.heappop(entry)
         if entry and self._opens(entry[0][1]) and (not main or entry[0][0] < main[0][0]):
-            task = heapq.heappop(entry)[1]
+            task = self._lighter(entry[0][1]) if self._light else None
+            if task is None:
+                task = heapq.heappop(entry)[1]
             self.flight.admit(task.microbatch)
         elif main:
             task = heapq.heappop(main)[1]
         else:
             return None
         self._ready.discard(task)
+        return task
+
+    def _lighter(self, best: Task) -> Task | None:
+        """Note [light first]: the lightest ready entry forward, taken off its heap, if it costs
+        less than OVERTAKE times `best`; else None."""
+        light, ready = self._light, self._ready
+        while light and light[0][2] not in ready:
+            heapq.heappop(light)
+        if not light:
+            return None
+        factor, _, task = light[0]
+        mine = self._factor(best.microbatch)  # type: ignore[misc]
+        if mine is None or factor >= OVERTAKE * mine or not self._opens(task):
+            return None
+        heapq.heappop(light)
         return task
 
     def _pop_reserving(self) -> Task | None:

@@ -1,7 +1,8 @@
 """Arbiter decision cost and whole-runtime overhead per task.
 
 - decision: push + pop_nowait + done of every task of one rank, divided by the task count, with
-  8, 64 and 512 tasks per rank (median of repeats). Goal: < 5 us.
+  8, 64 and 512 tasks per rank (median of repeats), greedy and `light` (every third
+  microbatch three times as costly, so light ones overtake). Goal: < 5 us.
 - overhead: a whole in-process pipeline step with zero-duration sim tasks and no compute, wall time
   divided by the number of tasks, on uvloop and on the default asyncio loop. Goal: < 50 us.
 
@@ -27,7 +28,7 @@ from .common import median, other_load, write_result
 from .oversub import ROOT, baseline_tree
 
 
-def decision_cost(tasks_per_rank: int, repeats: int) -> float:
+def decision_cost(tasks_per_rank: int, repeats: int, light: bool = False) -> float:
     from aioready.ready_set import ReadySet  # here: a --worker imports aioready from --tree
     from aioready.schedulers import make_hint
 
@@ -35,9 +36,11 @@ def decision_cost(tasks_per_rank: int, repeats: int) -> float:
     hint = make_hint("1f1b", num_stages=1, num_microbatches=M)
     order = hint.orders[0]
     prio = hint.priority(0)
+    factors = {m: 3.0 if m % 3 == 0 else 1.0 for m in range(M)}
     samples = []
     for _ in range(repeats):
-        rs = ReadySet(prio, cap=M, num_chunks=1, split_backward=False)
+        rs = ReadySet(prio, cap=M, num_chunks=1, split_backward=False,
+                      lightness=factors.get if light else None)
         t0 = time.perf_counter_ns()
         for task in order:
             rs.push(task)
@@ -108,9 +111,10 @@ def main(argv: list[str] | None = None) -> str:
     load = os.getloadavg()
     reps = 20 if args.quick else 200
     lines = ["## Arbiter decision cost (push + pop + done, per task)", "",
-             "| tasks per rank | median us per decision |", "|---|---|"]
+             "| tasks per rank | greedy: median us per decision | light |", "|---|---|---|"]
     for n in (8, 64, 512):
-        lines.append(f"| {n} | {decision_cost(n, reps):.2f} |")
+        lines.append(f"| {n} | {decision_cost(n, reps):.2f} | "
+                     f"{decision_cost(n, reps, light=True):.2f} |")
     steps = 5 if args.quick else 20
     with tempfile.TemporaryDirectory() as tmp:
         trees = [("this tree", str(ROOT))]
@@ -120,7 +124,7 @@ def main(argv: list[str] | None = None) -> str:
         rows: dict[tuple[str, str, str], list[tuple[float, float]]] = {}
         for _ in range(args.launches):  # alternating: every row sees the same load
             for loop_name in ("uvloop", "asyncio"):
-                for policy in ("reserve", "greedy"):
+                for policy in ("reserve", "greedy", "light"):
                     for label, tree in trees:
                         got = _launch(tree, loop_name, policy, steps)
                         # per launch: the median step (the first ones warm the caches)

@@ -21,6 +21,7 @@ from typing import Any, Callable
 import numpy as np
 
 from aioready.placement import Placement
+from aioready.runtime.rank import POLICIES
 from aioready.tasks import Kind
 
 __all__ = ["RunShape", "stage_seconds", "AIOREADY_SPLIT", "TORCH_SCHEDULES", "parse_straggler",
@@ -203,9 +204,9 @@ def parse_config(config: str) -> tuple[str, str, str, int | str | None]:
     policy = policy or "reserve"
     good_cap = not cap or cap.isdigit() or (cap.endswith("x") and
                                             cap[:-1].replace(".", "", 1).isdigit())
-    if mode not in ("strict", "ready") or policy not in ("reserve", "greedy") or not good_cap:
+    if mode not in ("strict", "ready") or policy not in POLICIES or not good_cap:
         raise SystemExit(f"bad aioready config {config!r}: expected "
-                         "hint/strict|ready[:reserve|greedy][@CAP]")
+                         f"hint/strict|ready[:{'|'.join(POLICIES)}][@CAP]")
     return hint, mode, policy, int(cap) if cap.isdigit() else cap or None
 
 

@@ -9,6 +9,9 @@ configuration, budget), over seeds:
                 faster), median and worst seed
   vs 1f1b       strict 1F1B step time / the row's step time, median
   efficiency    lower bound / step time (aioready.telemetry.bounds), median
+  in-order      in_order_bound / step time, median: the bound for schedules that keep each
+                stage's forwards in microbatch order, as every hint does (with unlimited memory
+                no such policy exceeds 1.000; the lower bound can be out of reach of them all)
   peak          the largest in-flight count any rank reached over the seeds (memory, in
                 microbatches), beside the cap it ran under on rank 0
 
@@ -55,6 +58,7 @@ from aioready.sim.choice import choose_auto
 from aioready.sim.durations import device_duration
 from aioready.sim.simulator import simulate
 from aioready.sim.variability import JitterModel
+from aioready.telemetry.bounds import in_order_bound
 
 from .common import RESULTS, lean_gc, median, write_result
 from .optimum import Instance, instance, schedule_of, solve
@@ -96,6 +100,7 @@ _HINTS = ("1f1b", "bf", "zb-h1", "bfw", "zbv", "interleaved-1f1b", "zb-h2", "int
 CONFIGS: list[Config] = [
     *(Config(h) for h in _HINTS),  # ready, the default (reserving) policy
     *(Config(h, label=f"greedy {h}", kwargs=(("policy", "greedy"),)) for h in _HINTS),
+    *(Config(h, label=f"light {h}", kwargs=(("policy", "light"),)) for h in _HINTS),
     Config("auto", label="auto", baseline="1f1b", split=False, budgets=("2x",)),
     Config("auto", label="auto split", baseline="1f1b", split=True, budgets=("2x",)),
     # the same memory on every rank: twice what strict 1F1B holds on its fullest rank (2S), the
@@ -122,6 +127,17 @@ def _hint(name: str, S: int, M: int, split: bool) -> HintOrder | str:
     return make_hint(name, num_stages=S, num_microbatches=M, split_backward=split)
 
 
+@lru_cache(maxsize=64)
+def _in_order(hint: str, S: int, M: int, split: bool, jitter: str, seed: int) -> float:
+    """The in-order bound (telemetry.bounds.in_order_bound) of these durations on `hint`'s
+    placement: the simulator's durations, drawn from the same seeded model."""
+    order = _hint(hint, S, M, split)
+    assert isinstance(order, HintOrder)
+    model = JitterModel(jitter, seed=seed, placement=order.placement, num_microbatches=M,
+                        split_backward=split)
+    return in_order_bound(order.placement, model.table(0), split)
+
+
 def _strict(hint: str) -> Config:
     return Config(hint, mode="strict")
 
@@ -141,9 +157,13 @@ def sim_unit(S: int, jitter: str, seed: int) -> dict[str, Any]:
                 r = _simulate(cfg, S, M, jitter, seed, extra, memo)
                 rows[f"{cfg.name}|{budget}"] = {
                     "t": r.step_time, "eff": r.efficiency, "peak": max(r.peak_in_flight),
-                    "cap0": r.cap[0], "ranks": r.ranks, "chosen": r.hint}
+                    "cap0": r.cap[0], "ranks": r.ranks, "chosen": r.hint,
+                    "ord": _in_order(cfg.hint, S, M, cfg.split_backward, jitter, seed)
+                    / r.step_time}
             else:
-                rows[f"{cfg.name}|{budget}"] = _auto(cfg, S, M, jitter, seed, extra, memo)
+                row = rows[f"{cfg.name}|{budget}"] = _auto(cfg, S, M, jitter, seed, extra, memo)
+                row["ord"] = _in_order(row.pop("hint"), S, M, cfg.split_backward, jitter,
+                                       seed) / row["t"]
         for base in (cfg.baseline or cfg.hint, "1f1b"):  # strict on the same durations
             key = f"{base}/{int(cfg.split_backward)}"
             if key not in strict:
@@ -206,7 +226,7 @@ def _auto(cfg: Config, S: int, M: int, jitter: str, seed: int, extra: dict[str, 
     best = tuning.best
     return {"t": best.step_time, "eff": best.efficiency, "peak": max(best.peak_in_flight),
             "cap0": best.candidate.choice.cap[0], "ranks": len(best.candidate.choice.cap),
-            "chosen": f"auto:{best.candidate.choice.label}",
+            "chosen": f"auto:{best.candidate.choice.label}", "hint": best.candidate.choice.hint,
             "stopped": sum(r.stopped for r in tuning.rows), "candidates": len(tuning.rows)}
 
 
@@ -306,6 +326,11 @@ def _summary(units: list[dict[str, Any]]) -> dict[str, Any]:
                          "vs_1f1b": median(u["strict"][f"1f1b/{split}"] / u["rows"][name]["t"]
                                            for u in units) if same else None,
                          "eff": median(u["rows"][name]["eff"] for u in units),
+                         "ord": median(u["rows"][name]["ord"] for u in units),
+                         # per seed, in seed order (policy.json; docs/policy.md reads tuning
+                         # and validation seeds apart)
+                         "eff_seeds": [u["rows"][name]["eff"] for u in units],
+                         "speedup_seeds": speed,
                          "peak": max(u["rows"][name]["peak"] for u in units),
                          "cap0": units[0]["rows"][name]["cap0"]}
     return out
@@ -316,7 +341,7 @@ def sim_table(results: dict[str, Any]) -> str:
     for jitter in JITTERS:
         head = ["S", "configuration"] + [f"{b}: {w}" for b in BUDGETS
                                           for w in ("speedup (worst)", "vs 1f1b", "eff",
-                                                    "peak/cap0")]
+                                                    "in-order", "peak/cap0")]
         lines += [f"### {jitter}", "", "| " + " | ".join(head) + " |",
                   "|" + "---|" * len(head)]
         for key in sorted((k for k in results if k.rsplit("@", 1)[0] == jitter),
@@ -329,11 +354,11 @@ def sim_table(results: dict[str, Any]) -> str:
                 for budget in BUDGETS:
                     v = results[key].get(f"{cfg.name}|{budget}")
                     if v is None:
-                        cells += ["-"] * 4
+                        cells += ["-"] * 5
                         continue
                     vs = "-" if v["vs_1f1b"] is None else f"{v['vs_1f1b']:.3f}"
                     cells += [f"{v['speedup']:.3f} ({v['worst']:.3f})", vs,
-                              f"{v['eff']:.3f}", f"{v['peak']}/{v['cap0']}"]
+                              f"{v['eff']:.3f}", f"{v['ord']:.3f}", f"{v['peak']}/{v['cap0']}"]
                 lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
     return "\n".join(lines)
@@ -409,7 +434,9 @@ def main(argv: list[str] | None = None) -> str:
         "speedup: strict step time of the same hint / step time (> 1: faster than strict), "
         "median (worst seed); vs 1f1b: strict 1F1B step time on the same durations (split "
         "backward when the row's is) / step time, median; eff: lower "
-        "bound / step time, median; peak/cap0: the largest in-flight count on any rank over "
+        "bound / step time, median; in-order: "
+        "the in-order bound (forwards in microbatch order on each stage, as every hint keeps "
+        "them) / step time, median; peak/cap0: the largest in-flight count on any rank over "
         "the seeds / the cap of rank 0. Two-chunk hints (zbv, interleaved-*) put S stages on "
         "S/2 ranks, so their `vs 1f1b` is left out (`-`: another machine size). Split and "
         "unsplit rows draw different durations (the kinds differ).", "",

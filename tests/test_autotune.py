@@ -117,7 +117,8 @@ def test_a_candidate_over_budget_is_never_chosen() -> None:
     tuning = choose_schedule(run, orders, budget=4)
     assert tuning.best.candidate.choice.hint != "gpipe"
     # strict, and ready under each policy (its ready caps clip to the same budget)
-    assert [r.fits for r in tuning.rows if r.candidate.choice.hint == "gpipe"] == [False] * 3
+    assert [r.fits for r in tuning.rows
+            if r.candidate.choice.hint == "gpipe"] == [False] * (1 + len(POLICIES))
     assert "- gpipe" in tuning.table()
     with pytest.raises(ConfigError, match="no candidate"):
         choose_schedule(run, [o for o in orders if o.name == "gpipe"], budget=4)
@@ -322,12 +323,14 @@ def test_cli_tune_prints_the_table_and_the_command(tmp_path: Path,
     assert main(["tune", "--trace", str(path), "--budget", "2x", "--json",
                  str(tmp_path / "out.json")]) == 0
     out = capsys.readouterr().out
-    # bfw's own peak is 1f1b's 2x; on this trace greedy beats the reservation (deferred W)
-    assert re.search(r"^\* bfw +ready/greedy +1x", out, re.M)
-    assert re.search(r"^  bfw +ready +1x", out, re.M)  # the reserving policy, a row below
-    assert "budget per rank: [8, 6, 4, 2]; chosen: bfw ready/greedy at 1x" in out
-    assert (f"run it: aioready simulate --stages 4 --microbatches 8 --trace {path} --hint bfw "
-            "--mode ready --policy greedy --cap 8,6,4,2 --split-backward") in out
+    # on this trace zb-h1 under `light` at 1.5x its own peak wins; bfw (whose own peak is
+    # 1f1b's 2x) under greedy and under the reservation are rows below
+    assert re.search(r"^\* zb-h1 +ready/light +1.5x", out, re.M)
+    assert re.search(r"^  bfw +ready/greedy +1x", out, re.M)
+    assert re.search(r"^  bfw +ready +1x", out, re.M)  # the reserving policy
+    assert "budget per rank: [8, 6, 4, 2]; chosen: zb-h1 ready/light at 1.5x" in out
+    assert (f"run it: aioready simulate --stages 4 --microbatches 8 --trace {path} --hint zb-h1 "
+            "--mode ready --policy light --cap 6,6,4,2 --split-backward") in out
     assert main(["tune", "--trace", str(path), "--budget", "1", "--modes", "strict"]) == 1
     assert "no candidate schedule fits" in capsys.readouterr().err
 

@@ -73,6 +73,7 @@ def test_config_names_carry_an_optional_cap() -> None:
     assert parse_config("bfw/ready@12") == ("bfw", "ready", "reserve", 12)
     assert parse_config("zbv/strict") == ("zbv", "strict", "reserve", None)
     assert parse_config("1f1b/ready:greedy@2x") == ("1f1b", "ready", "greedy", "2x")
+    assert parse_config("1f1b/ready:light") == ("1f1b", "ready", "light", None)
     assert parse_config("auto/ready@1.5x") == ("auto", "ready", "reserve", "1.5x")
     for bad in ("zbv/fast", "bfw/ready@x", "bfw", "bfw/ready:eager", "bfw/ready@2y"):
         with pytest.raises(SystemExit, match="hint/strict"):

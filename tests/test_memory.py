@@ -178,7 +178,7 @@ def test_measured_bytes_are_what_autograd_saves_for_each_microbatch() -> None:
         pipe.runtimes[0].executors[0].held_bytes(1) > xs[1].nbytes
 
 
-@pytest.mark.parametrize("policy", ["greedy", "reserve"])
+@pytest.mark.parametrize("policy", ["greedy", "reserve", "light"])
 @pytest.mark.parametrize("hint, split", [("1f1b", False), ("zb-h1", True), ("zbv", True)])
 def test_a_byte_budget_keeps_gradients_exact(policy: str, hint: str, split: bool) -> None:
     stages = make_mlp_stages(4)

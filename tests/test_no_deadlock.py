@@ -110,7 +110,9 @@ def test_ready_mode_never_deadlocks(S: int, M: int, hint: str, split: bool, cap_
 
     pipe, caps = run_virtual(main())
     reserving = policy == "reserve" and reservation_holds(pipe.hint, caps)
-    assert all((rt.forecast is not None) == reserving for rt in pipe.runtimes)
+    # the reservation needs the forecast and its notices; `light` the cost factors only
+    assert all((rt.forecast is not None) == (reserving or policy == "light")
+               and (rt._notices is not None) == reserving for rt in pipe.runtimes)
     step = pipe.last_step
     check_invariants(step.spans, step.peak_in_flight, R=S, S=S, M=M, split=split, caps=caps)
 
@@ -152,7 +154,9 @@ def test_ready_mode_never_deadlocks_on_interleaved_and_v_placements(
     run_virtual(main())
     caps = [rt.cap for rt in runtimes]
     reserving = policy == "reserve" and reservation_holds(hint, caps)
-    assert all((rt.forecast is not None) == reserving for rt in runtimes)
+    # the reservation needs the forecast and its notices; `light` the cost factors only
+    assert all((rt.forecast is not None) == (reserving or policy == "light")
+               and (rt._notices is not None) == reserving for rt in runtimes)
     for step in range(3):
         reports = [rt.reports[step] for rt in runtimes]
         peaks = {r: p for rep in reports for r, p in rep.peak_in_flight.items()}
@@ -208,13 +212,15 @@ def test_ready_mode_never_deadlocks_under_byte_budgets(
 
     run_virtual(main())
     reserving = policy == "reserve" and reservation_holds(hint, [M] * R)
-    assert all((rt.forecast is not None) == reserving for rt in runtimes)
+    # the reservation needs the forecast and its notices; `light` the cost factors only
+    assert all((rt.forecast is not None) == (reserving or policy == "light")
+               and (rt._notices is not None) == reserving for rt in runtimes)
     for step in range(3):
         reports = [rt.reports[step] for rt in runtimes]
         peaks = {r: p for rep in reports for r, p in rep.peak_in_flight.items()}
         check_invariants([s for rep in reports for s in rep.spans], peaks, R=R, S=S, M=M,
                          split=split, caps=[M] * R)
-        if policy == "greedy":  # the gate binds (the reservation admits its order regardless)
+        if policy != "reserve":  # the gate binds (the reservation admits its order regardless)
             for rep in reports:
                 for r, held in rep.peak_activation_bytes.items():
                     if memory[r].bytes is not None:

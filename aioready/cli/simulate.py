@@ -54,9 +54,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--hint", default="1f1b", help=f"one of {', '.join(hint_names())}, a file, "
                    "or auto (choose by simulating them, see 'aioready tune')")
     p.add_argument("--mode", default="ready", choices=("ready", "strict"))
-    p.add_argument("--policy", default="reserve", choices=("reserve", "greedy"),
+    p.add_argument("--policy", default="reserve", choices=("reserve", "greedy", "light"),
                    help="ready mode's rule: reserve (default: keep the hint's next task's place, "
-                   "backfill what ends in time) or greedy (best-ranked ready task at once)")
+                   "backfill what ends in time), greedy (best-ranked ready task at once) or light "
+                   "(greedy, but a clearly lighter microbatch's forward goes first)")
     p.add_argument("--jitter", default="none", help="jitter spec (see below)")
     p.add_argument("--seed", type=int, default=0, help="seed of the jitter model")
     p.add_argument("--cap", default=None, help="in-flight cap: N, N0,N1,... or Nx (see below)")

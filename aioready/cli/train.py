@@ -48,10 +48,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
                    "ranks: interleaved or V) and, unless given, --split-backward; 1f1b with "
                    "--mode strict, --memory, --dp or --tp")
     p.add_argument("--mode", choices=("ready", "strict"), default="ready")
-    p.add_argument("--policy", default="reserve", choices=("reserve", "greedy", "auto"),
+    p.add_argument("--policy", default="reserve", choices=("reserve", "greedy", "light", "auto"),
                    help="ready mode's rule: reserve (default: keep the hint's next task's place, "
-                   "backfill what ends in time), greedy (best-ranked ready task at once) or "
-                   "auto (reserve, then whichever of the two the first step says is faster)")
+                   "backfill what ends in time), greedy (best-ranked ready task at once), light "
+                   "(greedy, but a clearly lighter microbatch's forward goes first) or auto "
+                   "(reserve, then whichever the first step says is faster)")
     p.add_argument("--cap", default=None,
                    help="in-flight microbatches per rank: N, N0,N1,... or Nx (N times the "
                    "hint's peak); default: the hint's peak")

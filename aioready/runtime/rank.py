@@ -41,10 +41,11 @@ if TYPE_CHECKING:
 __all__ = ["RankRuntime", "Executor", "MODES", "POLICIES", "reservation_holds"]
 
 MODES = ("ready", "strict")
-POLICIES = ("reserve", "greedy")
+POLICIES = ("reserve", "greedy", "light")
 """How `ready` mode chooses (docs/policy.md): `reserve` keeps the hint's next task's place and
 backfills around it (forecast.py); `greedy` always runs the best-ranked ready task (the first
-rule, kept to measure against)."""
+rule, kept to measure against); `light` is greedy, except that a clearly lighter microbatch's
+forward overtakes a heavy one's (ready_set Note [light first])."""
 
 BytesModel = Callable[[int, int, int], tuple[float, float]]
 """(step, stage, microbatch) -> (bytes its F holds for backward, its input's bytes): activation
@@ -169,7 +170,9 @@ class RankRuntime:
         reserving = (mode == "ready" and policy == "reserve" and caps is not None
                      and reservation_holds(hint, caps))
         self.policy = policy if mode == "ready" else "strict"
-        if not reserving:
+        light = mode == "ready" and policy == "light"  # needs the carried cost factors
+        self._reserving, self._light = reserving, light
+        if not (reserving or light):
             self.forecast = None
         elif self.forecast is None:  # a new hint keeps the durations learnt so far
             self.forecast = Forecast()
@@ -213,9 +216,11 @@ class RankRuntime:
             self.hint.priority(self.rank), cap=self.cap, num_chunks=n_chunks,
             split_backward=self.split_backward,
             strict_order=self.hint.strict_order(self.rank) if self.mode == "strict" else None,
-            reserve_order=self._reserve_hint.strict_order(self.rank) if self.forecast else None,
+            reserve_order=(self._reserve_hint.strict_order(self.rank) if self._reserving
+                           else None),
             reserve_peak=self._hint_peak,
-            fits=self.forecast.fits if self.forecast else None, held=self.held)
+            fits=self.forecast.fits if self._reserving else None, held=self.held,
+            lightness=self.forecast.carried if self._light else None)  # type: ignore[union-attr]
         self._ready: ReadyQueue = ready
         if self.coordinator is not None:
             self._ready = self.coordinator.wrap(ready, step=step, mode=self.mode,
@@ -397,7 +402,7 @@ class RankRuntime:
         info = TaskInfo(self.step_index, self.rank, stage, task.chunk, task.microbatch,
                         task.kind)
         forecast = self.forecast
-        if forecast is not None:
+        if self._notices is not None:
             self._announce(task)
         start = self._now()
         self.num_events += 1
