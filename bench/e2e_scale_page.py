@@ -161,7 +161,7 @@ def _rows(b: dict[str, Any]) -> list[str]:
     for r in sorted(b["rows"], key=lambda r: (r["side"], r.get("median_ms", float("inf")))):
         note = "; ".join(r["errors"] + ([f"started from {r['start']}"] if r.get("start") else [])
                          + ([f"chose {r['chosen']}"] if r.get("chosen") else [])
-                         + [_budget_note(r)] * bool(r.get("budget")))
+                         + ([_budget_note(r)] if r.get("budget") else []))
         if "median_ms" not in r:
             lines.append(f"| {r['side']} | {r['name']} | - | - | - | - | - | 0 | - | - | - | - "
                          f"| {note} |")
