@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import subprocess
 from pathlib import Path
+from typing import Any, Callable
 
 import pytest
 from conftest import requires_mpi, run_mpi
@@ -100,10 +101,13 @@ def test_pp2_tp2_dp2() -> None:
     check_exact(launch(8, 2, 2, ["1f1b:ready:1:clip,weight", "1f1b:strict:0:scaler"]))
 
 
-def train_losses(n: int, out: Path, *args: str) -> list[float]:
-    proc = run_mpi(n, ["-m", "aioready", "train", "--stages", "2", "--steps", "3",
-                       "--task-ms", "0", "--no-progress", "--json", str(out), *args],
-                   timeout=100)
+def train_losses(n: int, out: Path, *args: str, launch: Callable[..., Any] = run_mpi,
+                 timeout: float = 100) -> list[float]:
+    """The losses of `aioready train` on `n` ranks started by `launch` (run_mpi or
+    run_torchrun)."""
+    proc = launch(n, ["-m", "aioready", "train", "--stages", "2", "--steps", "3",
+                      "--task-ms", "0", "--no-progress", "--json", str(out), *args],
+                  timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-3000:]
     import json
     summary = json.loads(out.read_text())

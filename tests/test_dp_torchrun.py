@@ -6,13 +6,12 @@ loss and tied weights (the cross-stage sums over torch groups); the rest is heav
 
 from __future__ import annotations
 
-import json
 import subprocess
 from pathlib import Path
 
 import pytest
 from conftest import run_torchrun
-from test_dp_mpi import SCRIPT, check_exact, field, results_of
+from test_dp_mpi import SCRIPT, check_exact, field, results_of, train_losses
 
 pytestmark = pytest.mark.timeout(200)
 
@@ -50,21 +49,13 @@ def test_pp2_tp2_dp2_under_torchrun() -> None:
     check_exact(launch(8, 2, 2, ["1f1b:ready:1:clip,weight", "1f1b:strict:0"]))
 
 
-def train_losses(n: int, out: Path, *args: str) -> list[float]:
-    proc = run_torchrun(n, ["-m", "aioready", "train", "--stages", "2", "--steps", "3",
-                            "--task-ms", "0", "--no-progress", "--json", str(out), *args],
-                        timeout=150)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    summary = json.loads(out.read_text())
-    assert summary["ranks"] == n, summary
-    return summary["loss"]  # type: ignore[no-any-return]
-
-
 @pytest.mark.heavy
 def test_train_command_with_dp_under_torchrun_equals_one_pipeline(tmp_path: Path) -> None:
     """`torchrun -m aioready train --dp 2` with 4 microbatches per replica trains like one
     pipeline with the same 8 microbatches (float32 sums in another order)."""
-    one = train_losses(2, tmp_path / "one.json", "--microbatches", "8")
-    dp = train_losses(4, tmp_path / "dp.json", "--microbatches", "4", "--dp", "2")
+    one = train_losses(2, tmp_path / "one.json", "--microbatches", "8", launch=run_torchrun,
+                       timeout=150)
+    dp = train_losses(4, tmp_path / "dp.json", "--microbatches", "4", "--dp", "2",
+                      launch=run_torchrun, timeout=150)
     assert len(one) == len(dp) == 3 and one[-1] < one[0], (one, dp)
     assert max(abs(a - b) for a, b in zip(one, dp)) <= 1e-5, (one, dp)
