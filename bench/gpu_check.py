@@ -368,6 +368,15 @@ def check_mpi() -> None:
     log("cuda_mpi", RESULTS["cuda_mpi"])
 
 
+def mpi_results(mpiexec: str, n: int, script: str, env: dict
+                ) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    """`mpiexec -n N python SCRIPT` (150 s at most) and the JSON of its `RESULT ` lines."""
+    done = subprocess.run([mpiexec, "-n", str(n), sys.executable, script], env=env,
+                          capture_output=True, text=True, timeout=150)
+    return done, [json.loads(line[7:]) for line in done.stdout.splitlines()
+                  if line.startswith("RESULT ")]
+
+
 def check_mpi_ranks(quick: bool) -> None:
     """bench/gpu_mpi_check.py under mpiexec: 2 and 4 ranks sharing the GPU, MPITransport."""
     import shutil
@@ -385,11 +394,7 @@ def check_mpi_ranks(quick: bool) -> None:
     for n in ((2,) if quick else (2, 4)):
         t0 = time.perf_counter()
         try:
-            done = subprocess.run([mpiexec, "-n", str(n), sys.executable,
-                                   os.path.join(here, "gpu_mpi_check.py")], env=env,
-                                  capture_output=True, text=True, timeout=150)
-            lines = [json.loads(line[7:]) for line in done.stdout.splitlines()
-                     if line.startswith("RESULT ")]
+            done, lines = mpi_results(mpiexec, n, os.path.join(here, "gpu_mpi_check.py"), env)
             run = {"ranks": n, "rc": done.returncode, "cases": lines,
                    "all_ok": bool(lines) and all(c["ok"] for c in lines)}
             if done.returncode or not lines:
@@ -443,11 +448,8 @@ def check_cupy_nccl(quick: bool) -> None:
         env = dict(base, **({"AIOREADY_GPU_PLANE": plane} if plane else {}))
         t0 = time.perf_counter()
         try:
-            done = subprocess.run([mpiexec, "-n", str(n), sys.executable,
-                                   os.path.join(here, "gpu_nccl_check.py")], env=env,
-                                  capture_output=True, text=True, timeout=150)
-            cases = [json.loads(line[7:]) for line in done.stdout.splitlines()
-                     if line.startswith("RESULT ")]
+            done, cases = mpi_results(mpiexec, n, os.path.join(here, "gpu_nccl_check.py"),
+                                      env)
             run = {"ranks": n, "plane": plane or "auto", "rc": done.returncode, "cases": cases}
             if done.returncode or not cases or not all(c["ok"] for c in cases):
                 run["output"] = (done.stdout + done.stderr)[-3000:]
