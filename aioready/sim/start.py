@@ -82,20 +82,27 @@ def open_styles(num_stages: int, num_ranks: int) -> list[str]:
     return [s for s in STYLES if (s == "linear") == (chunks == 1) and (s != "v" or chunks == 2)]
 
 
+def _start_orders(num_stages: int, num_ranks: int, num_microbatches: int,
+                 split_backward: bool | None) -> list[tuple[bool, str, HintOrder]]:
+    """(split, style, start hint) for each open (style, split); `split_backward` None: both."""
+    splits = (False, True) if split_backward is None else (split_backward,)
+    return [(split, style, make_hint(start_hint(style, split), num_stages=num_stages,
+                                     num_ranks=num_ranks, num_microbatches=num_microbatches,
+                                     split_backward=split, placement=style))
+            for split in splits for style in open_styles(num_stages, num_ranks)]
+
+
+def _least_held(starts: list[tuple[bool, str, HintOrder]]) -> int:
+    return min(max(order.peak_chunk_activations(r) for r in range(order.num_ranks))
+               for _, _, order in starts)
+
+
 def default_budget(num_stages: int, num_ranks: int, num_microbatches: int,
                    split_backward: bool | None = None) -> int:
     """The (chunk, microbatch) activations of the least-holding start hint among the open
     (style, split), at its strict peak on its busiest rank (1F1B's on one chunk; ZBV's on two
     when split backward is open)."""
-    splits = (False, True) if split_backward is None else (split_backward,)
-    held = []
-    for split in splits:
-        for style in open_styles(num_stages, num_ranks):
-            order = make_hint(start_hint(style, split), num_stages=num_stages,
-                              num_ranks=num_ranks, num_microbatches=num_microbatches,
-                              split_backward=split, placement=style)
-            held.append(max(order.peak_chunk_activations(r) for r in range(num_ranks)))
-    return min(held)
+    return _least_held(_start_orders(num_stages, num_ranks, num_microbatches, split_backward))
 
 
 def choose_start(*, num_stages: int, num_ranks: int | None, num_microbatches: int,
@@ -105,29 +112,24 @@ def choose_start(*, num_stages: int, num_ranks: int | None, num_microbatches: in
     `durations`, under the count `cap` (None: `default_budget` activations); the fastest.
     `split_backward` None: both."""
     ranks = num_ranks or num_stages
-    budget = default_budget(num_stages, ranks, num_microbatches, split_backward)
-    splits = (False, True) if split_backward is None else (split_backward,)
+    starts = _start_orders(num_stages, ranks, num_microbatches, split_backward)
+    budget = _least_held(starts)
     tried: list[tuple[tuple[float, int, int], Start]] = []
     lines, skipped = [], []
-    for split in splits:
-        for style in open_styles(num_stages, ranks):
-            start = make_hint(start_hint(style, split), num_stages=num_stages, num_ranks=ranks,
-                              num_microbatches=num_microbatches, split_backward=split,
-                              placement=style)
-            try:
-                how = durations(start.placement, split)
-            except AioreadyError as exc:  # none for this shape (a trace of another)
-                skipped.append(f"{style} {'split' if split else 'unsplit'}: {exc.what}")
-                continue
-            sim = simulate(stages=num_stages, microbatches=num_microbatches, ranks=ranks,
-                           hint=AutoHint(start=start), split_backward=split,  # type: ignore[arg-type]
-                           cap=cap, activations=budget if cap is None else None, steps=1,
-                           **how)
-            choice = sim.tuning.choice
-            tried.append(((sim.step_time, int(split), STYLES.index(style)),
-                          Start(choice, split, budget, sim.step_time)))
-            lines.append(f"{style:<11} {'split' if split else 'unsplit':<7} best "
-                         f"{choice.label} {choice.how}: {sim.step_time:.4g} ms")
+    for split, style, start in starts:
+        try:
+            how = durations(start.placement, split)
+        except AioreadyError as exc:  # none for this shape (a trace of another)
+            skipped.append(f"{style} {'split' if split else 'unsplit'}: {exc.what}")
+            continue
+        sim = simulate(stages=num_stages, microbatches=num_microbatches, ranks=ranks,
+                       hint=AutoHint(start=start), split_backward=split,  # type: ignore[arg-type]
+                       cap=cap, activations=budget if cap is None else None, steps=1, **how)
+        choice = sim.tuning.choice
+        tried.append(((sim.step_time, int(split), STYLES.index(style)),
+                      Start(choice, split, budget, sim.step_time)))
+        lines.append(f"{style:<11} {'split' if split else 'unsplit':<7} best "
+                     f"{choice.label} {choice.how}: {sim.step_time:.4g} ms")
     if not tried:
         raise ConfigError("no placement style and split to start an auto pipeline from",
                           expected="durations for split or unsplit backward",
