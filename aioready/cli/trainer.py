@@ -223,10 +223,10 @@ async def train(cfg: TrainConfig, *, comm: Any = None,
         fingerprint = transport.fingerprint
     auto = parse_auto(cfg.hint)  # "auto": start from its start hint, then choose
     ranks = world if world > 1 else None
-    start = await agreed_start(cfg, num_ranks=ranks, comm=line if world > 1 else None)
-    split = start.split_backward if start is not None else bool(cfg.split_backward)
-    hint = start.order(num_stages=cfg.stages, num_ranks=ranks,
-                       num_microbatches=cfg.microbatches) if start is not None else make_hint(
+    chosen = await agreed_start(cfg, num_ranks=ranks, comm=line if world > 1 else None)
+    split = chosen.split_backward if chosen is not None else bool(cfg.split_backward)
+    hint = chosen.order(num_stages=cfg.stages, num_ranks=ranks,
+                       num_microbatches=cfg.microbatches) if chosen is not None else make_hint(
         cfg.hint if auto is None else auto or start_hint("linear", split),
         num_stages=cfg.stages, num_ranks=ranks, num_microbatches=cfg.microbatches,
         split_backward=split)
@@ -252,13 +252,13 @@ async def train(cfg: TrainConfig, *, comm: Any = None,
 
     # a chosen start runs its simulated mode and policy from step 0 (its caps: the budget)
     pipe = Pipeline(modules, lm_loss, microbatches=cfg.microbatches,
-                    mode=cfg.mode if start is None else start.choice.mode,
-                    policy=cfg.policy if start is None else start.choice.policy,
+                    mode=cfg.mode if chosen is None else chosen.choice.mode,
+                    policy=cfg.policy if chosen is None else chosen.choice.policy,
                     hint=hint if auto is None else AutoHint(
-                        start=hint.name if start is None else hint, comm=line,
-                        chooser=auto_chooser(cfg, start)),
+                        start=hint.name if chosen is None else hint, comm=line,
+                        chooser=auto_chooser(cfg, chosen)),
                     transport=transport, split_backward=split,
-                    cap=auto_budget(cfg, ranks, start),
+                    cap=auto_budget(cfg, ranks, chosen),
                     memory=cfg.memory, measure_memory=True,
                     device=make_device, num_stages=cfg.stages, grid=grid)
     params = [p for m in modules if m is not None for p in m.parameters()]
@@ -266,7 +266,7 @@ async def train(cfg: TrainConfig, *, comm: Any = None,
     result = TrainResult(rank=rank if comm is None else comm.Get_rank(),
                          world_size=1 if comm is None else comm.Get_size(), durations=source,
                          key_fingerprint=fingerprint,
-                         transport=kind, start=start, split_backward=split)
+                         transport=kind, start=chosen, split_backward=split)
     start = 0
     if cfg.checkpoint_dir:
         _check_writable(Path(cfg.checkpoint_dir))
