@@ -63,11 +63,14 @@ def run_mpi(n: int, args: Sequence[str], *, timeout: float,
 
 
 def run_torchrun(n: int, args: Sequence[str], *, timeout: float,
-                 env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+                 env: Mapping[str, str] | None = None,
+                 monitor_interval: float = 0.2) -> subprocess.CompletedProcess[str]:
     """`python -m torch.distributed.run --standalone --nproc-per-node N ARGS` from the repository
     root, like `run_mpi`: this checkout first on the path, unbuffered output, `env` on top, no MPI
     launcher variables (so the launch is torchrun's alone); output captured. The only place tests
-    build a torchrun command line; a run past `timeout` raises subprocess.TimeoutExpired."""
+    build a torchrun command line; a run past `timeout` raises subprocess.TimeoutExpired.
+    `monitor_interval`: how often torchrun's agent looks for a failed worker; once it sees one
+    it terminates the others."""
     full_env = {k: v for k, v in os.environ.items()
                 if not k.startswith(("PMI_", "OMPI_", "PMIX_"))}
     full_env["PYTHONPATH"] = str(ROOT) + os.pathsep + full_env.get("PYTHONPATH", "")
@@ -75,7 +78,7 @@ def run_torchrun(n: int, args: Sequence[str], *, timeout: float,
     full_env["OMP_NUM_THREADS"] = "1"
     full_env.update(env or {})
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc-per-node={n}", "--monitor-interval=0.2", *args]
+           f"--nproc-per-node={n}", f"--monitor-interval={monitor_interval}", *args]
     return subprocess.run(cmd, cwd=ROOT, env=full_env, capture_output=True, text=True,
                           timeout=timeout)
 
