@@ -10,7 +10,7 @@ one for a step the receiver is not running is dropped, and none is needed for co
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Iterable, Sequence
 
 from ..errors import ProtocolError
 from ..forecast import Forecast, decode_duration, encode_duration
@@ -29,7 +29,10 @@ class Notices:
 
     __slots__ = ("rank", "stages", "_targets", "_chunk_of", "_tasks")
 
-    def __init__(self, rank: int, placement: Placement, stages: Sequence[int]) -> None:
+    def __init__(self, rank: int, placement: Placement, stages: Sequence[int],
+                 fed: Iterable[Task] = ()) -> None:
+        """`fed`: the runtime's own Task objects of the tasks a message feeds, named in
+        advance, so that a notice's lookup finds them (and is a dict hit from the first one)."""
         self.rank = rank
         self.stages = tuple(stages)
         self._chunk_of = {stage: chunk for chunk, stage in reversed(list(enumerate(stages)))}
@@ -37,7 +40,9 @@ class Notices:
         self._targets: dict[tuple[int, Kind], tuple[int, int, int]] = {}
         # (stage, microbatch, NOTICE_B bit) -> the Task a notice names, once checked: one
         # lookup per notice (a notice per task that feeds a peer) instead of a new Task
-        self._tasks: dict[tuple[int, int, int], Task] = {}
+        self._tasks: dict[tuple[int, int, int], Task] = {
+            (self.stages[t.chunk], t.microbatch, NOTICE_B if t.kind is Kind.B else 0): t
+            for t in fed}
         last = placement.num_stages - 1
         for chunk, stage in enumerate(self.stages):
             if stage < last and placement.rank_of(stage + 1) != rank:

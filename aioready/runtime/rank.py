@@ -102,6 +102,12 @@ class RankRuntime:
         # tasks.needs, tabulated once: a step copies the counts, a task's end looks up its heir
         self._needs = step_needs(self.stages, self.num_stages, self.num_microbatches,
                                  self.split_backward)
+        # one Task object per task: every dict and set of the step (the ReadySet's priority,
+        # order, ready and taken sets, the forecast's expected arrivals) then finds its key by
+        # identity, without the generated __eq__ (same keys, same values, same order)
+        self._canon = {task: task for task in self._needs.counts}
+        self._heir = {self._canon[pred]: task for pred, task in self._needs.unblocks.items()}
+        self._entries = [self._canon[Task(Kind.F, m, 0)] for m in range(self.num_microbatches)]
         self._senders = {task: self.placement.rank_of(self.stages[task.chunk] +
                                                       (1 if need is Need.GRAD else -1))
                          for task, need in self._needs.messages.items()}
@@ -183,7 +189,14 @@ class RankRuntime:
         self._hint_peak = self._reserve_hint.peak(rank) if reserving else 0
         if self.held is not None:
             self.held.peak_count = hint.peak(rank)
-        self._notices = Notices(rank, self.placement, self.stages) if reserving else None
+        self._notices = (Notices(rank, self.placement, self.stages, self._senders) if reserving
+                         else None)
+        canon = self._canon.__getitem__
+        self._priority = {canon(task): i for task, i in hint.priority(rank).items()}
+        self._strict_order = (tuple(map(canon, hint.strict_order(rank))) if mode == "strict"
+                              else None)
+        self._reserve_order = (tuple(map(canon, self._reserve_hint.strict_order(rank)))
+                               if reserving else None)
 
     def reschedule(self, hint: HintOrder, mode: str, cap: int | None, *,
                    caps: Sequence[int] | None = None, policy: str | None = None) -> None:
@@ -213,11 +226,9 @@ class RankRuntime:
         n_chunks = len(self.stages)
         M = self.num_microbatches
         ready = ReadySet(
-            self.hint.priority(self.rank), cap=self.cap, num_chunks=n_chunks,
-            split_backward=self.split_backward,
-            strict_order=self.hint.strict_order(self.rank) if self.mode == "strict" else None,
-            reserve_order=(self._reserve_hint.strict_order(self.rank) if self._reserving
-                           else None),
+            self._priority, cap=self.cap, num_chunks=n_chunks,
+            split_backward=self.split_backward, strict_order=self._strict_order,
+            reserve_order=self._reserve_order,
             reserve_peak=self._hint_peak,
             fits=self.forecast.fits if self._reserving else None, held=self.held,
             lightness=self.forecast.carried if self._light else None)  # type: ignore[union-attr]
@@ -259,7 +270,7 @@ class RankRuntime:
             for m, x in enumerate(inputs):
                 self._acts[(0, m)] = x if isinstance(x, tuple) else (x,)
                 self._note_input(m, self._acts[(0, m)])
-                self._satisfy(Task(Kind.F, m, 0))
+                self._satisfy(self._entries[m])
         for msg in self._early.pop(step, []):
             self._route(msg)
 
@@ -425,7 +436,7 @@ class RankRuntime:
             self._backward_left[task.chunk] -= 1
             if not self._backward_left[task.chunk]:
                 self.grads_ready(task.chunk)
-        heir = self._needs.unblocks.get(task)
+        heir = self._heir.get(task)
         if heir is not None:
             self._satisfy(heir)
         if self._engine is not None:  # the next decision sees what arrived during the task
