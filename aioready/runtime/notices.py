@@ -54,7 +54,8 @@ class Notices:
     def announce(self, task: Task, forecast: Forecast, step: int) -> tuple[int, Message] | None:
         """(peer, notice) for `task` starting now, or None (its output stays here, or there is
         no estimate yet). The duration sent is the early side of the estimate: a feeder that
-        runs short must not find the receiver busy."""
+        runs short must not find the receiver busy. The notice names this rank as its source
+        (the in-process transport then delivers it as it is, docs/hot_path.md)."""
         target = self._targets.get((task.chunk, task.kind))
         if target is None:
             return None
@@ -63,7 +64,8 @@ class Notices:
             return None
         peer, stage, bit = target
         tag = min(encode_duration(duration), NOTICE_B - 1) | bit
-        return peer, Message(step, MessageKind.NOTICE, stage, task.microbatch, (), tag)
+        return peer, Message(step, MessageKind.NOTICE, stage, task.microbatch, (), tag,
+                             self.rank)
 
     def read(self, msg: Message, num_microbatches: int) -> tuple[Task, float]:
         """The local task a peer's notice is about, and the duration it announced."""

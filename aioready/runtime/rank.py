@@ -519,7 +519,7 @@ class RankRuntime:
 
     def _send(self, kind: MessageKind, stage: int, mb: int, tensors: tuple[Any, ...],
               tag: int = 0) -> None:
-        msg = Message(self.step_index, kind, stage, mb, tuple(tensors or ()), tag)
+        msg = Message(self.step_index, kind, stage, mb, tuple(tensors or ()), tag, self.rank)
         self.transport.send_nowait(self.placement.rank_of(stage), msg)
 
     # -- introspection --------------------------------------------------------------------
