@@ -46,6 +46,10 @@ def decode_duration(tag: int) -> float:
     return tag / _TICKS
 
 
+def _clamp(factor: float) -> float:
+    return min(MAX_FACTOR, max(1 / MAX_FACTOR, factor))
+
+
 class Forecast:
     """Duration estimates and notices of one rank; `fits(c, h)` is the backfill test."""
 
@@ -91,10 +95,13 @@ class Forecast:
         mean = self.mean(task.chunk, task.kind)
         if not mean or duration <= 0:
             return 1.0
-        return min(MAX_FACTOR, max(1 / MAX_FACTOR, duration / mean))
+        return _clamp(duration / mean)
 
     def observe(self, task: Task, duration: float) -> None:
         """A task of this rank ended after `duration` (clock units)."""
+        self._record(task, duration)
+
+    def _record(self, task: Task, duration: float) -> list[float]:
         key = (task.chunk, task.kind)
         x = duration / self._factor.get(task.microbatch, 1.0)
         stats = self._stats.get(key)
@@ -106,10 +113,20 @@ class Forecast:
         n = stats[2]
         mean = stats[3] = stats[0] / n
         stats[4] = max(0.0, stats[1] / n - mean * mean) ** 0.5
+        return stats
+
+    def forward_ended(self, task: Task, duration: float) -> float:
+        """`observe`, then `carry` of the `cost_factor` it returns, with one look-up of the
+        statistics: what a forward's end does on a rank with a forecast (the same floats as the
+        three calls: carry's clamp leaves a clamped factor as it is)."""
+        mean = self._record(task, duration)[3]
+        factor = 1.0 if not mean or duration <= 0 else _clamp(duration / mean)
+        self._factor[task.microbatch] = factor
+        return factor
 
     def carry(self, microbatch: int, factor: float) -> None:
         """A message said how costly `microbatch` was upstream (clamped: it is a peer's word)."""
-        self._factor[microbatch] = min(MAX_FACTOR, max(1 / MAX_FACTOR, factor))
+        self._factor[microbatch] = _clamp(factor)
 
     def carried(self, microbatch: int) -> float | None:
         """The cost factor `microbatch`'s activation carried here, None before one did

@@ -4,6 +4,8 @@ memory above the hint's peak, and the reservation is used only where it cannot d
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from aioready.forecast import COST_UNIT, MAX_FACTOR, Forecast, decode_duration, encode_duration
@@ -143,6 +145,36 @@ def test_a_costly_microbatch_is_expected_to_stay_costly() -> None:
     assert decode_duration(encode_duration(0.25)) == pytest.approx(0.25)
     assert encode_duration(1e30) == 2**32 - 1 and encode_duration(-1) == 0
     assert COST_UNIT == 1024
+
+
+def test_forward_ended_is_observe_cost_factor_and_carry_float_for_float() -> None:
+    """The runtime's one call at a forward's end must leave the forecast exactly where the
+    three calls it replaces did (decisions depend on these floats)."""
+    rng = random.Random(7)
+    for _ in range(200):
+        one, three = Forecast(), Forecast()
+        one.new_step(Clock())
+        three.new_step(Clock())
+        for _ in range(60):
+            task = Task(rng.choice([Kind.F, Kind.B]), rng.randrange(6), rng.randrange(2))
+            d = rng.choice([0.0, -1.0, rng.lognormvariate(0, 1), rng.uniform(0, 1e-6)])
+            if rng.random() < 0.2:
+                factor = rng.lognormvariate(0, 2)
+                one.carry(task.microbatch, factor)
+                three.carry(task.microbatch, factor)
+            if task.kind is Kind.F:
+                got = one.forward_ended(task, d)
+                three.observe(task, d)
+                want = three.cost_factor(task, d)
+                three.carry(task.microbatch, want)
+                assert got == want
+            else:
+                one.observe(task, d)
+                three.observe(task, d)
+            for t in (task, Task(Kind.F, task.microbatch, task.chunk)):
+                assert (one.estimate(t), one.margin(t), one.early_estimate(t)) == (
+                    three.estimate(t), three.margin(t), three.early_estimate(t))
+            assert one.carried(task.microbatch) == three.carried(task.microbatch)
 
 
 @pytest.mark.parametrize("name", sorted(HINTS))

@@ -453,10 +453,7 @@ class RankRuntime:
         forecast = self.forecast
         if forecast is None:
             return 0
-        duration = self._now() - self._task_start
-        forecast.observe(task, duration)
-        factor = forecast.cost_factor(task, duration)
-        forecast.carry(task.microbatch, factor)
+        factor = forecast.forward_ended(task, self._now() - self._task_start)
         return min(2**32 - 1, max(1, round(factor * COST_UNIT)))
 
     def _note_input(self, microbatch: int, tensors: tuple[Any, ...]) -> None:
