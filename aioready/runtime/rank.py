@@ -104,10 +104,11 @@ class RankRuntime:
                                  self.split_backward)
         # one Task object per task: every dict and set of the step (the ReadySet's priority,
         # order, ready and taken sets, the forecast's expected arrivals) then finds its key by
-        # identity, without the generated __eq__ (same keys, same values, same order)
-        self._canon = {task: task for task in self._needs.counts}
-        self._heir = {self._canon[pred]: task for pred, task in self._needs.unblocks.items()}
-        self._entries = [self._canon[Task(Kind.F, m, 0)] for m in range(self.num_microbatches)]
+        # identity, without the generated __eq__ (same keys, same values, same order); looked
+        # up by its fields (a tuple's hash and compare are C, a Task's are Python)
+        self._canon = {(t.kind, t.microbatch, t.chunk): t for t in self._needs.counts}
+        self._heir = {self._own(pred): task for pred, task in self._needs.unblocks.items()}
+        self._entries = [self._canon[(Kind.F, m, 0)] for m in range(self.num_microbatches)]
         self._senders = {task: self.placement.rank_of(self.stages[task.chunk] +
                                                       (1 if need is Need.GRAD else -1))
                          for task, need in self._needs.messages.items()}
@@ -191,12 +192,16 @@ class RankRuntime:
             self.held.peak_count = hint.peak(rank)
         self._notices = (Notices(rank, self.placement, self.stages, self._senders) if reserving
                          else None)
-        canon = self._canon.__getitem__
+        canon = self._own
         self._priority = {canon(task): i for task, i in hint.priority(rank).items()}
         self._strict_order = (tuple(map(canon, hint.strict_order(rank))) if mode == "strict"
                               else None)
         self._reserve_order = (tuple(map(canon, self._reserve_hint.strict_order(rank)))
                                if reserving else None)
+
+    def _own(self, task: Task) -> Task:
+        """This runtime's Task object equal to `task`."""
+        return self._canon[(task.kind, task.microbatch, task.chunk)]
 
     def reschedule(self, hint: HintOrder, mode: str, cap: int | None, *,
                    caps: Sequence[int] | None = None, policy: str | None = None) -> None:
