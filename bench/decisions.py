@@ -34,7 +34,7 @@ def _cases(quick: bool) -> list[dict[str, Any]]:
 
     out = []
     seeds = (0,) if quick else (0, 1, 2)
-    jitters = ("lognormal:0.5", "multimodal:0.3:3")
+    jitters = ("lognormal:0.5", "multimodal:0.3:3", "lognormal:0.3+comm:0.1:0.5")
     for name, spec in sorted(HINTS.items()):
         splits = (True,) if spec.needs_split else (False,) if spec.needs_split is False else (
             False, True)
