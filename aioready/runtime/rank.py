@@ -418,8 +418,10 @@ class RankRuntime:
         info = TaskInfo(self.step_index, self.rank, stage, task.chunk, task.microbatch,
                         task.kind)
         forecast = self.forecast
-        if self._notices is not None:
-            self._announce(task)
+        if self._notices is not None:  # tell the rank this task feeds that it starts now
+            sent = self._notices.announce(task, forecast, self.step_index)  # type: ignore
+            if sent is not None:
+                self.transport.send_nowait(*sent)
         start = self._now()
         self.num_events += 1
         self.running_task = task
@@ -446,12 +448,6 @@ class RankRuntime:
             self._satisfy(heir)
         if self._engine is not None:  # the next decision sees what arrived during the task
             self._engine.task_ended()
-
-    def _announce(self, task: Task) -> None:
-        """Tell the rank this task feeds that it starts now (runtime/notices.py)."""
-        sent = self._notices.announce(task, self.forecast, self.step_index)  # type: ignore
-        if sent is not None:
-            self.transport.send_nowait(*sent)
 
     def _measure_forward(self, task: Task) -> int:
         """Record a forward's duration; return the cost factor its activation carries on."""
