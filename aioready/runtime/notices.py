@@ -63,9 +63,9 @@ class Notices:
         if duration is None:
             return None
         peer, stage, bit = target
-        tag = min(encode_duration(duration), NOTICE_B - 1) | bit
-        return peer, Message(step, MessageKind.NOTICE, stage, task.microbatch, (), tag,
-                             self.rank)
+        tag = encode_duration(duration)  # at most NOTICE_B - 1 (forecast Note [no min/max])
+        return peer, Message(step, MessageKind.NOTICE, stage, task.microbatch, (),
+                             (tag if tag < NOTICE_B else NOTICE_B - 1) | bit, self.rank)
 
     def read(self, msg: Message, num_microbatches: int) -> tuple[Task, float]:
         """The local task a peer's notice is about, and the duration it announced."""

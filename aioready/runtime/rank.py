@@ -455,7 +455,8 @@ class RankRuntime:
         if forecast is None:
             return 0
         factor = forecast.forward_ended(task, self._now() - self._task_start)
-        return min(2**32 - 1, max(1, round(factor * COST_UNIT)))
+        tag = round(factor * COST_UNIT)  # min(2**32 - 1, max(1, tag)): forecast Note [no min/max]
+        return 1 if tag < 1 else 2**32 - 1 if tag > 2**32 - 1 else tag
 
     def _note_input(self, microbatch: int, tensors: tuple[Any, ...]) -> None:
         """The entry F's input arrived: its size scales the microbatch's predicted bytes."""
