@@ -3,8 +3,8 @@
 Speeding up the arbiter, the forecast or the notices must not change one decision: on the
 simulator's virtual clock (aioready.simulate) the same inputs must give the same schedule, float
 for float. This runs simulate over every library hint x policy (and strict) x cap (own, "2x",
-a byte budget) x jitter x seed, two steps each (the second with the first step's estimates),
-and hashes, per case: every span (rank, stage, chunk, microbatch, kind, ready, start, end as
+a byte budget) x jitter (one with communication delays) x seed, and hint="auto" within "2x",
+two steps each (the second with the first step's estimates), and hashes, per case: every span (rank, stage, chunk, microbatch, kind, ready, start, end as
 `float.hex`), every message and notice sent (its header and tag, in send order), every backfill
 test the reserving policy asked (`fits`: candidate, reserved, answer) and every estimate and
 margin the forecast holds at the end, and the result's deterministic JSON.
@@ -48,6 +48,11 @@ def _cases(quick: bool) -> list[dict[str, Any]]:
                     for policy in ("reserve", "greedy", "light"):
                         for gate in ({}, {"cap": "2x"}, {"memory": "2x"}):
                             out.append({**base, "policy": policy, **gate})
+    for split in (False, True):  # hint="auto": the choice among every candidate's simulation
+        for jitter in jitters[:2]:
+            for seed in seeds:
+                out.append(dict(stages=S, microbatches=2 * S, hint="auto", cap="2x",
+                                jitter=jitter, seed=seed, split_backward=split, steps=2))
     return out
 
 
