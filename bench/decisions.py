@@ -56,8 +56,9 @@ def _cases(quick: bool) -> list[dict[str, Any]]:
     return out
 
 
-def fingerprints(quick: bool) -> dict[str, str]:
-    """case (its arguments as JSON) -> sha256 of everything it decided."""
+def fingerprints(quick: bool, cases: list[dict[str, Any]] | None = None) -> dict[str, str]:
+    """case (its arguments as JSON) -> sha256 of everything it decided (`cases`: instead of
+    the grid)."""
     import aioready.sim.simulator as simulator
     from aioready.ready_set import ReadySet
     from aioready.transports.inproc import InprocTransport
@@ -100,12 +101,26 @@ def fingerprints(quick: bool) -> dict[str, str]:
     InprocTransport.send_nowait = spy_send  # type: ignore[method-assign]
     ReadySet.__init__ = spy_init  # type: ignore[method-assign]
     simulator.RankRuntime.__init__ = spy_runtime  # type: ignore[method-assign]
+    try:
+        return _fingerprint_each(_cases(quick) if cases is None else cases, log, reports,
+                                 runtimes)
+    finally:
+        simulator._step_stats = step_stats  # type: ignore[assignment]
+        InprocTransport.send_nowait = send  # type: ignore[method-assign]
+        ReadySet.__init__ = init  # type: ignore[method-assign]
+        simulator.RankRuntime.__init__ = runtime_init  # type: ignore[method-assign]
+
+
+def _fingerprint_each(cases: list[dict[str, Any]], log: list[str], reports: list[Any],
+                      runtimes: list[Any]) -> dict[str, str]:
+    from aioready.sim.simulator import simulate
+
     out = {}
-    for case in _cases(quick):
+    for case in cases:
         log.clear()
         reports.clear()
         runtimes.clear()
-        result = simulator.simulate(**case)
+        result = simulate(**case)
         h = hashlib.sha256(result.to_json().encode())
         for line in log:
             h.update(line.encode() + b"\n")
