@@ -18,6 +18,11 @@ What a rank knows, and all it uses:
 A candidate must end by then with one standard deviation of its duration to spare (`margin`).
 Without an estimate (the very first tasks) nothing backfills: the rank behaves as strict.
 The forecast is advisory: a wrong one costs time, never correctness or liveness.
+
+Note [no min/max]: these run several times per task, and a call of the builtin `min` or `max`
+with two arguments costs ~0.25 us in CPython 3.11 (it builds an iterator over its arguments),
+more than the rest of the arithmetic. The comparisons written out return the same values
+(NaN included; tests/test_reservation.py compares them with the builtins' formulas).
 """
 
 from __future__ import annotations
@@ -33,17 +38,27 @@ COST_UNIT = 1024
 
 MAX_FACTOR = 16.0
 """A microbatch is taken as at most this many times slower or faster than the mean."""
+_MIN_FACTOR = 1 / MAX_FACTOR
 _TICKS = 1e6  # a duration in a notice's tag: millionths of the clock's unit, saturating at 2^32
 _MAX_TAG = 2**32 - 1
 
 
 def encode_duration(seconds: float) -> int:
     """A duration in clock units as a notice's tag (millionths of a unit, saturated)."""
-    return min(_MAX_TAG, max(0, int(seconds * _TICKS)))
+    ticks = int(seconds * _TICKS)  # Note [no min/max]
+    return 0 if ticks < 0 else _MAX_TAG if ticks > _MAX_TAG else ticks
 
 
 def decode_duration(tag: int) -> float:
     return tag / _TICKS
+
+
+def _clamp(factor: float) -> float:
+    """`min(MAX_FACTOR, max(1 / MAX_FACTOR, factor))` (Note [no min/max]; NaN gives the
+    lower bound there too)."""
+    if factor > MAX_FACTOR:
+        return MAX_FACTOR
+    return factor if factor >= _MIN_FACTOR else _MIN_FACTOR
 
 
 class Forecast:
@@ -84,17 +99,21 @@ class Forecast:
         if stats is None:
             return None
         factor = self._factor.get(task.microbatch, 1.0)
-        return max(0.0, stats[3] * factor - stats[4] * factor / 2)
+        early = stats[3] * factor - stats[4] * factor / 2
+        return early if early > 0.0 else 0.0  # max(0.0, early): Note [no min/max]
 
     def cost_factor(self, task: Task, duration: float) -> float:
         """How much slower than this rank's mean `task` ran (what its messages carry on)."""
         mean = self.mean(task.chunk, task.kind)
         if not mean or duration <= 0:
             return 1.0
-        return min(MAX_FACTOR, max(1 / MAX_FACTOR, duration / mean))
+        return _clamp(duration / mean)
 
     def observe(self, task: Task, duration: float) -> None:
         """A task of this rank ended after `duration` (clock units)."""
+        self._record(task, duration)
+
+    def _record(self, task: Task, duration: float) -> list[float]:
         key = (task.chunk, task.kind)
         x = duration / self._factor.get(task.microbatch, 1.0)
         stats = self._stats.get(key)
@@ -105,11 +124,22 @@ class Forecast:
         stats[2] += 1
         n = stats[2]
         mean = stats[3] = stats[0] / n
-        stats[4] = max(0.0, stats[1] / n - mean * mean) ** 0.5
+        var = stats[1] / n - mean * mean
+        stats[4] = var ** 0.5 if var > 0.0 else 0.0  # max(0.0, var) ** 0.5: Note [no min/max]
+        return stats
+
+    def forward_ended(self, task: Task, duration: float) -> float:
+        """`observe`, then `carry` of the `cost_factor` it returns, with one look-up of the
+        statistics: what a forward's end does on a rank with a forecast (the same floats as the
+        three calls: carry's clamp leaves a clamped factor as it is)."""
+        mean = self._record(task, duration)[3]
+        factor = 1.0 if not mean or duration <= 0 else _clamp(duration / mean)
+        self._factor[task.microbatch] = factor
+        return factor
 
     def carry(self, microbatch: int, factor: float) -> None:
         """A message said how costly `microbatch` was upstream (clamped: it is a peer's word)."""
-        self._factor[microbatch] = min(MAX_FACTOR, max(1 / MAX_FACTOR, factor))
+        self._factor[microbatch] = _clamp(factor)
 
     def carried(self, microbatch: int) -> float | None:
         """The cost factor `microbatch`'s activation carried here, None before one did

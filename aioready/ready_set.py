@@ -38,7 +38,7 @@ from typing import Callable, Mapping, Sequence
 from .errors import ConfigError
 from .held_bytes import HeldBytes
 from .in_flight import InFlight, is_entry
-from .tasks import Task
+from .tasks import Kind, Task
 
 __all__ = ["ReadySet", "ReadySetStatistics", "InFlightReport", "Fits", "OVERTAKE"]
 
@@ -95,7 +95,8 @@ class ReadySet(InFlightReport):
     """
 
     __slots__ = ("_priority", "_main", "_entry", "_cap", "flight", "_order", "_pos", "_ready",
-                 "_strict", "_fits", "_taken", "_ahead", "_room", "_held", "_light", "_factor")
+                 "_strict", "_fits", "_taken", "_ahead", "_room", "_held", "_light", "_factor",
+                 "_unheaped")
 
     def __init__(
         self,
@@ -137,6 +138,10 @@ class ReadySet(InFlightReport):
         # Note [light first]: microbatch -> carried cost factor (None: not known)
         self._factor = lightness if not self._strict and self._fits is None else None
         self._light: list[tuple[float, int, Task]] = []
+        # Note [reservation]: pushed tasks wait here until `_best` needs the heaps; most run as
+        # the reserved task first and never enter them (priorities are distinct, so the heap
+        # tops are the same whenever they are filled)
+        self._unheaped: list[Task] = []
 
     def _opens(self, task: Task) -> bool:
         """Whether the gate admits entry F `task` now (count, or Note [byte gate])."""
@@ -148,6 +153,9 @@ class ReadySet(InFlightReport):
         """Mark `task` ready: its local predecessor is done and its message has arrived."""
         self._ready.add(task)
         if self._strict:
+            return
+        if self._fits is not None:
+            self._unheaped.append(task)
             return
         heap = self._entry if is_entry(task) else self._main
         heapq.heappush(heap, (self._priority[task], task))
@@ -197,8 +205,13 @@ class ReadySet(InFlightReport):
         reserved = self._reserved()
         gated = False
         if reserved is not None and reserved in self._ready:
-            if not is_entry(reserved) or self.flight.count < self._cap:
-                self._take(reserved, ahead=False)
+            entry = reserved.kind is Kind.F and not reserved.chunk  # in_flight.is_entry
+            if not entry or self.flight.count < self._cap:
+                self._ready.discard(reserved)
+                self._taken.add(reserved)
+                self._pos += 1  # it is the order's first not started: _reserved's next step
+                if entry:
+                    self.flight.admit(reserved.microbatch)
                 return reserved
             gated = True  # waits for a release: only a backward piece can bring it
         candidate = self._best()
@@ -214,7 +227,7 @@ class ReadySet(InFlightReport):
         """The first task of the order not yet started (advancing past those that were)."""
         order, pos, taken = self._order, self._pos, self._taken
         while pos < len(order) and (order[pos] in taken):
-            if is_entry(order[pos]):
+            if self._ahead and is_entry(order[pos]):
                 self._ahead.discard(order[pos].microbatch)
             pos += 1
         self._pos = pos
@@ -223,6 +236,12 @@ class ReadySet(InFlightReport):
     def _best(self) -> Task | None:
         """The best-ranked admissible ready task (heap tops; started ones are dropped lazily)."""
         main, entry, taken = self._main, self._entry, self._taken
+        if self._unheaped:
+            priority = self._priority
+            for task in self._unheaped:
+                if task not in taken:
+                    heapq.heappush(entry if is_entry(task) else main, (priority[task], task))
+            self._unheaped.clear()
         while main and main[0][1] in taken:
             heapq.heappop(main)
         while entry and entry[0][1] in taken:

@@ -4,8 +4,12 @@ memory above the hint's peak, and the reservation is used only where it cannot d
 
 from __future__ import annotations
 
+import math
+import random
+
 import pytest
 
+import aioready.forecast as forecast_module
 from aioready.forecast import COST_UNIT, MAX_FACTOR, Forecast, decode_duration, encode_duration
 from aioready.hints import HintOrder
 from aioready.ready_set import ReadySet
@@ -143,6 +147,67 @@ def test_a_costly_microbatch_is_expected_to_stay_costly() -> None:
     assert decode_duration(encode_duration(0.25)) == pytest.approx(0.25)
     assert encode_duration(1e30) == 2**32 - 1 and encode_duration(-1) == 0
     assert COST_UNIT == 1024
+
+
+def test_forward_ended_is_observe_cost_factor_and_carry_float_for_float() -> None:
+    """The runtime's one call at a forward's end must leave the forecast exactly where the
+    three calls it replaces did (decisions depend on these floats)."""
+    rng = random.Random(7)
+    for _ in range(200):
+        one, three = Forecast(), Forecast()
+        one.new_step(Clock())
+        three.new_step(Clock())
+        for _ in range(60):
+            task = Task(rng.choice([Kind.F, Kind.B]), rng.randrange(6), rng.randrange(2))
+            d = rng.choice([0.0, -1.0, rng.lognormvariate(0, 1), rng.uniform(0, 1e-6)])
+            if rng.random() < 0.2:
+                factor = rng.lognormvariate(0, 2)
+                one.carry(task.microbatch, factor)
+                three.carry(task.microbatch, factor)
+            if task.kind is Kind.F:
+                got = one.forward_ended(task, d)
+                three.observe(task, d)
+                want = three.cost_factor(task, d)
+                three.carry(task.microbatch, want)
+                assert got == want
+            else:
+                one.observe(task, d)
+                three.observe(task, d)
+            for t in (task, Task(Kind.F, task.microbatch, task.chunk)):
+                assert (one.estimate(t), one.margin(t), one.early_estimate(t)) == (
+                    three.estimate(t), three.margin(t), three.early_estimate(t))
+            assert one.carried(task.microbatch) == three.carried(task.microbatch)
+
+
+
+def _same(a: float, b: float) -> bool:
+    return (math.isnan(a) and math.isnan(b)) or (a == b and math.copysign(1, a) ==
+                                                  math.copysign(1, b))
+
+
+def test_the_written_out_comparisons_equal_the_builtin_min_max_formulas() -> None:
+    """forecast Note [no min/max]: the old formulas, with the builtins, against the new code."""
+    rng = random.Random(3)
+    edges = [math.nan, math.inf, -math.inf, 0.0, -0.0, 1 / MAX_FACTOR, MAX_FACTOR, 5e-324,
+             -5e-324, 1.0, 2**32 / 1e6, 2**31 / 1e6, -1.0]
+    for x in edges + [rng.lognormvariate(0, 4) * rng.choice([1, -1]) for _ in range(3000)]:
+        assert _same(forecast_module._clamp(x), min(MAX_FACTOR, max(1 / MAX_FACTOR, x)))
+        if math.isfinite(x):
+            assert encode_duration(x) == min(2**32 - 1, max(0, int(x * 1e6)))
+    for _ in range(300):  # the deviation and the early side, from running sums as before
+        fc, sums = Forecast(), [0.0, 0.0, 0]
+        fc.new_step(Clock())
+        b0 = Task.parse("B0")
+        same = rng.random() < 0.5  # equal durations: the variance rounds to +-tiny or 0
+        base = rng.lognormvariate(0, 3)
+        for _ in range(rng.randrange(1, 40)):
+            d = base if same else rng.choice([0.0, rng.lognormvariate(0, 3)])
+            fc.observe(b0, d)
+            sums = [sums[0] + d, sums[1] + d * d, sums[2] + 1]
+            mean = sums[0] / sums[2]
+            std = max(0.0, sums[1] / sums[2] - mean * mean) ** 0.5
+            assert _same(fc.margin(b0), std)
+            assert _same(fc.early_estimate(b0), max(0.0, mean - std / 2))
 
 
 @pytest.mark.parametrize("name", sorted(HINTS))

@@ -7,8 +7,7 @@ blocking the event loop.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Awaitable, Callable, Protocol, TypeVar, runtime_checkable
+from typing import Awaitable, Callable, NamedTuple, Protocol, TypeVar, runtime_checkable
 
 from ..tasks import Kind
 
@@ -17,9 +16,10 @@ __all__ = ["TaskInfo", "Device"]
 T = TypeVar("T")
 
 
-@dataclass(frozen=True, slots=True)
-class TaskInfo:
-    """Who runs what: used by duration models, the sim device and telemetry."""
+class TaskInfo(NamedTuple):
+    """Who runs what: used by duration models, the sim device and telemetry. A named tuple
+    (immutable, like Span) because the runtime builds one per task: 0.16 us where a frozen
+    dataclass took 0.5 (docs/hot_path.md)."""
 
     step: int
     rank: int

@@ -8,6 +8,7 @@ the rest"). On the simulator's virtual clock the compute takes no time and the s
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Callable, TypeVar
 
 from ..clock import clock_of, sleep_until
@@ -23,12 +24,18 @@ class SimDevice:
     def __init__(self, duration: DurationFn, *, run_compute: bool = True) -> None:
         self.duration = duration
         self.run_compute = run_compute
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._now: Callable[[], float] = time.monotonic
 
     async def run(self, info: TaskInfo, fn: Callable[[], T]) -> T:
         loop = asyncio.get_running_loop()
-        start = clock_of(loop)()
+        if loop is not self._loop:  # the clock is looked up once per loop, not twice a task
+            self._loop, self._now = loop, clock_of(loop)
+        start = self._now()
         result = fn() if self.run_compute else None
-        await sleep_until(loop, start + self.duration(info))
+        deadline = start + self.duration(info)
+        if deadline > self._now():  # else sleep_until would return at once, not waiting
+            await sleep_until(loop, deadline)
         return result  # type: ignore[return-value]
 
     def close(self) -> None:

@@ -10,7 +10,7 @@ one for a step the receiver is not running is dropped, and none is needed for co
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Iterable, Sequence
 
 from ..errors import ProtocolError
 from ..forecast import Forecast, decode_duration, encode_duration
@@ -29,7 +29,10 @@ class Notices:
 
     __slots__ = ("rank", "stages", "_targets", "_chunk_of", "_tasks")
 
-    def __init__(self, rank: int, placement: Placement, stages: Sequence[int]) -> None:
+    def __init__(self, rank: int, placement: Placement, stages: Sequence[int],
+                 fed: Iterable[Task] = ()) -> None:
+        """`fed`: the runtime's own Task objects of the tasks a message feeds, named in
+        advance, so that a notice's lookup finds them (and is a dict hit from the first one)."""
         self.rank = rank
         self.stages = tuple(stages)
         self._chunk_of = {stage: chunk for chunk, stage in reversed(list(enumerate(stages)))}
@@ -37,7 +40,9 @@ class Notices:
         self._targets: dict[tuple[int, Kind], tuple[int, int, int]] = {}
         # (stage, microbatch, NOTICE_B bit) -> the Task a notice names, once checked: one
         # lookup per notice (a notice per task that feeds a peer) instead of a new Task
-        self._tasks: dict[tuple[int, int, int], Task] = {}
+        self._tasks: dict[tuple[int, int, int], Task] = {
+            (self.stages[t.chunk], t.microbatch, NOTICE_B if t.kind is Kind.B else 0): t
+            for t in fed}
         last = placement.num_stages - 1
         for chunk, stage in enumerate(self.stages):
             if stage < last and placement.rank_of(stage + 1) != rank:
@@ -49,7 +54,8 @@ class Notices:
     def announce(self, task: Task, forecast: Forecast, step: int) -> tuple[int, Message] | None:
         """(peer, notice) for `task` starting now, or None (its output stays here, or there is
         no estimate yet). The duration sent is the early side of the estimate: a feeder that
-        runs short must not find the receiver busy."""
+        runs short must not find the receiver busy. The notice names this rank as its source
+        (the in-process transport then delivers it as it is, docs/hot_path.md)."""
         target = self._targets.get((task.chunk, task.kind))
         if target is None:
             return None
@@ -57,8 +63,9 @@ class Notices:
         if duration is None:
             return None
         peer, stage, bit = target
-        tag = min(encode_duration(duration), NOTICE_B - 1) | bit
-        return peer, Message(step, MessageKind.NOTICE, stage, task.microbatch, (), tag)
+        tag = encode_duration(duration)  # at most NOTICE_B - 1 (forecast Note [no min/max])
+        return peer, Message(step, MessageKind.NOTICE, stage, task.microbatch, (),
+                             (tag if tag < NOTICE_B else NOTICE_B - 1) | bit, self.rank)
 
     def read(self, msg: Message, num_microbatches: int) -> tuple[Task, float]:
         """The local task a peer's notice is about, and the duration it announced."""

@@ -102,6 +102,13 @@ class RankRuntime:
         # tasks.needs, tabulated once: a step copies the counts, a task's end looks up its heir
         self._needs = step_needs(self.stages, self.num_stages, self.num_microbatches,
                                  self.split_backward)
+        # one Task object per task: every dict and set of the step (the ReadySet's priority,
+        # order, ready and taken sets, the forecast's expected arrivals) then finds its key by
+        # identity, without the generated __eq__ (same keys, same values, same order); looked
+        # up by its fields (a tuple's hash and compare are C, a Task's are Python)
+        self._canon = {(t.kind, t.microbatch, t.chunk): t for t in self._needs.counts}
+        self._heir = {self._own(pred): task for pred, task in self._needs.unblocks.items()}
+        self._entries = [self._canon[(Kind.F, m, 0)] for m in range(self.num_microbatches)]
         self._senders = {task: self.placement.rank_of(self.stages[task.chunk] +
                                                       (1 if need is Need.GRAD else -1))
                          for task, need in self._needs.messages.items()}
@@ -183,7 +190,18 @@ class RankRuntime:
         self._hint_peak = self._reserve_hint.peak(rank) if reserving else 0
         if self.held is not None:
             self.held.peak_count = hint.peak(rank)
-        self._notices = Notices(rank, self.placement, self.stages) if reserving else None
+        self._notices = (Notices(rank, self.placement, self.stages, self._senders) if reserving
+                         else None)
+        canon = self._own
+        self._priority = {canon(task): i for task, i in hint.priority(rank).items()}
+        self._strict_order = (tuple(map(canon, hint.strict_order(rank))) if mode == "strict"
+                              else None)
+        self._reserve_order = (tuple(map(canon, self._reserve_hint.strict_order(rank)))
+                               if reserving else None)
+
+    def _own(self, task: Task) -> Task:
+        """This runtime's Task object equal to `task`."""
+        return self._canon[(task.kind, task.microbatch, task.chunk)]
 
     def reschedule(self, hint: HintOrder, mode: str, cap: int | None, *,
                    caps: Sequence[int] | None = None, policy: str | None = None) -> None:
@@ -213,11 +231,9 @@ class RankRuntime:
         n_chunks = len(self.stages)
         M = self.num_microbatches
         ready = ReadySet(
-            self.hint.priority(self.rank), cap=self.cap, num_chunks=n_chunks,
-            split_backward=self.split_backward,
-            strict_order=self.hint.strict_order(self.rank) if self.mode == "strict" else None,
-            reserve_order=(self._reserve_hint.strict_order(self.rank) if self._reserving
-                           else None),
+            self._priority, cap=self.cap, num_chunks=n_chunks,
+            split_backward=self.split_backward, strict_order=self._strict_order,
+            reserve_order=self._reserve_order,
             reserve_peak=self._hint_peak,
             fits=self.forecast.fits if self._reserving else None, held=self.held,
             lightness=self.forecast.carried if self._light else None)  # type: ignore[union-attr]
@@ -259,7 +275,7 @@ class RankRuntime:
             for m, x in enumerate(inputs):
                 self._acts[(0, m)] = x if isinstance(x, tuple) else (x,)
                 self._note_input(m, self._acts[(0, m)])
-                self._satisfy(Task(Kind.F, m, 0))
+                self._satisfy(self._entries[m])
         for msg in self._early.pop(step, []):
             self._route(msg)
 
@@ -402,8 +418,10 @@ class RankRuntime:
         info = TaskInfo(self.step_index, self.rank, stage, task.chunk, task.microbatch,
                         task.kind)
         forecast = self.forecast
-        if self._notices is not None:
-            self._announce(task)
+        if self._notices is not None:  # tell the rank this task feeds that it starts now
+            sent = self._notices.announce(task, forecast, self.step_index)  # type: ignore
+            if sent is not None:
+                self.transport.send_nowait(*sent)
         start = self._now()
         self.num_events += 1
         self.running_task = task
@@ -425,28 +443,20 @@ class RankRuntime:
             self._backward_left[task.chunk] -= 1
             if not self._backward_left[task.chunk]:
                 self.grads_ready(task.chunk)
-        heir = self._needs.unblocks.get(task)
+        heir = self._heir.get(task)
         if heir is not None:
             self._satisfy(heir)
         if self._engine is not None:  # the next decision sees what arrived during the task
             self._engine.task_ended()
-
-    def _announce(self, task: Task) -> None:
-        """Tell the rank this task feeds that it starts now (runtime/notices.py)."""
-        sent = self._notices.announce(task, self.forecast, self.step_index)  # type: ignore
-        if sent is not None:
-            self.transport.send_nowait(*sent)
 
     def _measure_forward(self, task: Task) -> int:
         """Record a forward's duration; return the cost factor its activation carries on."""
         forecast = self.forecast
         if forecast is None:
             return 0
-        duration = self._now() - self._task_start
-        forecast.observe(task, duration)
-        factor = forecast.cost_factor(task, duration)
-        forecast.carry(task.microbatch, factor)
-        return min(2**32 - 1, max(1, round(factor * COST_UNIT)))
+        factor = forecast.forward_ended(task, self._now() - self._task_start)
+        tag = round(factor * COST_UNIT)  # min(2**32 - 1, max(1, tag)): forecast Note [no min/max]
+        return 1 if tag < 1 else 2**32 - 1 if tag > 2**32 - 1 else tag
 
     def _note_input(self, microbatch: int, tensors: tuple[Any, ...]) -> None:
         """The entry F's input arrived: its size scales the microbatch's predicted bytes."""
@@ -508,7 +518,7 @@ class RankRuntime:
 
     def _send(self, kind: MessageKind, stage: int, mb: int, tensors: tuple[Any, ...],
               tag: int = 0) -> None:
-        msg = Message(self.step_index, kind, stage, mb, tuple(tensors or ()), tag)
+        msg = Message(self.step_index, kind, stage, mb, tuple(tensors or ()), tag, self.rank)
         self.transport.send_nowait(self.placement.rank_of(stage), msg)
 
     # -- introspection --------------------------------------------------------------------

@@ -30,9 +30,10 @@ class MessageKind(enum.IntEnum):
 class Message:
     """One message: `stage` is the stage it is for (the receiver's), `tensors` its payload.
 
-    `source` is the rank that sent it. The sender leaves it None; the receiving transport fills
-    it in from what it knows (MPI's status, the in-process sender), so it never travels in the
-    header and cannot disagree with the true sender.
+    `source` is the rank that sent it. The receiving transport sets it from what it knows (MPI's
+    status, the in-process sender), so it never travels in the header and cannot disagree with
+    the true sender. A sender may name itself (the runtime does): the in-process transport then
+    delivers that very object instead of a copy, and replaces any other value.
     """
 
     step: int

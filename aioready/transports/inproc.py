@@ -73,19 +73,20 @@ class InprocTransport:
         self._world._on_failure[self._rank] = on_failure
 
     def send_nowait(self, dest: int, msg: Message) -> None:
-        if not 0 <= dest < self._world.world_size:
-            raise outside_world(self._rank, self._world.world_size, dest)
+        world = self._world
+        if not 0 <= dest < world.world_size:
+            raise outside_world(self._rank, world.world_size, dest)
         loop = asyncio.get_running_loop()
         self.num_sent += 1
         if msg.kind is MessageKind.NOTICE:
-            self._world.num_notices += 1
+            world.num_notices += 1
         else:
-            self._world.num_messages += 1
-        if self._world.drop is not None and self._world.drop(self._rank, dest, msg):
-            self._world.num_dropped += 1
+            world.num_messages += 1
+        if world.drop is not None and world.drop(self._rank, dest, msg):
+            world.num_dropped += 1
             return
         self._pending += 1
-        delay = self._world.delay(self._rank, dest, msg) if self._world.delay else 0.0
+        delay = world.delay(self._rank, dest, msg) if world.delay else 0.0
         if delay > 0:
             loop.call_later(delay, self._arrive, dest, msg)
         else:
@@ -100,7 +101,9 @@ class InprocTransport:
             raise ProtocolError("message for a rank that has not opened its endpoint",
                                 rank=dest, expected="an open endpoint", got=msg.describe())
         try:
-            deliver(msg.received_from(self._rank))
+            # a sender that named itself (the runtime does) is delivered as sent: one Message
+            # per message, not two (docs/hot_path.md)
+            deliver(msg if msg.source == self._rank else msg.received_from(self._rank))
         except Exception as exc:
             on_failure = self._world._on_failure[dest]
             if on_failure is None:
