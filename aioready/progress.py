@@ -49,8 +49,6 @@ This module imports neither mpi4py nor torch.
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import ctypes.util
 import logging
 import os
 import sys
@@ -61,6 +59,7 @@ from typing import Protocol, runtime_checkable
 
 from .clock import virtual_clock
 from .errors import ConfigError
+from .timerfd import TimerFd
 
 __all__ = ["CompletionSource", "ProgressConfig", "ProgressEngine", "ProgressStatistics"]
 
@@ -161,47 +160,6 @@ class ProgressStatistics:
     timer: str
 
 
-class _TimerFd:
-    """A one-shot CLOCK_MONOTONIC timerfd: os.timerfd_* on 3.13+, libc through ctypes before."""
-
-    def __init__(self) -> None:
-        if hasattr(os, "timerfd_create"):
-            self.fd = os.timerfd_create(time.CLOCK_MONOTONIC,
-                                        flags=os.TFD_NONBLOCK | os.TFD_CLOEXEC)
-            self._set = lambda s: os.timerfd_settime(self.fd, initial=max(s, 1e-6))  # type: ignore
-            self._closer = weakref.finalize(self, os.close, self.fd)
-            return
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        fd = libc.timerfd_create(1, 0o4000 | 0o2000000)  # CLOCK_MONOTONIC, NONBLOCK|CLOEXEC
-        if fd < 0:
-            raise OSError(ctypes.get_errno(), "timerfd_create failed")
-        self.fd = fd
-        self._closer = weakref.finalize(self, os.close, fd)
-        settime = libc.timerfd_settime
-        spec = (ctypes.c_long * 4)()
-
-        def _set(seconds: float) -> None:
-            ns = max(int(seconds * 1e9), 1000)
-            spec[0] = spec[1] = 0
-            spec[2], spec[3] = divmod(ns, 1_000_000_000)
-            if settime(self.fd, 0, ctypes.byref(spec), None) != 0:
-                raise OSError(ctypes.get_errno(), "timerfd_settime failed")
-
-        self._set = _set
-
-    def arm(self, seconds: float) -> None:
-        self._set(seconds)  # re-arming also resets a pending expiration count
-
-    def drain(self) -> None:
-        try:
-            os.read(self.fd, 8)
-        except BlockingIOError:
-            pass
-
-    def close(self) -> None:
-        self._closer()
-
-
 _BELL_GRACE = 8  # timer parks after a doorbell woke the engine (see _park_on_doorbells)
 
 _ENGINES: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, ProgressEngine]" = (
@@ -221,7 +179,7 @@ class ProgressEngine:
         self._last_progress = loop.time()
         self._cpu_mark: float | None = None  # thread CPU time at the first hot pass after it
         self._hot_until = 0.0
-        self._timer: _TimerFd | None = None
+        self._timer: TimerFd | None = None
         self._timer_registered = False  # the timerfd is watched by the loop (from the first park)
         # a virtual clock only moves while the loop sleeps: never spin there, park exactly
         self.virtual = virtual_clock(loop) is not None
@@ -258,7 +216,7 @@ class ProgressEngine:
         usable = sys.platform.startswith("linux") and not self.virtual
         if usable:
             try:
-                self._timer = _TimerFd()
+                self._timer = TimerFd()
                 return "timerfd"
             except (OSError, AttributeError):
                 usable = False
