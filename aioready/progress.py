@@ -262,8 +262,20 @@ class ProgressEngine:
             self._waiting = True
             if not (self._armed and self.config.spin_s == 0):
                 self.kick()
-        else:
-            self._waiting = waiting
+            return
+        if not waiting and self._armed and self.config.busy_sleep:
+            self._through_armed_park()
+        self._waiting = waiting
+
+    def _through_armed_park(self) -> None:
+        """A task starts while the engine is parked on its doorbells (the message that ended
+        the wait was delivered by that park's poll): with `busy_sleep` the park becomes a park
+        through the task, doorbells disarmed, so the task's first message does not ring a busy
+        rank; `task_ended()` polls instead. No wake-up: the park's timer stays the backstop."""
+        for src in self._armed:
+            src.disarm_doorbell()
+        self._armed = []
+        self._through_task = True
 
     def reconfigure(self, config: ProgressConfig) -> None:
         """Replace the policy knobs (a transport that learned the host is oversubscribed)."""
@@ -414,12 +426,14 @@ class ProgressEngine:
                 if self._rung:
                     self.num_rings += 1
                     self._bell_grace = _BELL_GRACE
-                elif self.loop.time() - start >= backstop / 2 and self.poll():
+                elif (self._armed and self.loop.time() - start >= backstop / 2
+                      and self.poll()):  # (disarmed by _through_armed_park: not a miss)
                     self.num_missed_rings += 1
         finally:
             for src in self._armed:
                 src.disarm_doorbell()
             self._armed = []
+            self._through_task = False  # set by _through_armed_park
 
     def _spun(self) -> float:
         """CPU time this thread spent polling since the last progress.

@@ -369,3 +369,43 @@ def test_starting_to_wait_leaves_a_doorbell_park_alone_without_a_spin_window(
         assert polls >= 1
     else:
         assert parks == 0 and polls == 0, (parks, polls)
+
+
+@pytest.mark.parametrize("busy_sleep", [True, False], ids=["busy-sleep", "busy-parks"])
+def test_a_task_that_starts_in_a_doorbell_park_is_not_rung_with_busy_sleep(
+        busy_sleep: bool) -> None:
+    """The message that ends a wait is delivered by a doorbell park's poll, and the task starts
+    while the engine is still parked there. With `busy_sleep` that park becomes a park through
+    the task at once: the doorbell is disarmed (the task's first message rings nobody), no poll
+    runs, and the item is completed when `task_ended()` polls. Without it the doorbell stays
+    armed and the first message rings the busy rank (the default's behaviour, unchanged)."""
+    async def main() -> tuple[int, int, bool, BellSource, ProgressEngine]:
+        loop = asyncio.get_running_loop()
+        engine = ProgressEngine(loop, ProgressConfig(spin_s=0.0, bell_backstop_s=50e-3,
+                                                     busy_sleep=busy_sleep))
+        src = BellSource(loop, engine)
+        engine.add_source(src)
+        engine.set_waiting(True)
+        fut = src.add(100.0)
+        await asyncio.sleep(0.002)  # parked on the doorbell
+        assert src.armed
+        polls = src.num_polls
+        engine.set_waiting(False)  # a task starts
+        armed = src.armed
+        await asyncio.sleep(0.010)
+        src.arrive()
+        await asyncio.sleep(0.001)
+        if busy_sleep:
+            assert not fut.done()
+            engine.task_ended()
+        await fut
+        polls = src.num_polls - polls
+        engine.close()
+        return polls, engine.num_missed_rings, armed, src, engine
+
+    polls, missed, armed, src, engine = run_virtual(main())
+    if busy_sleep:
+        assert not armed and src.num_rung == 0 and engine.num_rings == 0
+        assert polls == 1 and missed == 0, polls  # task_ended()'s poll, no other
+    else:
+        assert armed and src.num_rung == 1 and engine.num_rings == 1
