@@ -57,7 +57,7 @@ import weakref
 from dataclasses import dataclass, fields
 from typing import Protocol, runtime_checkable
 
-from .clock import virtual_clock
+from .clock import clock_of, virtual_clock
 from .errors import ConfigError
 from .timerfd import TimerFd
 
@@ -99,6 +99,7 @@ class ProgressConfig:
     busy_park_s: float = 5e-3  # AIOREADY_BUSY_PARK_US: timerfd period while a task runs
     bell_backstop_s: float = 50e-3  # AIOREADY_BELL_BACKSTOP_MS: longest park on a doorbell
     busy_sleep: bool = False  # AIOREADY_BUSY_SLEEP=1: sleep through tasks (_park_through_task)
+    task_lead_s: float = 2.5e-3  # AIOREADY_TASK_LEAD_US: one poll this long before a known end
     yield_every: int = 0  # AIOREADY_YIELD_EVERY: hot passes between sched_yield() (0: never)
     timer: str = "auto"  # AIOREADY_TIMER: auto | timerfd | call_later
 
@@ -108,7 +109,8 @@ class ProgressConfig:
             "hot_max_s": ("AIOREADY_HOT_MAX_MS", 1e-3),
             "min_sleep_s": ("AIOREADY_MIN_SLEEP_MS", 1e-3),
             "busy_park_s": ("AIOREADY_BUSY_PARK_US", 1e-6),
-            "bell_backstop_s": ("AIOREADY_BELL_BACKSTOP_MS", 1e-3)}
+            "bell_backstop_s": ("AIOREADY_BELL_BACKSTOP_MS", 1e-3),
+            "task_lead_s": ("AIOREADY_TASK_LEAD_US", 1e-6)}
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -192,6 +194,8 @@ class ProgressEngine:
         self._bell_grace = 0  # short timer parks left before arming the doorbells again
         self._rung = False  # a doorbell rang since the last doorbell park began
         self._through_task = False  # parked through a running task: task_ended() polls
+        self._task_end: float | None = None  # when a paced task ends (task_ends_at)
+        self._clock = clock_of(loop)  # the clock of task spans and paced deadlines
         self.num_task_parks = 0
         self._armed: list[CompletionSource] = []  # sources whose doorbell is armed (a park)
 
@@ -352,6 +356,14 @@ class ProgressEngine:
             self.num_parks += 1
             if self._bell_grace:  # just rung: the message may need a few polls to show
                 self._bell_grace -= 1
+            elif (busy and self._task_end is not None and cfg.task_lead_s
+                  and self._arm_doorbells(ring=False)):
+                left = self._task_end - cfg.task_lead_s - self._clock()
+                if left > 0:
+                    await self._wait(left)
+                else:
+                    await self._park_through_task(cfg.bell_backstop_s)
+                continue
             elif busy and cfg.busy_sleep and self._arm_doorbells(ring=False):
                 await self._park_through_task(cfg.bell_backstop_s)
                 continue
@@ -405,8 +417,27 @@ class ProgressEngine:
     def task_ended(self) -> None:
         """The runtime's task ended and its arbiter decides next: if the engine slept through
         the task (`_park_through_task`), poll now so the decision sees what arrived meanwhile."""
+        self._task_end = None
         if self._through_task:
             self.poll()
+
+    def task_ends_at(self, deadline: float) -> None:
+        """The running task ends at `deadline` (on `clock_of(loop)`: a paced task's sleep). With
+        `task_lead_s`, the busy engine's timer parks give way to one park that ends that long
+        before the deadline (a poll there), then a park through to the end (`task_ended()`
+        polls): two wake-ups a task, the task's end one of them. A park under way is re-timed
+        in place (a doorbell park is disarmed, as a task's start with `busy_sleep` does)."""
+        if not self.config.task_lead_s or self._waiting is not False:
+            return
+        self._task_end = deadline
+        if self._wake is None:
+            return
+        if self._armed:
+            self._through_armed_park()
+        if self._timer is None:  # a call_later park: end it, the next one fits the task
+            self.kick()
+        else:
+            self._timer.arm(max(deadline - self.config.task_lead_s - self._clock(), 1e-6))
 
     async def _park_on_doorbells(self, backstop: float) -> None:
         """Park until a doorbell rings (the source calls `ring()`), something kicks the engine,
