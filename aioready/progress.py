@@ -36,7 +36,9 @@ Busy: no spin window (a spinning loop thread steals the CPU and the GIL from the
 for) and parks of `busy_park_s`, unless a large transfer needs progress (`wants_hot`); where the
 sources have doorbells and nothing is tracked, `busy_sleep` (off by default) has a busy engine
 sleep through the task instead, with no rings and only the backstop, and the runtime's
-`task_ended()` poll before the arbiter decides (`_park_through_task`). Measured in
+`task_ended()` poll before the arbiter decides (`_park_through_task`); `task_lead_s` (off by
+default) is the middle way for a paced task, whose end is known (`task_ends_at`): one poll that
+long before the end, then through to it (docs/hot_path.md "A task's end"). Measured in
 bench/e2e (4 ranks on 2 cores, 20 ms tasks): with the plain policy a rank waiting through a long
 bubble backed off to 8 ms parks and each such wake-up added milliseconds to the critical path.
 When more ranks share the host than it has cores (`oversubscribed`), spinning only takes time
@@ -99,7 +101,7 @@ class ProgressConfig:
     busy_park_s: float = 5e-3  # AIOREADY_BUSY_PARK_US: timerfd period while a task runs
     bell_backstop_s: float = 50e-3  # AIOREADY_BELL_BACKSTOP_MS: longest park on a doorbell
     busy_sleep: bool = False  # AIOREADY_BUSY_SLEEP=1: sleep through tasks (_park_through_task)
-    task_lead_s: float = 2.5e-3  # AIOREADY_TASK_LEAD_US: one poll this long before a known end
+    task_lead_s: float = 0.0  # AIOREADY_TASK_LEAD_US: one poll this long before a known end
     yield_every: int = 0  # AIOREADY_YIELD_EVERY: hot passes between sched_yield() (0: never)
     timer: str = "auto"  # AIOREADY_TIMER: auto | timerfd | call_later
 
