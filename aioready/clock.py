@@ -35,12 +35,14 @@ from __future__ import annotations
 import asyncio
 import heapq
 import math
+import os
 import random
 import selectors
 import time
 from typing import Any, Awaitable, Callable, TypeVar
 
 from .errors import ConfigError
+from .timerfd import LoopTimer
 
 __all__ = ["VirtualClockLoop", "VirtualClockDeadlock", "VirtualClockOverflow", "run_virtual", "virtual_clock", "clock_of",
            "sleep_until"]
@@ -175,14 +177,21 @@ def clock_of(loop: asyncio.AbstractEventLoop) -> Callable[[], float]:
 async def sleep_until(loop: asyncio.AbstractEventLoop, deadline: float) -> bool:
     """Sleep until `clock_of(loop)` reads `deadline`; False if it already had (nothing to wait).
 
-    On a real loop a sleep can end early against time.monotonic (uvloop's timers run on a clock
-    cached per loop pass): sleep the rest. The virtual clock lands on the timer exactly.
+    On a real Linux loop it ends on a timerfd armed at the deadline (timerfd.py; off with
+    `AIOREADY_PRECISE_SLEEP=0`). Otherwise a sleep can end early against time.monotonic
+    (uvloop's timers run on a clock cached per loop pass): sleep the rest. The virtual clock
+    lands on the timer exactly.
     """
     now = clock_of(loop)
     left = deadline - now()
     if left <= 0:
         return False
     virtual = virtual_clock(loop) is not None
+    if not virtual and os.environ.get("AIOREADY_PRECISE_SLEEP", "1") != "0":
+        timer = LoopTimer.for_loop(loop)  # one wake-up at the deadline (timerfd.py)
+        if timer is not None:
+            await timer.sleep_until(deadline)
+            return True
     while left > 0:
         await asyncio.sleep(left)
         if virtual:

@@ -36,7 +36,9 @@ Busy: no spin window (a spinning loop thread steals the CPU and the GIL from the
 for) and parks of `busy_park_s`, unless a large transfer needs progress (`wants_hot`); where the
 sources have doorbells and nothing is tracked, `busy_sleep` (off by default) has a busy engine
 sleep through the task instead, with no rings and only the backstop, and the runtime's
-`task_ended()` poll before the arbiter decides (`_park_through_task`). Measured in
+`task_ended()` poll before the arbiter decides (`_park_through_task`); `task_lead_s` (off by
+default) is the middle way for a paced task, whose end is known (`task_ends_at`): one poll that
+long before the end, then through to it (docs/hot_path.md "A task's end"). Measured in
 bench/e2e (4 ranks on 2 cores, 20 ms tasks): with the plain policy a rank waiting through a long
 bubble backed off to 8 ms parks and each such wake-up added milliseconds to the critical path.
 When more ranks share the host than it has cores (`oversubscribed`), spinning only takes time
@@ -49,8 +51,6 @@ This module imports neither mpi4py nor torch.
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import ctypes.util
 import logging
 import os
 import sys
@@ -59,8 +59,9 @@ import weakref
 from dataclasses import dataclass, fields
 from typing import Protocol, runtime_checkable
 
-from .clock import virtual_clock
+from .clock import clock_of, virtual_clock
 from .errors import ConfigError
+from .timerfd import TimerFd
 
 __all__ = ["CompletionSource", "ProgressConfig", "ProgressEngine", "ProgressStatistics"]
 
@@ -100,6 +101,7 @@ class ProgressConfig:
     busy_park_s: float = 5e-3  # AIOREADY_BUSY_PARK_US: timerfd period while a task runs
     bell_backstop_s: float = 50e-3  # AIOREADY_BELL_BACKSTOP_MS: longest park on a doorbell
     busy_sleep: bool = False  # AIOREADY_BUSY_SLEEP=1: sleep through tasks (_park_through_task)
+    task_lead_s: float = 0.0  # AIOREADY_TASK_LEAD_US: one poll this long before a known end
     yield_every: int = 0  # AIOREADY_YIELD_EVERY: hot passes between sched_yield() (0: never)
     timer: str = "auto"  # AIOREADY_TIMER: auto | timerfd | call_later
 
@@ -109,7 +111,8 @@ class ProgressConfig:
             "hot_max_s": ("AIOREADY_HOT_MAX_MS", 1e-3),
             "min_sleep_s": ("AIOREADY_MIN_SLEEP_MS", 1e-3),
             "busy_park_s": ("AIOREADY_BUSY_PARK_US", 1e-6),
-            "bell_backstop_s": ("AIOREADY_BELL_BACKSTOP_MS", 1e-3)}
+            "bell_backstop_s": ("AIOREADY_BELL_BACKSTOP_MS", 1e-3),
+            "task_lead_s": ("AIOREADY_TASK_LEAD_US", 1e-6)}
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -161,47 +164,6 @@ class ProgressStatistics:
     timer: str
 
 
-class _TimerFd:
-    """A one-shot CLOCK_MONOTONIC timerfd: os.timerfd_* on 3.13+, libc through ctypes before."""
-
-    def __init__(self) -> None:
-        if hasattr(os, "timerfd_create"):
-            self.fd = os.timerfd_create(time.CLOCK_MONOTONIC,
-                                        flags=os.TFD_NONBLOCK | os.TFD_CLOEXEC)
-            self._set = lambda s: os.timerfd_settime(self.fd, initial=max(s, 1e-6))  # type: ignore
-            self._closer = weakref.finalize(self, os.close, self.fd)
-            return
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        fd = libc.timerfd_create(1, 0o4000 | 0o2000000)  # CLOCK_MONOTONIC, NONBLOCK|CLOEXEC
-        if fd < 0:
-            raise OSError(ctypes.get_errno(), "timerfd_create failed")
-        self.fd = fd
-        self._closer = weakref.finalize(self, os.close, fd)
-        settime = libc.timerfd_settime
-        spec = (ctypes.c_long * 4)()
-
-        def _set(seconds: float) -> None:
-            ns = max(int(seconds * 1e9), 1000)
-            spec[0] = spec[1] = 0
-            spec[2], spec[3] = divmod(ns, 1_000_000_000)
-            if settime(self.fd, 0, ctypes.byref(spec), None) != 0:
-                raise OSError(ctypes.get_errno(), "timerfd_settime failed")
-
-        self._set = _set
-
-    def arm(self, seconds: float) -> None:
-        self._set(seconds)  # re-arming also resets a pending expiration count
-
-    def drain(self) -> None:
-        try:
-            os.read(self.fd, 8)
-        except BlockingIOError:
-            pass
-
-    def close(self) -> None:
-        self._closer()
-
-
 _BELL_GRACE = 8  # timer parks after a doorbell woke the engine (see _park_on_doorbells)
 
 _ENGINES: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, ProgressEngine]" = (
@@ -221,7 +183,7 @@ class ProgressEngine:
         self._last_progress = loop.time()
         self._cpu_mark: float | None = None  # thread CPU time at the first hot pass after it
         self._hot_until = 0.0
-        self._timer: _TimerFd | None = None
+        self._timer: TimerFd | None = None
         self._timer_registered = False  # the timerfd is watched by the loop (from the first park)
         # a virtual clock only moves while the loop sleeps: never spin there, park exactly
         self.virtual = virtual_clock(loop) is not None
@@ -234,6 +196,8 @@ class ProgressEngine:
         self._bell_grace = 0  # short timer parks left before arming the doorbells again
         self._rung = False  # a doorbell rang since the last doorbell park began
         self._through_task = False  # parked through a running task: task_ended() polls
+        self._task_end: float | None = None  # when a paced task ends (task_ends_at)
+        self._clock = clock_of(loop)  # the clock of task spans and paced deadlines
         self.num_task_parks = 0
         self._armed: list[CompletionSource] = []  # sources whose doorbell is armed (a park)
 
@@ -258,7 +222,7 @@ class ProgressEngine:
         usable = sys.platform.startswith("linux") and not self.virtual
         if usable:
             try:
-                self._timer = _TimerFd()
+                self._timer = TimerFd()
                 return "timerfd"
             except (OSError, AttributeError):
                 usable = False
@@ -304,8 +268,20 @@ class ProgressEngine:
             self._waiting = True
             if not (self._armed and self.config.spin_s == 0):
                 self.kick()
-        else:
-            self._waiting = waiting
+            return
+        if not waiting and self._armed and self.config.busy_sleep:
+            self._through_armed_park()
+        self._waiting = waiting
+
+    def _through_armed_park(self) -> None:
+        """A task starts while the engine is parked on its doorbells (the message that ended
+        the wait was delivered by that park's poll): with `busy_sleep` the park becomes a park
+        through the task, doorbells disarmed, so the task's first message does not ring a busy
+        rank; `task_ended()` polls instead. No wake-up: the park's timer stays the backstop."""
+        for src in self._armed:
+            src.disarm_doorbell()
+        self._armed = []
+        self._through_task = True
 
     def reconfigure(self, config: ProgressConfig) -> None:
         """Replace the policy knobs (a transport that learned the host is oversubscribed)."""
@@ -382,6 +358,14 @@ class ProgressEngine:
             self.num_parks += 1
             if self._bell_grace:  # just rung: the message may need a few polls to show
                 self._bell_grace -= 1
+            elif (busy and self._task_end is not None and cfg.task_lead_s
+                  and self._arm_doorbells(ring=False)):
+                left = self._task_end - cfg.task_lead_s - self._clock()
+                if left > 0:
+                    await self._wait(left)
+                else:
+                    await self._park_through_task(cfg.bell_backstop_s)
+                continue
             elif busy and cfg.busy_sleep and self._arm_doorbells(ring=False):
                 await self._park_through_task(cfg.bell_backstop_s)
                 continue
@@ -422,7 +406,9 @@ class ProgressEngine:
         the timer parks' ~100 wake-ups a second (0.7 % of a core a rank at 8 ranks), but the
         median task overran 1.1 against 0.7 ms at 8 ranks and 2.8 against 0.7 ms at 16, as the
         scheduler (Linux EEVDF, a loaded host) gives a long sleeper a core later, and a notice
-        read at the task's end dates its forecast from then: so it is off by default."""
+        read at the task's end dates its forecast from then: so it is off by default. Measured
+        again with precise task ends and no ring at a task's start (docs/hot_path.md "A task's
+        end"): 13-18 % less CPU per task at 16 ranks, overrun p90 1.3-1.4x."""
         self._through_task = True
         self.num_task_parks += 1
         try:
@@ -433,8 +419,27 @@ class ProgressEngine:
     def task_ended(self) -> None:
         """The runtime's task ended and its arbiter decides next: if the engine slept through
         the task (`_park_through_task`), poll now so the decision sees what arrived meanwhile."""
+        self._task_end = None
         if self._through_task:
             self.poll()
+
+    def task_ends_at(self, deadline: float) -> None:
+        """The running task ends at `deadline` (on `clock_of(loop)`: a paced task's sleep). With
+        `task_lead_s`, the busy engine's timer parks give way to one park that ends that long
+        before the deadline (a poll there), then a park through to the end (`task_ended()`
+        polls): two wake-ups a task, the task's end one of them. A park under way is re-timed
+        in place (a doorbell park is disarmed, as a task's start with `busy_sleep` does)."""
+        if not self.config.task_lead_s or self._waiting is not False:
+            return
+        self._task_end = deadline
+        if self._wake is None:
+            return
+        if self._armed:
+            self._through_armed_park()
+        if self._timer is None:  # a call_later park: end it, the next one fits the task
+            self.kick()
+        else:
+            self._timer.arm(max(deadline - self.config.task_lead_s - self._clock(), 1e-6))
 
     async def _park_on_doorbells(self, backstop: float) -> None:
         """Park until a doorbell rings (the source calls `ring()`), something kicks the engine,
@@ -456,12 +461,14 @@ class ProgressEngine:
                 if self._rung:
                     self.num_rings += 1
                     self._bell_grace = _BELL_GRACE
-                elif self.loop.time() - start >= backstop / 2 and self.poll():
+                elif (self._armed and self.loop.time() - start >= backstop / 2
+                      and self.poll()):  # (disarmed by _through_armed_park: not a miss)
                     self.num_missed_rings += 1
         finally:
             for src in self._armed:
                 src.disarm_doorbell()
             self._armed = []
+            self._through_task = False  # set by _through_armed_park
 
     def _spun(self) -> float:
         """CPU time this thread spent polling since the last progress.

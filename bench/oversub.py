@@ -209,6 +209,9 @@ def main(argv: list[str] | None = None) -> str:
                     "tree's (fast paths on), alternating, as the 'before' rows")
     ap.add_argument("--busy-sleep", action="store_true", help="add a variant with "
                     "AIOREADY_BUSY_SLEEP=1 (fast paths on)")
+    ap.add_argument("--variant", action="append", default=[], help="another variant (fast "
+                    "paths on): VAR=VALUE[,VAR=VALUE...] set for its launches, e.g. "
+                    "AIOREADY_TASK_LEAD_US=1000; repeatable")
     ap.add_argument("--out", default="")
     ap.add_argument("--tree", default="", help="(worker) import aioready from this directory")
     args = ap.parse_args(argv)
@@ -229,6 +232,9 @@ def main(argv: list[str] | None = None) -> str:
         if args.busy_sleep:
             variants.append(("AIOREADY_BUSY_SLEEP=1", str(ROOT), {"AIOREADY_MPI_FAST": "1",
                                                                  "AIOREADY_BUSY_SLEEP": "1"}))
+        for spec in args.variant:
+            env = dict(kv.split("=", 1) for kv in spec.split(","))
+            variants.append((spec, str(ROOT), {"AIOREADY_MPI_FAST": "1", **env}))
         if args.baseline:
             variants.insert(0, (f"commit {args.baseline}", baseline_tree(args.baseline,
                                                                          Path(tmp)), {}))
@@ -260,6 +266,7 @@ def main(argv: list[str] | None = None) -> str:
     command += f" --fast {args.fast}" * (args.fast != "0,1")
     command += f" --baseline {args.baseline}" * bool(args.baseline)
     command += " --busy-sleep" * args.busy_sleep
+    command += "".join(f" --variant {v}" for v in args.variant)
     write_result("oversub", body, command)
     print(body)
     return body

@@ -20,7 +20,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "aioready"
 # below, never above. The root package (`aioready/__init__.py`) is the facade over all of them.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors",),
-    ("tasks", "placement", "clock", "launch"),
+    ("tasks", "placement", "clock", "timerfd", "launch"),
     ("in_flight", "hints", "caps", "memory", "held_bytes", "forecast", "ready_set", "arbiter",
      "progress"),
     ("transports", "devices", "cuda", "schedulers", "testing", "modeling"),
@@ -37,7 +37,8 @@ CORE = ["aioready", "aioready.tasks", "aioready.placement", "aioready.hints",
         "aioready.transports.inproc", "aioready.transports.base", "aioready.transports.header",
         "aioready.clock", "aioready.telemetry", "aioready.devices", "aioready.errors",
         "aioready.cli", "aioready.sim", "aioready.sim.variability", "aioready.progress",
-        "aioready.tp.grid", "aioready.tp.coordination", "aioready.launch"]
+        "aioready.tp.grid", "aioready.tp.coordination", "aioready.launch",
+        "aioready.timerfd"]
 
 
 def module_name(path: Path) -> str:

@@ -78,3 +78,26 @@ async def test_paced_tasks_on_a_real_loop() -> None:
     assert overruns == 0 and took >= 0.2  # it slept the rest, which is no overrun
     overruns, took = await _paced(0.2, 0.05)
     assert overruns == 1 and took >= 0.2
+
+
+def test_a_paced_task_tells_the_completion_engine_when_it_ends() -> None:
+    """The deadline a paced task sleeps to reaches the loop's engine (`task_ends_at`), which
+    can fit its busy parks to it (progress.py `task_lead_s`); with no engine, nothing is made."""
+    from aioready.progress import ProgressConfig, ProgressEngine
+
+    async def main() -> tuple[list[float], bool]:
+        loop = asyncio.get_running_loop()
+        assert ProgressEngine.existing(loop) is None
+        await _paced(0.5, 2.0)
+        made = ProgressEngine.existing(loop) is not None
+        engine = ProgressEngine.for_loop(loop)
+        engine.reconfigure(ProgressConfig(task_lead_s=1e-3))
+        told: list[float] = []
+        engine.task_ends_at = told.append  # type: ignore[method-assign]
+        await _paced(0.5, 2.0)
+        await _paced(0.5, 2.0, "add")
+        engine.close()
+        return told, made
+
+    told, made = run_virtual(main())
+    assert told == [2.0 + 2.0, 4.0 + 0.5 + 2.0] and not made

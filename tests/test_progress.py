@@ -369,3 +369,90 @@ def test_starting_to_wait_leaves_a_doorbell_park_alone_without_a_spin_window(
         assert polls >= 1
     else:
         assert parks == 0 and polls == 0, (parks, polls)
+
+
+@pytest.mark.parametrize("busy_sleep", [True, False], ids=["busy-sleep", "busy-parks"])
+def test_a_task_that_starts_in_a_doorbell_park_is_not_rung_with_busy_sleep(
+        busy_sleep: bool) -> None:
+    """The message that ends a wait is delivered by a doorbell park's poll, and the task starts
+    while the engine is still parked there. With `busy_sleep` that park becomes a park through
+    the task at once: the doorbell is disarmed (the task's first message rings nobody), no poll
+    runs, and the item is completed when `task_ended()` polls. Without it the doorbell stays
+    armed and the first message rings the busy rank (the default's behaviour, unchanged)."""
+    async def main() -> tuple[int, int, bool, BellSource, ProgressEngine]:
+        loop = asyncio.get_running_loop()
+        engine = ProgressEngine(loop, ProgressConfig(spin_s=0.0, bell_backstop_s=50e-3,
+                                                     busy_sleep=busy_sleep))
+        src = BellSource(loop, engine)
+        engine.add_source(src)
+        engine.set_waiting(True)
+        fut = src.add(100.0)
+        await asyncio.sleep(0.002)  # parked on the doorbell
+        assert src.armed
+        polls = src.num_polls
+        engine.set_waiting(False)  # a task starts
+        armed = src.armed
+        await asyncio.sleep(0.010)
+        src.arrive()
+        await asyncio.sleep(0.001)
+        if busy_sleep:
+            assert not fut.done()
+            engine.task_ended()
+        await fut
+        polls = src.num_polls - polls
+        engine.close()
+        return polls, engine.num_missed_rings, armed, src, engine
+
+    polls, missed, armed, src, engine = run_virtual(main())
+    if busy_sleep:
+        assert not armed and src.num_rung == 0 and engine.num_rings == 0
+        assert polls == 1 and missed == 0, polls  # task_ended()'s poll, no other
+    else:
+        assert armed and src.num_rung == 1 and engine.num_rings == 1
+
+
+@pytest.mark.parametrize("lead_s", [1e-3, 0.0], ids=["lead", "busy-parks"])
+@pytest.mark.parametrize("from_doorbell", [False, True], ids=["timer-park", "doorbell-park"])
+def test_a_paced_task_gets_one_poll_before_its_end(lead_s: float, from_doorbell: bool) -> None:
+    """With `task_lead_s`, a busy engine told when its task ends (`task_ends_at`, from the
+    paced device) parks once until `lead` before the end, polls there, and parks through to the
+    end, where `task_ended()` polls: an item that arrived mid-task is completed at the lead
+    poll, rung by nobody, and a 20 ms task holds 2 parks, where 5 ms busy parks are 4-5. A task
+    that starts in a doorbell park (the wait's last message) re-times that park and disarms
+    it. Without the knob the hint changes nothing."""
+    async def main() -> tuple[float, int, BellSource, ProgressEngine]:
+        loop = asyncio.get_running_loop()
+        engine = ProgressEngine(loop, ProgressConfig(spin_s=0.0, busy_park_s=5e-3,
+                                                     bell_backstop_s=50e-3, task_lead_s=lead_s))
+        src = BellSource(loop, engine)
+        engine.add_source(src)
+        keep = BellSource(loop, engine)  # the next header, always awaited (as MPI's is)
+        engine.add_source(keep)
+        keep.add(1000.0)
+        engine.set_waiting(from_doorbell)
+        fut = src.add(100.0)
+        await asyncio.sleep(0.0021)
+        assert src.armed == from_doorbell
+        engine.set_waiting(False)  # a task starts, and says when it ends
+        start = loop.time()
+        parks = engine.num_parks
+        engine.task_ends_at(start + 0.020)
+        assert not src.armed or not lead_s
+        await asyncio.sleep(0.010)
+        src.arrive()
+        done = await fut
+        await asyncio.sleep(start + 0.020 - loop.time())
+        parks = engine.num_parks - parks
+        engine.task_ended()
+        engine.close()
+        return done - start, parks, src, engine
+
+    took, parks, src, engine = run_virtual(main())
+    if lead_s:
+        assert took == pytest.approx(0.019) and src.num_rung == 0, took
+        assert parks == 2, parks
+    elif from_doorbell:
+        assert took == pytest.approx(0.010) and src.num_rung == 1, took  # the default: rung
+    else:
+        assert 0.010 < took <= 0.015 + 1e-9 and src.num_rung == 0, took
+        assert 4 <= parks <= 5, parks

@@ -15,6 +15,7 @@ from typing import Callable, TypeVar
 
 from ..clock import clock_of, sleep_until
 from ..errors import ConfigError
+from ..progress import ProgressEngine
 from .base import Device, TaskInfo
 
 __all__ = ["PacedDevice", "PACE_MODES"]
@@ -40,7 +41,11 @@ class PacedDevice:
         result = await self.inner.run(info, fn)
         if self.mode == "add":
             start = clock_of(loop)()
-        if not await sleep_until(loop, start + self.duration(info)) and self.mode == "floor":
+        deadline = start + self.duration(info)
+        engine = ProgressEngine.existing(loop)
+        if engine is not None:
+            engine.task_ends_at(deadline)  # its busy parks can fit the task (progress.py)
+        if not await sleep_until(loop, deadline) and self.mode == "floor":
             self.num_overruns += 1
         return result
 
