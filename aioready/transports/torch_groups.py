@@ -58,9 +58,9 @@ def cpu_ops(group: Any) -> Any:
     """What to call for CPU point-to-point on `group`: its gloo backend itself where it has one.
 
     A ProcessGroup's `send`/`recv` go through torch's dispatcher to the backend registered for
-    the tensor's device; calling the gloo backend directly returns the same Work and skips
-    that step (about a microsecond per call, twice per message). A bare backend, or a group
-    that does not say, is used as it is.
+    the tensor's device; calling the gloo backend directly returns the same kind of Work and
+    skips that step (posting an 8-byte send: 3.4 against 4.1 us, a quiet moment of a shared
+    2-core host). A bare backend, or a group that does not say, is used as it is.
     """
     get = getattr(group, "_get_backend", None)
     if get is None:

@@ -44,7 +44,7 @@ from .base import Deliver, Message, OnFailure
 from .receive_pool import ReceivePool
 from .tensor_bytes import from_bytes, host_bytes, torch_dtype, torch_module
 from .torch_groups import cpu_backend, cpu_ops, device_backend, resolve_group
-from .torch_slots import CONTENT, ON_DEVICE, PREFIX, SLOT_BYTES, SendSlots, SlotLedger
+from .torch_slots import CONTENT, ON_DEVICE, PREFIX, SLOT_BYTES, SendSlots, SlotLedger, new_slot
 from .torch_staging import StagedSends
 from .torch_work import WorkWaiter
 from .wire import Header, WireCodec
@@ -56,9 +56,7 @@ log = logging.getLogger(__name__)
 HEADER_TAG, PAYLOAD_TAG = 0x6A10, 0x6A11  # unlikely to meet a user's own point-to-point tags
 CLOSE_TIMEOUT_S = 10.0
 SEND_BATCH = 64  # sends handed to their waiter thread together (see _flush_sends)
-SEND_BATCH_BYTES = 512 << 10  # ... or fewer, once their buffers hold this much
 SLOT_DEPTH = 2  # slot receives posted ahead per peer (see _post_slot)
-SLOT_POOL = 16  # slot receive buffers kept for reuse, all peers together (see _post_slot)
 
 
 class _Inbound:
@@ -94,13 +92,11 @@ class TorchDistTransport:
         self._slots = SendSlots(slot_bytes)
         self._codec = WireCodec()
         self._pool = ReceivePool()
-        self._slot_pool = ReceivePool(slot_bytes, SLOT_POOL * slot_bytes)  # see _post_slot
         self._waiter: WorkWaiter | None = None
         self._posted = False
         self._num_sending = self._num_local = 0
         self._sent_waiters: list[asyncio.Future[None]] = []
         self._unwaited: list[tuple[int, Any, Any]] = []  # sends not yet handed to a thread
-        self._unwaited_bytes = 0
         self._ledger = SlotLedger(self._peers(), SLOT_DEPTH)  # slot receives, goodbyes
         self._lost: set[int] = set()  # peers whose transfers failed (reported once)
         self._staged: StagedSends | None = None  # CUDA payloads without a CUDA backend
@@ -269,9 +265,8 @@ class TorchDistTransport:
             self._waiter.add((dest, "dev-send"), work, done, pollable=True)
             return
         self._unwaited.append((dest, work, done))  # see _flush_sends
-        self._unwaited_bytes += buf.nbytes
         if len(self._unwaited) >= SEND_BATCH or self._waiter.eager or \
-                self._unwaited_bytes >= SEND_BATCH_BYTES:  # eager: wait_sent waits; see below
+                buf.nbytes >= self._pool.min_bytes:  # eager: wait_sent waits; see below
             self._flush_sends()
 
     def _flush_sends(self) -> None:
@@ -287,7 +282,6 @@ class TorchDistTransport:
         per message (64 MiB one-way 57 -> 77 ms).
         """
         batch, self._unwaited = self._unwaited, []
-        self._unwaited_bytes = 0
         assert self._waiter is not None or not batch
         for dest, work, done in batch:
             self._waiter.add((dest, "send"), work, done, lazy=True)  # type: ignore[union-attr]
@@ -318,10 +312,6 @@ class TorchDistTransport:
         """Post one slot receive from `peer`, on its own channel (thread); `counted`: it was
         counted in the ledger when it was scheduled (see `_on_slot`).
 
-        The buffer is one of an earlier slot once nothing views it (ReceivePool's exact
-        test): a pipeline drops a microbatch's activation before long, so a few buffers take
-        turns and stay in cache; a fresh 68 KiB allocation per message did not.
-
         SLOT_DEPTH of them stay posted per peer (gloo matches a peer's receives of one tag in
         posting order): while the loop handles one slot the thread already waits on the next,
         so reposting only queues a Work and wakes no thread. With one slot, each message woke
@@ -333,9 +323,9 @@ class TorchDistTransport:
             self._ledger.posted[peer] += 1
         if self._waiter is None:  # closed before a deferred repost ran
             return
-        slot = self._slot_pool.take(self.slot_bytes)  # one no inline tensor views any more
+        slot, whole = new_slot(self.slot_bytes)  # fresh: inline tensors keep viewing it
         try:
-            work = self._cpu.recv([torch_module().from_numpy(slot)], peer, HEADER_TAG)
+            work = self._cpu.recv([whole], peer, HEADER_TAG)
         except RuntimeError as exc:  # gloo refuses at once a receive from a closed link
             self._ledger.posted[peer] -= 1
             self._peer_failed(peer, exc)
