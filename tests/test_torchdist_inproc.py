@@ -91,3 +91,62 @@ def test_a_malformed_slot_is_a_protocol_error_naming_the_sender() -> None:
     assert isinstance(failure, ProtocolError)
     assert str(failure).startswith("rank 1: header from rank 0 is not an aioready header "
                                    "(expected magic 0xa10d"), str(failure)
+
+
+def test_inline_payloads_arrive_bit_exact_whatever_their_layout() -> None:
+    """Payloads copied into the slot from the tensors' storage (SendSlots.inline): views that
+    are not contiguous, an offset into a larger storage, odd lengths (padding), bfloat16,
+    tensors that require grad, an empty tensor and None arrive equal to what was sent; a
+    payload larger than the slot takes the two-transfer path and arrives equal too."""
+    from aioready.transports.base import Message, MessageKind
+    from aioready.transports.torch_groups import cpu_ops
+
+    gen = torch.Generator().manual_seed(3)
+    base = torch.randn(6, 10, generator=gen, dtype=torch.float64)
+    sent = [
+        (base.t(), torch.arange(7, dtype=torch.uint8)),  # not contiguous; 7 bytes: padded
+        (base[2:4], torch.randn(5, generator=gen).to(torch.bfloat16)),  # storage offset
+        (torch.randn(3, generator=gen, requires_grad=True), None, torch.empty(0, 4)),
+        (torch.randint(-9, 9, (3, 5), generator=gen).t(),),
+        (torch.randn(40_000, generator=gen, dtype=torch.float64),),  # 320 kB: past the slot
+    ]
+
+    async def main() -> list[Message]:
+        a, b = (TorchDistTransport(g) for g in groups(2))
+        got: list[Message] = []
+        b.open(got.append)
+        a.open(lambda msg: None)
+        for i, tensors in enumerate(sent):
+            a.send_nowait(1, Message(0, MessageKind.ACTIVATION, 1, i, tensors))
+        while len(got) < len(sent):
+            await asyncio.sleep(0.001)
+        await asyncio.gather(a.close(), b.close())
+        return got
+
+    got = sorted(asyncio.run(main()), key=lambda m: m.microbatch)
+    assert [m.microbatch for m in got] == list(range(len(sent)))
+    for msg, tensors in zip(got, sent):
+        assert len(msg.tensors) == len(tensors), msg
+        for out, want in zip(msg.tensors, tensors):
+            if want is None:
+                assert out is None
+                continue
+            assert out.dtype == want.dtype and out.shape == want.shape, (out, want)
+            assert torch.equal(out, want.detach()), (msg.microbatch, out, want)
+    group = groups(2)[0]
+    assert cpu_ops(group) is group  # a bare gloo backend is used as it is
+
+
+def test_cpu_ops_is_the_groups_gloo_backend_where_it_has_one() -> None:
+    from aioready.transports.torch_groups import cpu_ops
+
+    class Group:  # what cpu_ops reads of a ProcessGroup
+        def __init__(self, backends: dict[str, str]) -> None:
+            self.backends = backends
+
+        def _get_backend(self, device: torch.device) -> str:
+            return self.backends[device.type]  # KeyError: none for that device, as torch raises
+
+    assert cpu_ops(Group({"cpu": "gloo", "cuda": "nccl"})) == "gloo"
+    nccl_only = Group({"cuda": "nccl"})
+    assert cpu_ops(nccl_only) is nccl_only

@@ -14,7 +14,7 @@ from typing import Any
 from ..errors import ConfigError
 from .tensor_bytes import torch_module
 
-__all__ = ["resolve_group", "cpu_backend", "device_backend"]
+__all__ = ["resolve_group", "cpu_backend", "cpu_ops", "device_backend"]
 
 
 def resolve_group(group: Any = None) -> Any:
@@ -52,6 +52,23 @@ def cpu_backend(group: Any) -> bool:
     except Exception:  # an NCCL-only group
         return False
     return True
+
+
+def cpu_ops(group: Any) -> Any:
+    """What to call for CPU point-to-point on `group`: its gloo backend itself where it has one.
+
+    A ProcessGroup's `send`/`recv` go through torch's dispatcher to the backend registered for
+    the tensor's device; calling the gloo backend directly returns the same kind of Work and
+    skips that step (posting an 8-byte send: 3.4 against 4.1 us, a quiet moment of a shared
+    2-core host). A bare backend, or a group that does not say, is used as it is.
+    """
+    get = getattr(group, "_get_backend", None)
+    if get is None:
+        return group
+    try:
+        return get(torch_module().device("cpu"))
+    except Exception:  # no CPU backend: cpu_backend() refused this group already
+        return group
 
 
 def device_backend(group: Any) -> bool:

@@ -15,13 +15,14 @@ sends the same few lengths over and over.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import os
 import struct
 from typing import Any, Callable
 
 import numpy as np
 
-from .tensor_bytes import host_bytes, torch_module
+from .tensor_bytes import torch_module
 from .wire import align
 
 __all__ = ["SLOT_BYTES", "CONTENT", "ON_DEVICE", "PREFIX", "SendSlots", "SlotLedger", "new_slot"]
@@ -32,6 +33,7 @@ CONTENT = 16  # content offset: keeps inline tensors 16-byte aligned (wire.ALIGN
 ON_DEVICE = 1  # flag: the payload travels through the group's CUDA backend
 FREE_SLOTS = 64  # send buffers kept for reuse
 VIEWS = 8  # lengths remembered per send buffer (more: the shapes do not repeat; forget them)
+_ZEROS = bytes(CONTENT + 16)  # padding: below CONTENT after the prefix, after each payload
 
 
 def new_slot(nbytes: int) -> tuple[np.ndarray, Any]:
@@ -41,11 +43,13 @@ def new_slot(nbytes: int) -> tuple[np.ndarray, Any]:
 
 
 class _Buffer:
-    __slots__ = ("array", "whole", "views")
+    __slots__ = ("array", "whole", "views", "bytes", "address")
 
     def __init__(self, nbytes: int) -> None:
         self.array, self.whole = new_slot(nbytes)
         self.views: dict[int, Any] = {}
+        self.bytes = memoryview(self.array)  # slice assignment: no numpy array per write
+        self.address = self.array.ctypes.data
 
     def view(self, end: int) -> Any:
         """The tensor of the first `end` bytes (cached by length)."""
@@ -73,22 +77,31 @@ class SendSlots:
     def inline(self, head: bytes, tensors: tuple[Any, ...], sizes: list[int]
                ) -> tuple[Any, Callable[[], None]]:
         """The tensor to send (prefix, header and payloads, each payload copied once), and the
-        callback that gives its buffer back once the send completed."""
+        callback that gives its buffer back once the send completed.
+
+        Bytes go in through a memoryview and `memmove` from the tensor's own storage: numpy
+        slice assignments and a numpy view per tensor cost about 2 us more per message."""
+        head_end = CONTENT + len(head)
         start = CONTENT + align(len(head))
         end = start
         for n in sizes:
             end += align(n)
         buf = self._free.pop() if self._free else _Buffer(self.slot_bytes)
-        slot = buf.array
-        slot[:start] = 0
-        PREFIX.pack_into(slot, 0, end - CONTENT, 0)
-        slot[CONTENT:CONTENT + len(head)] = np.frombuffer(head, np.uint8)
+        out = buf.bytes
+        PREFIX.pack_into(out, 0, end - CONTENT, 0)
+        out[PREFIX.size:CONTENT] = _ZEROS[:CONTENT - PREFIX.size]
+        out[CONTENT:head_end] = head
+        out[head_end:start] = _ZEROS[:start - head_end]
         off = start
         for t, n in zip(tensors, sizes):
             if n:
-                slot[off:off + n] = host_bytes(t)
-                slot[off + n:off + align(n)] = 0
-                off += align(n)
+                if not t.is_contiguous():
+                    t = t.contiguous()
+                ctypes.memmove(buf.address + off, t.data_ptr(), n)  # a CPU tensor (caller)
+                pad = align(n) - n
+                if pad:
+                    out[off + n:off + n + pad] = _ZEROS[:pad]
+                off += n + pad
         return buf.view(end), lambda: self._give_back(buf)
 
     def _give_back(self, buf: _Buffer) -> None:

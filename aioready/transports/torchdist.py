@@ -43,7 +43,7 @@ from ..errors import AioreadyError, ConfigError, InternalError, PeerLostError, P
 from .base import Deliver, Message, OnFailure
 from .receive_pool import ReceivePool
 from .tensor_bytes import from_bytes, host_bytes, torch_dtype, torch_module
-from .torch_groups import cpu_backend, device_backend, resolve_group
+from .torch_groups import cpu_backend, cpu_ops, device_backend, resolve_group
 from .torch_slots import CONTENT, ON_DEVICE, PREFIX, SLOT_BYTES, SendSlots, SlotLedger, new_slot
 from .torch_staging import StagedSends
 from .torch_work import WorkWaiter
@@ -88,6 +88,7 @@ class TorchDistTransport:
             raise ConfigError("slot_bytes", expected=">= 256 and a multiple of 16",
                               got=slot_bytes)
         self.slot_bytes = slot_bytes
+        self._cpu = cpu_ops(self._group)  # gloo itself: skips the dispatcher (see cpu_ops)
         self._slots = SendSlots(slot_bytes)
         self._codec = WireCodec()
         self._pool = ReceivePool()
@@ -151,7 +152,7 @@ class TorchDistTransport:
         head = self._codec.fixed(msg, len(sizes)) + descriptors
         if not on_cuda and self._slots.fits(len(head), sizes):  # one transfer, one copy
             buf, release = self._slots.inline(head, tensors, sizes)
-            self._track_send(dest, self._group.send([buf], dest, HEADER_TAG), buf, False,
+            self._track_send(dest, self._cpu.send([buf], dest, HEADER_TAG), buf, False,
                              release)
             return
         on_device = on_cuda and self.device_backend  # else staged through the host
@@ -217,7 +218,7 @@ class TorchDistTransport:
 
     def _send_slot(self, dest: int, content: bytes, flags: int) -> None:
         buf = SendSlots.control(content, flags)
-        self._track_send(dest, self._group.send([buf], dest, HEADER_TAG), buf, False)
+        self._track_send(dest, self._cpu.send([buf], dest, HEADER_TAG), buf, False)
 
     def _send_payload(self, dest: int, t: Any, on_device: bool) -> None:
         """One payload transfer: through the CUDA backend (`on_device`), else through gloo,
@@ -247,7 +248,7 @@ class TorchDistTransport:
             self._peer_failed(dest, exc)
 
     def _send_host(self, dest: int, buf: Any, release: Callable[[], None] | None) -> None:
-        self._track_send(dest, self._group.send([buf], dest, PAYLOAD_TAG), buf, False, release)
+        self._track_send(dest, self._cpu.send([buf], dest, PAYLOAD_TAG), buf, False, release)
 
     def _staging_failed(self, exc: BaseException) -> None:
         self._raise(exc if isinstance(exc, AioreadyError) else InternalError(
@@ -324,7 +325,7 @@ class TorchDistTransport:
             return
         slot, whole = new_slot(self.slot_bytes)  # fresh: inline tensors keep viewing it
         try:
-            work = self._group.recv([whole], peer, HEADER_TAG)
+            work = self._cpu.recv([whole], peer, HEADER_TAG)
         except RuntimeError as exc:  # gloo refuses at once a receive from a closed link
             self._ledger.posted[peer] -= 1
             self._peer_failed(peer, exc)
@@ -411,7 +412,7 @@ class TorchDistTransport:
                              pollable=True)
             return raw.view(torch_dtype(spec.dtype)).reshape(spec.shape)
         host = self._pool.take(n) if n >= self._pool.min_bytes else np.empty(n, np.uint8)
-        work = self._group.recv([torch.from_numpy(host)], peer, PAYLOAD_TAG)
+        work = self._cpu.recv([torch.from_numpy(host)], peer, PAYLOAD_TAG)
         self._waiter.add((peer, "recv"), work, partial(self._payload_done, inbound))
         return from_bytes(host, spec.dtype, spec.shape)
 
