@@ -62,6 +62,7 @@ from .ordered import OrderedArrivals, device_tag, split_tag
 from .receive_pool import ReceivePool
 from .tensor_bytes import host_bytes, torch_module
 from .wire import Header, WireCodec
+from .wire_plans import ReceivePlans, SendPlans
 
 __all__ = ["MPITransport", "INLINE_BYTES", "HOT_BYTES", "BIG_BURST"]
 
@@ -124,6 +125,12 @@ class MPITransport:
                  self._size, path, how, support.method, support.detail)
         self._seq = [0] * self._size
         self._codec = WireCodec(fast=self.fast)
+        # precompiled plans for lone CPU tensors sent inline (wire_plans.py)
+        plans = self.fast and os.environ.get("AIOREADY_MPI_PLANS", "1") != "0"
+        self._send_plans = SendPlans(self._codec, inline_bytes) if plans else None
+        # received ones only where nothing follows the decode: CPU delivery, no ordered plane
+        self._recv_plans = ReceivePlans() if plans and self._order is None and (
+            device is None or str(device) == "cpu") else None
         self._pool = ReceivePool()
         self._host_device = device is None or str(device) == "cpu"
         self._cuda_device = not self._host_device and torch_module().device(device).type == "cuda"
@@ -175,11 +182,15 @@ class MPITransport:
             asyncio.get_running_loop().call_soon(self._arrive_local, msg)
             return
         tensors = msg.tensors
-        descriptors, sizes, on_cuda = self._codec.describe(tensors)
+        plans = self._send_plans
+        buf = None if plans is None else plans.encode(msg)
+        if buf is None:
+            descriptors, sizes, on_cuda = self._codec.describe(tensors)
         seq = self._seq[dest]
         self._seq[dest] = (seq + 1) % _SEQ_MOD
-        if not on_cuda and sum(sizes) <= self.inline_bytes:
-            buf = self._codec.encode_inline(msg, descriptors, sizes)
+        if buf is not None or not on_cuda and sum(sizes) <= self.inline_bytes:
+            if buf is None:
+                buf = self._codec.encode_inline(msg, descriptors, sizes)
             self._isend(self._hdr, buf, dest, seq, len(buf) >= self.hot_bytes)
             if self._bell is not None:
                 self._bell.ring(dest)
@@ -395,6 +406,7 @@ class MPITransport:
         status = self._status
         improbe = self._hdr.Improbe
         MPI = self._MPI
+        plans = self._recv_plans
         for i in range(_PROBES_PER_POLL):
             m = improbe(MPI.ANY_SOURCE, MPI.ANY_TAG, status)
             if m is None and i == 0:  # see _probe's docstring
@@ -418,6 +430,10 @@ class MPITransport:
             # matched in the peer's send order: the NCCL plane needs its headers in that order
             ticket = None if self._order is None else self._order.ticket(src)
             if req.Test():
+                msg = None if plans is None else plans.message(buf, src)
+                if msg is not None:  # a layout seen before (wire_plans.py)
+                    self._hand_over(msg)
+                    continue
                 self._on_header(src, seq, buf, ticket)
             else:  # a large inline message may need a rendezvous: poll it hot
                 self._track(req, partial(self._on_header, src, seq, buf, ticket),
@@ -443,6 +459,8 @@ class MPITransport:
             raise ProtocolError(exc.what, rank=self._rank, expected=exc.expected,
                                 got=exc.got) from None
         if len(buf) == layout.inline_len:  # header and payload in one message
+            if self._recv_plans is not None and header[1] is not MessageKind.CONTROL:
+                self._recv_plans.learn(buf, layout)
             tensors = self._codec.inline_tensors(buf, layout)
             if self._device is not None:
                 tensors = tuple(self._to_device(t) for t in tensors)

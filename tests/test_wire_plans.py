@@ -1,0 +1,86 @@
+"""The MPI transport's precompiled plans (wire_plans.py): the same bytes as the general encoder,
+the same messages as the general decoder, and anything a plan was not made for left to the
+general path (which raises what is wrong)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from aioready.transports.base import Message, MessageKind
+from aioready.transports.header import DTYPE_CODES
+from aioready.transports.wire import WireCodec
+from aioready.transports.wire_plans import ReceivePlans, SendPlans, new_message
+
+
+def general(codec: WireCodec, msg: Message) -> np.ndarray:
+    descriptors, sizes, _ = codec.describe(msg.tensors)
+    return np.frombuffer(codec.encode_inline(msg, descriptors, sizes), np.uint8).copy()
+
+
+def learned(codec: WireCodec, plans: ReceivePlans, wire: np.ndarray) -> None:
+    _, layout = codec.decode(wire, source=1)
+    plans.learn(wire, layout)
+
+
+@pytest.mark.parametrize("dtype", sorted(DTYPE_CODES))
+def test_plans_write_and_read_what_the_general_path_does(dtype: str) -> None:
+    codec = WireCodec()
+    send, receive = SendPlans(codec, 1 << 16), ReceivePlans()
+    dt = getattr(torch, dtype)
+    base = (torch.arange(24, dtype=torch.float64) * 1.5 - 7).to(dt).reshape(2, 3, 4)
+    for step in range(3):  # the first message teaches the receiver, the next ones use its plan
+        x = base if dt == torch.bool else base + step
+        msg = Message(step, MessageKind.GRADIENT, 2, 5 + step, (x,), tag=9)
+        wire = send.encode(msg)
+        assert wire is not None and wire == general(codec, msg).tobytes()
+        buf = np.frombuffer(wire, np.uint8).copy()
+        got = receive.message(buf, 4)
+        if step == 0:
+            assert got is None  # nothing learned yet
+            learned(codec, receive, buf)
+            continue
+        if dt == torch.bfloat16:  # no numpy dtype: the general path's int16 view
+            assert got is None
+            continue
+        assert got == Message(step, MessageKind.GRADIENT, 2, 5 + step, got.tensors, 9, 4)
+        assert len(got.tensors) == 1 and got.tensors[0].dtype == dt
+        assert torch.equal(got.tensors[0], x)
+
+
+def test_the_send_plan_declines_what_it_was_not_made_for() -> None:
+    send = SendPlans(WireCodec(), 1 << 10)
+    m = lambda *ts: Message(0, MessageKind.ACTIVATION, 1, 0, ts)  # noqa: E731
+    base = torch.randn(6, 5)
+    assert send.encode(m(base)) is not None
+    for msg in (m(), m(None), m(base, base), m(base.t()), m(torch.zeros(0)),
+                m(torch.zeros(1 << 9)), m(base.to_sparse()), m("text")):
+        assert send.encode(msg) is None, msg.tensors
+    assert send.encode(m(base.t().contiguous())) is not None
+
+
+def test_a_received_message_unlike_its_plan_goes_the_general_way() -> None:
+    codec = WireCodec()
+    send, receive = SendPlans(codec, 1 << 16), ReceivePlans()
+    msg = Message(0, MessageKind.ACTIVATION, 1, 0, (torch.zeros(2, 3),))
+    buf = np.frombuffer(send.encode(msg), np.uint8).copy()  # type: ignore[arg-type]
+    learned(codec, receive, buf)
+    assert receive.message(buf, 0) is not None
+    # the same length, another shape (3, 2): a different descriptor
+    other = general(codec, Message(0, MessageKind.ACTIVATION, 1, 0, (torch.zeros(3, 2),)))
+    assert len(other) == len(buf) and receive.message(other, 0) is None
+    for offset, value in ((0, 0x58), (2, 7), (3, 200), (3, int(MessageKind.CONTROL)), (18, 2)):
+        bad = buf.copy()
+        bad[offset] = value  # magic, version, unknown kind, control, tensor count
+        assert receive.message(bad, 0) is None, offset
+    assert receive.message(buf[:-16], 0) is None  # another length: no plan
+
+
+def test_new_message_is_the_message_the_constructor_makes() -> None:
+    t = (torch.ones(2),)
+    a = new_message(3, MessageKind.NOTICE, 1, 2, t, 7, 5)
+    b = Message(3, MessageKind.NOTICE, 1, 2, t, 7, 5)
+    assert a == b and hash(a) == hash(b) and type(a) is Message and repr(a) == repr(b)
+    with pytest.raises(AttributeError):
+        a.step = 4  # type: ignore[misc]  # still frozen
