@@ -4,6 +4,8 @@ general path (which raises what is wrong)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -11,7 +13,7 @@ import torch
 from aioready.transports.base import Message, MessageKind
 from aioready.transports.header import DTYPE_CODES
 from aioready.transports.wire import WireCodec
-from aioready.transports.wire_plans import ReceivePlans, SendPlans, new_message
+from aioready.transports.wire_plans import ReceivePlans, SendPlans
 
 
 def general(codec: WireCodec, msg: Message) -> np.ndarray:
@@ -77,10 +79,20 @@ def test_a_received_message_unlike_its_plan_goes_the_general_way() -> None:
     assert receive.message(buf[:-16], 0) is None  # another length: no plan
 
 
-def test_new_message_is_the_message_the_constructor_makes() -> None:
+def test_message_built_through_its_slots_is_the_dataclass_it_was() -> None:
+    """base.py's faster `Message.__init__`: same fields and defaults, equality, hash, repr,
+    still frozen, `dataclasses.replace` still works."""
     t = (torch.ones(2),)
-    a = new_message(3, MessageKind.NOTICE, 1, 2, t, 7, 5)
-    b = Message(3, MessageKind.NOTICE, 1, 2, t, 7, 5)
-    assert a == b and hash(a) == hash(b) and type(a) is Message and repr(a) == repr(b)
-    with pytest.raises(AttributeError):
-        a.step = 4  # type: ignore[misc]  # still frozen
+    a = Message(3, MessageKind.NOTICE, 1, 2, t, 7, 5)
+    assert (a.step, a.kind, a.stage, a.microbatch, a.tensors, a.tag, a.source) == \
+        (3, MessageKind.NOTICE, 1, 2, t, 7, 5)
+    assert a == Message(3, MessageKind.NOTICE, 1, 2, tensors=t, tag=7, source=5)
+    assert hash(a) == hash(Message(3, MessageKind.NOTICE, 1, 2, t, 7, 5))
+    assert Message(1, MessageKind.ACTIVATION, 0, 0) == Message(1, MessageKind.ACTIVATION, 0, 0,
+                                                               (), 0, None)
+    assert repr(a).startswith("Message(step=3, kind=<MessageKind.NOTICE: 4>, stage=1")
+    assert dataclasses.replace(a, step=4).step == 4 and a.received_from(9).source == 9
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        a.step = 4  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        Message(1, MessageKind.ACTIVATION, 0)  # type: ignore[call-arg]
