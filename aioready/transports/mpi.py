@@ -441,7 +441,11 @@ class MPITransport:
     def _on_header(self, src: int, seq: int, buf: np.ndarray, ticket: int | None = None) -> None:
         try:
             if ticket is None:
-                self._route_header(src, seq, buf)
+                msg = None if self._recv_plans is None else self._recv_plans.message(buf, src)
+                if msg is None:
+                    self._route_header(src, seq, buf)
+                else:  # a layout seen before (wire_plans.py), received after a wait
+                    self._hand_over(msg)
                 return
             for seq, buf in self._order.complete(src, ticket, (seq, buf)):  # type: ignore
                 self._route_header(src, seq, buf)
