@@ -45,7 +45,8 @@ class SendPlans:
 
     def encode(self, msg: Message) -> bytes | None:
         """The header and inline payload of `msg`, or None: not one contiguous CPU tensor of a
-        dense layout small enough to travel inline (the caller takes the general path)."""
+        dense layout and a real dtype, small enough to travel inline, whose memory holds its
+        values (no lazy negation): the caller takes the general path."""
         try:
             (t,) = msg.tensors
             key = (t.dtype, t.shape, t.layout)
@@ -54,15 +55,16 @@ class SendPlans:
         plan = self._plans.get(key, False)
         if plan is False:
             plan = self._learn(t, key)
-        if plan is None or not t.is_cpu or not t.is_contiguous():
-            return None
+        if plan is None or not t.is_cpu or not t.is_contiguous() or t.is_neg():
+            return None  # (a complex dtype, which a lazy conjugate has, has no plan)
         pack, desc, n = plan
         return pack(HEADER_MAGIC, _VERSION, msg.kind, msg.step, msg.stage, msg.microbatch,
                     msg.tag, 1, desc, _string_at(t.data_ptr(), n))
 
     def _learn(self, t: Any, key: tuple[Any, Any, Any]) -> tuple[Any, bytes, int] | None:
         plan = None
-        if key[2] == torch_module().strided and 0 < t.nbytes <= self._inline_bytes:
+        if key[2] == torch_module().strided and 0 < t.nbytes <= self._inline_bytes and \
+                not key[0].is_complex:
             try:
                 desc, sizes, _ = self._codec.describe((t,))
             except Exception:  # a dtype that cannot travel: the general path raises it
