@@ -80,7 +80,8 @@ def test_pipeline_exact_over_mpi(n: int) -> None:
         assert float(_field(text, "grad_diff")) <= TOL, (case, text)
 
 
-FAST_CASES = ["1f1b:ready:1:1", "1f1b:strict:0:1", "interleaved-1f1b:ready:0:1", "dtypes"]
+FAST_CASES = ["1f1b:ready:1:1", "1f1b:strict:0:1", "interleaved-1f1b:ready:0:1", "dtypes",
+              "plans"]
 
 
 @pytest.mark.timeout(200)
@@ -97,11 +98,15 @@ def test_exact_over_mpi_with_fast_paths_on_and_off(env: dict[str, str]) -> None:
     results = dict(line.split(" ", 2)[1:] for line in proc.stdout.splitlines()
                    if line.startswith("RESULT "))
     assert sorted(results) == sorted(FAST_CASES), proc.stdout
-    for case in FAST_CASES[:-1]:
+    for case in FAST_CASES[:-2]:
         assert _field(results[case], "loss_seen") == "1", (case, results[case])
         assert float(_field(results[case], "loss_diff")) <= TOL, (case, results[case])
         assert float(_field(results[case], "grad_diff")) <= TOL, (case, results[case])
     assert _field(results["dtypes"], "bad") == "0", results["dtypes"]
+    assert _field(results["plans"], "bad") == "0", results["plans"]
+    # the receive plans (wire_plans.py) took lone tensors with the fast paths on, none off
+    taken = int(_field(results["plans"], "taken"))
+    assert (taken > 0) if env["AIOREADY_MPI_FAST"] == "1" else taken == 0, results["plans"]
 
 
 @pytest.mark.timeout(120)

@@ -62,6 +62,7 @@ from .ordered import OrderedArrivals, device_tag, split_tag
 from .receive_pool import ReceivePool
 from .tensor_bytes import host_bytes, torch_module
 from .wire import Header, WireCodec
+from .wire_plans import ReceivePlans, SendPlans
 
 __all__ = ["MPITransport", "INLINE_BYTES", "HOT_BYTES", "BIG_BURST"]
 
@@ -124,6 +125,12 @@ class MPITransport:
                  self._size, path, how, support.method, support.detail)
         self._seq = [0] * self._size
         self._codec = WireCodec(fast=self.fast)
+        # precompiled plans for lone CPU tensors sent inline (wire_plans.py)
+        plans = self.fast and os.environ.get("AIOREADY_MPI_PLANS", "1") != "0"
+        self._send_plans = SendPlans(self._codec, inline_bytes) if plans else None
+        # received ones only where nothing follows the decode: CPU delivery, no ordered plane
+        self._recv_plans = ReceivePlans() if plans and self._order is None and (
+            device is None or str(device) == "cpu") else None
         self._pool = ReceivePool()
         self._host_device = device is None or str(device) == "cpu"
         self._cuda_device = not self._host_device and torch_module().device(device).type == "cuda"
@@ -175,11 +182,15 @@ class MPITransport:
             asyncio.get_running_loop().call_soon(self._arrive_local, msg)
             return
         tensors = msg.tensors
-        descriptors, sizes, on_cuda = self._codec.describe(tensors)
+        plans = self._send_plans
+        buf = None if plans is None else plans.encode(msg)
+        if buf is None:
+            descriptors, sizes, on_cuda = self._codec.describe(tensors)
         seq = self._seq[dest]
         self._seq[dest] = (seq + 1) % _SEQ_MOD
-        if not on_cuda and sum(sizes) <= self.inline_bytes:
-            buf = self._codec.encode_inline(msg, descriptors, sizes)
+        if buf is not None or not on_cuda and sum(sizes) <= self.inline_bytes:
+            if buf is None:
+                buf = self._codec.encode_inline(msg, descriptors, sizes)
             self._isend(self._hdr, buf, dest, seq, len(buf) >= self.hot_bytes)
             if self._bell is not None:
                 self._bell.ring(dest)
@@ -332,8 +343,16 @@ class MPITransport:
         self._pending.add(req, done, big)
 
     def poll(self) -> int:
-        try:
-            return self._poll()
+        try:  # one function, not two: this runs every hot pass (docs/hot_path.md)
+            n = self._probe() if self._deliver is not None else 0
+            if not self._pending.reqs:
+                return n
+            # a large transfer moves one pipeline chunk per MPI call: BIG_BURST calls per loop
+            # pass while one is pending (bench: 64 MiB)
+            done = self._pending.completed(BIG_BURST)
+            for fn in done:
+                fn()
+            return n + len(done)
         except AioreadyError as exc:
             self._raise(exc)
         except Exception as exc:  # a bug here must fail the step, not silently stop polling
@@ -341,19 +360,8 @@ class MPITransport:
                                       "file a bug", rank=self._rank))
         return 1
 
-    def _poll(self) -> int:
-        n = self._probe() if self._deliver is not None else 0
-        if not self._pending:
-            return n
-        # a large transfer moves one pipeline chunk per MPI call: BIG_BURST calls per loop
-        # pass while one is pending (bench: 64 MiB)
-        done = self._pending.completed(BIG_BURST)
-        for fn in done:
-            fn()
-        return n + len(done)
-
     def num_pending(self) -> int:  # CUDA copies are pending in their stager's event source
-        return len(self._pending) + (self._deliver is not None)
+        return len(self._pending.reqs) + (self._deliver is not None)
 
     def wants_hot(self) -> bool:
         return self._pending.num_big > 0
@@ -395,6 +403,7 @@ class MPITransport:
         status = self._status
         improbe = self._hdr.Improbe
         MPI = self._MPI
+        plans = self._recv_plans
         for i in range(_PROBES_PER_POLL):
             m = improbe(MPI.ANY_SOURCE, MPI.ANY_TAG, status)
             if m is None and i == 0:  # see _probe's docstring
@@ -418,6 +427,10 @@ class MPITransport:
             # matched in the peer's send order: the NCCL plane needs its headers in that order
             ticket = None if self._order is None else self._order.ticket(src)
             if req.Test():
+                msg = None if plans is None else plans.message(buf, src)
+                if msg is not None:  # a layout seen before (wire_plans.py)
+                    self._hand_over(msg)
+                    continue
                 self._on_header(src, seq, buf, ticket)
             else:  # a large inline message may need a rendezvous: poll it hot
                 self._track(req, partial(self._on_header, src, seq, buf, ticket),
@@ -428,7 +441,11 @@ class MPITransport:
     def _on_header(self, src: int, seq: int, buf: np.ndarray, ticket: int | None = None) -> None:
         try:
             if ticket is None:
-                self._route_header(src, seq, buf)
+                msg = None if self._recv_plans is None else self._recv_plans.message(buf, src)
+                if msg is None:
+                    self._route_header(src, seq, buf)
+                else:  # a layout seen before (wire_plans.py), received after a wait
+                    self._hand_over(msg)
                 return
             for seq, buf in self._order.complete(src, ticket, (seq, buf)):  # type: ignore
                 self._route_header(src, seq, buf)
@@ -443,6 +460,8 @@ class MPITransport:
             raise ProtocolError(exc.what, rank=self._rank, expected=exc.expected,
                                 got=exc.got) from None
         if len(buf) == layout.inline_len:  # header and payload in one message
+            if self._recv_plans is not None and header[1] is not MessageKind.CONTROL:
+                self._recv_plans.learn(buf, layout)
             tensors = self._codec.inline_tensors(buf, layout)
             if self._device is not None:
                 tensors = tuple(self._to_device(t) for t in tensors)

@@ -65,6 +65,8 @@ def host_bytes(t: Any) -> np.ndarray:
         t = t.detach()
     if not t.is_contiguous():
         t = t.contiguous()
+    if t.is_conj() or t.is_neg():  # a lazy conjugate or negation: numpy() refuses it
+        t = t.resolve_conj().resolve_neg()
     _, npdt, as_dt = _CODEC[t.dtype]
     if npdt is None:
         t = t.view(as_dt)

@@ -136,6 +136,8 @@ class WireCodec:
             if n:
                 if not t.is_contiguous():
                     t = t.contiguous()
+                if t.is_conj() or t.is_neg():  # lazy views: their memory holds the other sign
+                    t = t.resolve_conj().resolve_neg()
                 parts.append(ctypes.string_at(t.data_ptr(), n))
                 parts.append(_PAD[:align(n) - n])
         return b"".join(parts)

@@ -6,6 +6,7 @@ fixed seed and keeps its own stages; the reference runs the whole model on every
 CASE = ooo (2 ranks): rank 0 is a raw MPITransport sender that runs stage 0 by hand and sends
 microbatch 3 first, the others 0.3 s later; rank 1 runs stage 1 in ready mode and must run F3
 first. Gradients of both stages are still checked against the reference.
+CASE = dtypes, plans (2 ranks): payloads of every kind, and lone tensors, there and back.
 """
 
 import asyncio
@@ -178,6 +179,62 @@ async def dtypes(comm) -> None:
         say(f"RESULT dtypes bad={len(bad)} first={'|'.join(bad[:3]).replace(' ', '_')}")
 
 
+def lone_payload(i: int) -> torch.Tensor:
+    """One tensor a message (what the precompiled plans of wire_plans.py take): every dtype,
+    then a view, a 0-d one, a grad-requiring one, an empty one and one over 4096 bytes."""
+    gen = torch.Generator().manual_seed(i)
+    names = sorted(DTYPE_CODES)
+    if i < 2 * len(names):  # each dtype twice: the first teaches the receiver its plan
+        dt = getattr(torch, names[i // 2])
+        base = torch.randn(3, 5, generator=gen) * 50
+        return (base > 0) if dt is torch.bool else base.to(dt)
+    extra = [torch.randn(6, 4, generator=gen).t(), torch.tensor(2.5, dtype=torch.float64),
+             torch.randn(3, generator=gen).requires_grad_(), torch.empty(0, 4),
+             torch.randn(40, 40, generator=gen)]
+    return extra[(i - 2 * len(names)) % len(extra)]
+
+
+async def plans(comm) -> None:
+    """Rank 0 sends lone tensors to rank 1, which echoes each back: the same values, dtypes and
+    shapes come back, and (the plans on) the receive plans took some of them."""
+    from aioready.transports import wire_plans
+    taken = [0]
+    message = wire_plans.ReceivePlans.message
+
+    def counted(self, buf, source):  # counts the messages a plan took
+        msg = message(self, buf, source)
+        taken[0] += msg is not None
+        return msg
+
+    wire_plans.ReceivePlans.message = counted  # type: ignore[method-assign]
+    rank = comm.Get_rank()
+    transport = make_transport(comm, inline_bytes=4096)
+    got: dict[int, torch.Tensor] = {}
+    transport.open(lambda msg: got.__setitem__(msg.microbatch, msg.tensors[0]))
+    n = 2 * len(DTYPE_CODES) + 10
+    try:
+        if rank == 0:
+            for i in range(n):
+                transport.send_nowait(1, Message(0, MessageKind.ACTIVATION, 1, i,
+                                                 (lone_payload(i),), tag=i))
+        while len(got) < n:
+            await asyncio.sleep(0.001)
+        if rank == 1:
+            for i in sorted(got):
+                transport.send_nowait(0, Message(1, MessageKind.GRADIENT, 0, i, (got[i],)))
+        await transport.wait_sent()
+        comm.Barrier()
+        bad = [i for i in range(n) if not (
+            got[i].dtype == lone_payload(i).dtype and got[i].shape == lone_payload(i).shape
+            and torch.equal(got[i], lone_payload(i).detach()))]
+        taken_all = comm.allreduce(taken[0])
+    finally:
+        wire_plans.ReceivePlans.message = message  # type: ignore[method-assign]
+        await transport.close()
+    if rank == 0:
+        say(f"RESULT plans bad={len(bad)} first={bad[:3]} taken={taken_all}")
+
+
 async def main() -> None:
     comm = MPI.COMM_WORLD
     for i, case in enumerate(sys.argv[1:]):
@@ -186,6 +243,8 @@ async def main() -> None:
             await out_of_order(comm, seed=100 + i)
         elif case == "dtypes":
             await dtypes(comm)
+        elif case == "plans":
+            await plans(comm)
         else:
             await one_case(comm, case, seed=100 + i)
         comm.Barrier()

@@ -1,0 +1,134 @@
+"""Precompiled plans for the MPI transport's commonest messages: one CPU tensor, inline.
+
+A pipeline sends the same layout (one activation or gradient of a fixed dtype and shape) over
+and over. For such a layout the sender keeps one `struct.Struct` that writes the fixed header,
+the cached descriptor, the padding and the payload in a single `pack` (one call where
+`WireCodec.encode_inline` joins five parts); the receiver keeps, by message length, a Struct that
+reads the fixed header and the descriptor block in one `unpack_from`, and builds the tensors and
+the `Message` without the general decoder's loops (docs/hot_path.md: 8 B one-way ~9 -> ~6 us).
+
+The bytes are the wire format `WireCodec` writes, byte for byte. A plan is only ever a cache of
+what the general path validated: a received message is taken by its plan only when its length,
+magic, version, tensor count and descriptor bytes equal those of a message `WireCodec.decode`
+accepted before, and its kind is a known one other than CONTROL (whose bounds are its own);
+anything else goes through the general path, which raises what is wrong. Switch:
+`AIOREADY_MPI_PLANS=0` (or `AIOREADY_MPI_FAST=0`) sends and receives everything the general way.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+from typing import Any
+
+import numpy as np
+
+from .base import Message, MessageKind
+from .header import _FIXED, _VERSION, HEADER_MAGIC
+from .tensor_bytes import torch_module
+from .wire import _CACHE_MAX, Layout, WireCodec, align
+
+__all__ = ["SendPlans", "ReceivePlans"]
+
+_KINDS = tuple(MessageKind)
+_CONTROL = int(MessageKind.CONTROL)
+_string_at = ctypes.string_at
+
+
+class SendPlans:
+    """Per (dtype, shape, layout) of a lone CPU tensor: the Struct that writes its message."""
+
+    def __init__(self, codec: WireCodec, inline_bytes: int) -> None:
+        self._codec = codec
+        self._inline_bytes = inline_bytes
+        self._plans: dict[tuple[Any, Any, Any], tuple[Any, bytes, int] | None] = {}
+
+    def encode(self, msg: Message) -> bytes | None:
+        """The header and inline payload of `msg`, or None: not one contiguous CPU tensor of a
+        dense layout and a real dtype, small enough to travel inline, whose memory holds its
+        values (no lazy negation): the caller takes the general path."""
+        try:
+            (t,) = msg.tensors
+            key = (t.dtype, t.shape, t.layout)
+        except (ValueError, AttributeError):  # not one tensor: the general path's business
+            return None
+        plan = self._plans.get(key, False)
+        if plan is False:
+            plan = self._learn(t, key)
+        if plan is None or not t.is_cpu or not t.is_contiguous() or t.is_neg():
+            return None  # (a complex dtype, which a lazy conjugate has, has no plan)
+        pack, desc, n = plan
+        return pack(HEADER_MAGIC, _VERSION, msg.kind, msg.step, msg.stage, msg.microbatch,
+                    msg.tag, 1, desc, _string_at(t.data_ptr(), n))
+
+    def _learn(self, t: Any, key: tuple[Any, Any, Any]) -> tuple[Any, bytes, int] | None:
+        plan = None
+        if key[2] == torch_module().strided and 0 < t.nbytes <= self._inline_bytes and \
+                not key[0].is_complex:
+            try:
+                desc, sizes, _ = self._codec.describe((t,))
+            except Exception:  # a dtype that cannot travel: the general path raises it
+                return None
+            head = _FIXED.size + len(desc)
+            n = sizes[0]
+            plan = (struct.Struct(f"<{_FIXED.format[1:]}{len(desc)}s{align(head) - head}x"
+                                  f"{n}s{align(n) - n}x").pack, desc, n)
+        if len(self._plans) < _CACHE_MAX:
+            self._plans[key] = plan
+        return plan
+
+
+class _ReceivePlan:
+    __slots__ = ("unpack_from", "desc", "n", "views", "one")
+
+    def __init__(self, desc: bytes, layout: Layout) -> None:
+        self.unpack_from = struct.Struct(f"<{_FIXED.format[1:]}{len(desc)}s").unpack_from
+        self.desc = desc
+        self.n = len(layout.specs)
+        # (shape, numpy dtype, offset) of each tensor viewing the buffer; None: the general way
+        views: list[tuple[tuple[int, ...], Any, int]] | None = []
+        for view in layout.views:
+            if view is None or not view[1] or view[5] is None:
+                views = None
+                break
+            off, _, _, _, shape, npdt = view
+            views.append((shape, npdt, off))  # type: ignore[union-attr]
+        self.views = views
+        self.one = views[0] if views and len(views) == 1 else None  # the commonest case
+
+
+class ReceivePlans:
+    """By message length: the layout of an inline message of CPU tensors seen before."""
+
+    def __init__(self) -> None:
+        self._by_len: dict[int, _ReceivePlan] = {}
+
+    def learn(self, buf: np.ndarray, layout: Layout) -> None:
+        """`buf` was decoded by the general path (and found valid) as an inline message of
+        `layout`: take the next ones of its length and descriptors without the loops. Layouts
+        whose tensors are all non-empty with a numpy dtype only (bfloat16, empty tensors and
+        None slots keep the general path); the first layout seen at a length keeps it."""
+        size = len(buf)
+        if size in self._by_len or len(self._by_len) >= _CACHE_MAX:
+            return
+        plan = _ReceivePlan(bytes(buf[_FIXED.size:layout.header_len]), layout)
+        if plan.views:
+            self._by_len[size] = plan
+
+    def message(self, buf: np.ndarray, source: int) -> Message | None:
+        """The message in `buf` if a plan takes it (see the module note), else None."""
+        plan = self._by_len.get(len(buf))
+        if plan is None:
+            return None
+        magic, version, kind, step, stage, mb, tag, n, desc = plan.unpack_from(buf, 0)
+        if desc != plan.desc or magic != HEADER_MAGIC or version != _VERSION or \
+                n != plan.n or kind >= len(_KINDS) or kind == _CONTROL:
+            return None
+        from_numpy = torch_module().from_numpy
+        one = plan.one
+        if one is not None:
+            tensors: tuple[Any, ...] = (from_numpy(np.ndarray(one[0], one[1], buf, one[2])),)
+        else:
+            tensors = tuple([from_numpy(np.ndarray(shape, npdt, buf, off))
+                             for shape, npdt, off in plan.views])  # type: ignore[union-attr]
+        return Message(step, _KINDS[kind], stage, mb, tensors, tag, source)

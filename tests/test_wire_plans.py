@@ -1,0 +1,120 @@
+"""The MPI transport's precompiled plans (wire_plans.py): the same bytes as the general encoder,
+the same messages as the general decoder, and anything a plan was not made for left to the
+general path (which raises what is wrong)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from aioready.transports.base import Message, MessageKind
+from aioready.transports.header import DTYPE_CODES
+from aioready.transports.tensor_bytes import host_bytes
+from aioready.transports.wire import WireCodec
+from aioready.transports.wire_plans import ReceivePlans, SendPlans
+
+
+def general(codec: WireCodec, msg: Message) -> np.ndarray:
+    descriptors, sizes, _ = codec.describe(msg.tensors)
+    return np.frombuffer(codec.encode_inline(msg, descriptors, sizes), np.uint8).copy()
+
+
+def learned(codec: WireCodec, plans: ReceivePlans, wire: np.ndarray) -> None:
+    _, layout = codec.decode(wire, source=1)
+    plans.learn(wire, layout)
+
+
+@pytest.mark.parametrize("dtype", sorted(DTYPE_CODES))
+def test_plans_write_and_read_what_the_general_path_does(dtype: str) -> None:
+    codec = WireCodec()
+    send, receive = SendPlans(codec, 1 << 16), ReceivePlans()
+    dt = getattr(torch, dtype)
+    base = (torch.arange(24, dtype=torch.float64) * 1.5 - 7).to(dt).reshape(2, 3, 4)
+    for step in range(3):  # the first message teaches the receiver, the next ones use its plan
+        x = base if dt == torch.bool else base + step
+        msg = Message(step, MessageKind.GRADIENT, 2, 5 + step, (x,), tag=9)
+        wire = send.encode(msg)
+        if dt.is_complex:  # no plan: a lazy conjugate of the same key needs resolving
+            assert wire is None
+            continue
+        assert wire is not None and wire == general(codec, msg).tobytes()
+        buf = np.frombuffer(wire, np.uint8).copy()
+        got = receive.message(buf, 4)
+        if step == 0:
+            assert got is None  # nothing learned yet
+            learned(codec, receive, buf)
+            continue
+        if dt == torch.bfloat16:  # no numpy dtype: the general path's int16 view
+            assert got is None
+            continue
+        assert got == Message(step, MessageKind.GRADIENT, 2, 5 + step, got.tensors, 9, 4)
+        assert len(got.tensors) == 1 and got.tensors[0].dtype == dt
+        assert torch.equal(got.tensors[0], x)
+
+
+def test_the_send_plan_declines_what_it_was_not_made_for() -> None:
+    send = SendPlans(WireCodec(), 1 << 10)
+    m = lambda *ts: Message(0, MessageKind.ACTIVATION, 1, 0, ts)  # noqa: E731
+    base = torch.randn(6, 5)
+    assert send.encode(m(base)) is not None
+    for msg in (m(), m(None), m(base, base), m(base.t()), m(torch.zeros(0)),
+                m(torch.zeros(1 << 9)), m(base.to_sparse()), m("text")):
+        assert send.encode(msg) is None, msg.tensors
+    assert send.encode(m(base.t().contiguous())) is not None
+
+
+def test_a_received_message_unlike_its_plan_goes_the_general_way() -> None:
+    codec = WireCodec()
+    send, receive = SendPlans(codec, 1 << 16), ReceivePlans()
+    msg = Message(0, MessageKind.ACTIVATION, 1, 0, (torch.zeros(2, 3),))
+    buf = np.frombuffer(send.encode(msg), np.uint8).copy()  # type: ignore[arg-type]
+    learned(codec, receive, buf)
+    assert receive.message(buf, 0) is not None
+    # the same length, another shape (3, 2): a different descriptor
+    other = general(codec, Message(0, MessageKind.ACTIVATION, 1, 0, (torch.zeros(3, 2),)))
+    assert len(other) == len(buf) and receive.message(other, 0) is None
+    for offset, value in ((0, 0x58), (2, 7), (3, 200), (3, int(MessageKind.CONTROL)), (18, 2)):
+        bad = buf.copy()
+        bad[offset] = value  # magic, version, unknown kind, control, tensor count
+        assert receive.message(bad, 0) is None, offset
+    assert receive.message(buf[:-16], 0) is None  # another length: no plan
+
+
+def test_message_built_through_its_slots_is_the_dataclass_it_was() -> None:
+    """base.py's faster `Message.__init__`: same fields and defaults, equality, hash, repr,
+    still frozen, `dataclasses.replace` still works."""
+    t = (torch.ones(2),)
+    a = Message(3, MessageKind.NOTICE, 1, 2, t, 7, 5)
+    assert (a.step, a.kind, a.stage, a.microbatch, a.tensors, a.tag, a.source) == \
+        (3, MessageKind.NOTICE, 1, 2, t, 7, 5)
+    assert a == Message(3, MessageKind.NOTICE, 1, 2, tensors=t, tag=7, source=5)
+    assert hash(a) == hash(Message(3, MessageKind.NOTICE, 1, 2, t, 7, 5))
+    assert Message(1, MessageKind.ACTIVATION, 0, 0) == Message(1, MessageKind.ACTIVATION, 0, 0,
+                                                               (), 0, None)
+    assert repr(a).startswith("Message(step=3, kind=<MessageKind.NOTICE: 4>, stage=1")
+    assert dataclasses.replace(a, step=4).step == 4 and a.received_from(9).source == 9
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        a.step = 4  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        Message(1, MessageKind.ACTIVATION, 0)  # type: ignore[call-arg]
+
+
+def test_lazy_conjugates_and_negations_travel_with_their_values() -> None:
+    """A lazy view's memory holds the other sign: the general path resolves it (it used to send
+    the memory as it is), and no plan takes it."""
+    codec = WireCodec()
+    send = SendPlans(codec, 1 << 16)
+    lazy = [torch.tensor([1 + 2j, 3 - 1j], dtype=torch.complex64).conj(),
+            torch._neg_view(torch.tensor([1.0, -2.0])),  # what .conj().imag and friends make
+            torch.tensor([1 + 2j, 3 - 1j]).conj().imag]
+    for x in lazy:
+        msg = Message(0, MessageKind.ACTIVATION, 1, 0, (x,))
+        assert send.encode(msg) is None
+        got = general(codec, msg)
+        header, layout = codec.decode(got, source=0)
+        assert torch.equal(codec.inline_tensors(got, layout)[0], x)
+        raw = torch.from_numpy(host_bytes(x).copy())  # the payload channel's bytes
+        assert torch.equal(raw.view(x.dtype).reshape(x.shape), x)
