@@ -251,8 +251,8 @@ async def main() -> None:
         if comm.Get_rank() == 0:
             print(f"TIME {case} {time.perf_counter() - t0:.2f}s", file=sys.stderr, flush=True)
     if PLANES:
-        print(f"PLANE rank {comm.Get_rank()} sent={sum(p.num_sent for p in PLANES)} "
-              f"received={sum(p.num_received for p in PLANES)}", flush=True)
+        say(f"PLANE rank {comm.Get_rank()} sent={sum(p.num_sent for p in PLANES)} "
+            f"received={sum(p.num_received for p in PLANES)}")
 
 
 if __name__ == "__main__":
