@@ -27,9 +27,10 @@ __all__ = ["known_costs", "Reordered", "reordered"]
 
 
 def known_costs(durations: Durations, step: int) -> list[float] | None:
-    """Each microbatch's size factor in `step`, or None where the durations carry no sizes."""
-    if not isinstance(durations, JitterModel):
-        return None
+    """Each microbatch's size factor in `step`, or None where the durations carry none."""
+    if not isinstance(durations, JitterModel) or not any(
+            t.name == "multimodal" for t in durations.spec.terms):
+        return None  # no per-microbatch term: every size is 1
     return [float(v) for v in durations.sizes(step)]
 
 
