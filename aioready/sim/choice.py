@@ -71,7 +71,8 @@ class Simulated(Protocol):
 Run = Callable[[HintOrder, str, tuple[int, ...], str, "float | None"], Simulated]
 """run(hint, mode, caps, policy, bound): one candidate simulated on the durations being tuned
 for; with a bound, it may raise sim.cutoff.Exceeded once its step time is known to exceed it.
-Under a byte budget it is also given `memory=` (bytes per rank), and read for its peak bytes."""
+Under a byte budget it is also given `memory=` (bytes per rank), and read for its peak bytes;
+a candidate in a cost order (`reorder=` of choose_schedule) is given `microbatch_order=`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,7 +267,7 @@ def choose_schedule(run: Run, orders: Sequence[HintOrder], *, budget: CapSpec = 
     (sim/budget.py, "held activations").
     `reorder(hint)`: True where the durations carry known microbatch sizes that `cost_order`
     would change; each candidate is then also simulated with its microbatches in each cost order
-    (`run(..., order=how)`, schedulers/order.py ORDERS), and wins only by its simulated step
+    (`run(..., microbatch_order=how)`, schedulers/order.py ORDERS), and wins only by its simulated step
     time.
     Raises ConfigError when no candidate fits the budget.
     """
@@ -318,7 +319,7 @@ def _one(run: Run, order: HintOrder, cand: Candidate, limit: Limit, rows: list[R
     c = cand.choice
     extra: dict[str, object] = {} if c.memory is None else {"memory": c.memory}
     if cand.order != "given":
-        extra["order"] = cand.order
+        extra["microbatch_order"] = cand.order
     try:
         result = run(order, c.mode, c.cap, c.policy, bound, **extra)
     except Exceeded as stop:

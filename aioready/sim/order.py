@@ -8,7 +8,8 @@ The permutation comes from `known_costs`: what a real job knows of a microbatch 
 it, its size. Under the jitter models that is the per-microbatch factor shared by every stage
 and kind (multimodal: FACTOR for a heavy microbatch, 1 for a light one), the part that the byte
 model of sim/memory.py also scales with; never a per-task draw (lognormal terms, the
-multimodal noise) nor a measured duration. A trace carries no sizes, so its order stays.
+multimodal noise) nor a measured duration. A trace carries sizes only where it was given them (`Trace(sizes=)`); otherwise its order
+stays.
 """
 
 from __future__ import annotations
@@ -26,12 +27,12 @@ from .variability import JitterModel
 __all__ = ["known_costs", "Reordered", "reordered"]
 
 
-def known_costs(durations: Durations, step: int) -> list[float] | None:
-    """Each microbatch's size factor in `step`, or None where the durations carry none."""
-    if not isinstance(durations, JitterModel) or not any(
-            t.name == "multimodal" for t in durations.spec.terms):
-        return None  # no per-microbatch term: every size is 1
-    return [float(v) for v in durations.sizes(step)]
+def known_costs(durations: object, step: int) -> list[float] | None:
+    """Each microbatch's size factor in `step` (`durations.sizes(step)`: a JitterModel's, a
+    Trace's when it was given sizes), or None where the durations carry none."""
+    sizes = getattr(durations, "sizes", None)
+    values = None if sizes is None else sizes(step)
+    return None if values is None else [float(v) for v in values]
 
 
 class Reordered:
@@ -80,7 +81,7 @@ def reordered(durations: Durations, model: JitterModel, how: str) -> Reordered |
 
     def perm(step: int) -> tuple[int, ...]:
         if step not in memo:
-            costs = known_costs(durations, step) or known_costs(model, step)
+            costs = known_costs(durations, step)
             memo[step] = cost_order(costs, how) if costs else tuple(range(durations.num_microbatches))
         return memo[step]
     if how == "given" or known_costs(durations, 0) is None:

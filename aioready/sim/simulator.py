@@ -294,14 +294,15 @@ def simulate(*, stages: int, microbatches: int, hint: str | HintOrder = "1f1b",
 
         def run(hint_order: HintOrder, mode: str, caps: tuple[int, ...], policy: str,
                 bound: float | None = None, memory: tuple[int, ...] | None = None,
-                order: str = fixed) -> SimResult:
+                microbatch_order: str = fixed) -> SimResult:
             result = simulate(stages=stages, microbatches=microbatches, hint=hint_order,
                               jitter=jitter, seed=seed, trace=trace,
                               cap=None if memory else list(caps), memory=memory and list(memory),
                               split_backward=split_backward, steps=steps, base=base,
-                              mode=mode, policy=policy, stop_after=bound, order=order)
+                              mode=mode, policy=policy, stop_after=bound,
+                              order=microbatch_order)
             done[(hint_order.name, hint_order.placement.style, mode, caps, policy, memory,
-                  order)] = result
+                  microbatch_order)] = result
             return result
 
         def per_microbatch(order: HintOrder) -> list[float]:

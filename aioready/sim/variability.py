@@ -250,10 +250,13 @@ class JitterModel:
                 out *= np.where(slow > 0, p[1], 1.0)
         return out
 
-    def sizes(self, step: int) -> np.ndarray:
+    def sizes(self, step: int) -> np.ndarray | None:
         """Each microbatch's size factor in `step`: the product of its per-microbatch terms
         (multimodal: FACTOR when heavy), shared by every stage and kind; no per-task noise.
-        What a job knows of a microbatch before running it (sim/order.py)."""
+        What a job knows of a microbatch before running it (sim/order.py). None without a
+        per-microbatch term (every size is 1)."""
+        if not any(t.name == "multimodal" for t in self.spec.terms):
+            return None
         out = np.ones(self.num_microbatches)
         mb = np.arange(self.num_microbatches)
         for index, term in enumerate(self.spec.terms):
