@@ -368,7 +368,7 @@ def _summary(units: list[dict[str, Any]]) -> dict[str, Any]:
 
 def sim_table(results: dict[str, Any]) -> str:
     lines = []
-    for jitter in JITTERS:
+    for jitter in dict.fromkeys(k.rsplit("@", 1)[0] for k in results):
         head = ["S", "configuration"] + [f"{b}: {w}" for b in BUDGETS
                                           for w in ("speedup (worst)", "vs 1f1b", "eff",
                                                     "in-order", "peak/cap0")]
@@ -430,6 +430,8 @@ def main(argv: list[str] | None = None) -> str:
     ap.add_argument("--stages", default=None, help=f"comma-separated S values ({STAGES})")
     ap.add_argument("--opt-cases", default=None,
                     help="optimum cases as SxM, comma-separated (default 4x8,4x16,8x16)")
+    ap.add_argument("--jitters", default=None,
+                    help=f"comma-separated jitter specs (default {','.join(JITTERS)})")
     ap.add_argument("--rows", default=None,
                     help="only rows whose label starts with one of these, comma-separated "
                     "(say 'auto'); results then go to policy_rows.md/.json")
@@ -446,17 +448,18 @@ def main(argv: list[str] | None = None) -> str:
     cmd = shlex.join(["python", "-m", "bench.policy",
                       *(argv if argv is not None else sys.argv[1:])])
     began = time.perf_counter()
-    points = [(S, j, seed) for S in stages for j in JITTERS for seed in range(seeds)]
+    jitters = tuple(args.jitters.split(",")) if args.jitters else JITTERS
+    points = [(S, j, seed) for S in stages for j in jitters for seed in range(seeds)]
     points.sort(key=lambda p: -p[0])  # the largest first: the pool ends evenly
     jobs = max(1, min(2, args.jobs))
     with ProcessPoolExecutor(jobs, initializer=lean_gc) as pool:
         done = list(pool.map(sim_unit, *zip(*points)))
         results = {f"{j}@{S}": _summary([u for u, p in zip(done, points) if p[:2] == (S, j)])
-                   for S in stages for j in JITTERS}
+                   for S in stages for j in jitters}
         sim_s = time.perf_counter() - began
         # one CP-SAT worker per process: the processes fill the cores, as the solver's own
         # workers would, and the per-instance time limit stays the same
-        opt_points = [(S, M, j, seed) for S, M in cases for j in JITTERS
+        opt_points = [(S, M, j, seed) for S, M in cases for j in jitters
                       for seed in range(opt_seeds)]
         found = list(pool.map(opt_unit, *zip(*opt_points), [args.time_limit] * len(opt_points),
                               [2 if jobs == 1 else 1] * len(opt_points)))
@@ -465,7 +468,7 @@ def main(argv: list[str] | None = None) -> str:
         optimum.setdefault(f"{S}@{M}@{jitter}", []).append(unit)
     opt_s = time.perf_counter() - began - sim_s
     body = "\n".join([
-        f"M = 4S, {seeds} seeds per point, jitters {', '.join(JITTERS)}; budgets: "
+        f"M = 4S, {seeds} seeds per point, jitters {', '.join(jitters)}; budgets: "
         + ", ".join(f"{b} {kw or '(the hint own cap)'}" for b, kw in BUDGETS.items()) + ".",
         "speedup: strict step time of the same hint / step time (> 1: faster than strict), "
         "median (worst seed); vs 1f1b: strict 1F1B step time on the same durations (split "
