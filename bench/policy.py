@@ -435,10 +435,12 @@ def main(argv: list[str] | None = None) -> str:
     ap.add_argument("--rows", default=None,
                     help="only rows whose label starts with one of these, comma-separated "
                     "(say 'auto'); results then go to policy_rows.md/.json")
+    ap.add_argument("--out", default=None, help="bench/results/OUT.md and .json (default "
+                    "policy, or policy_rows with --rows)")
     args = ap.parse_args(argv)
     if args.rows:  # before the pool forks: the workers read CONFIGS
         CONFIGS[:] = [c for c in CONFIGS if c.name.startswith(tuple(args.rows.split(",")))]
-    out = "policy_rows" if args.rows else "policy"
+    out = args.out or ("policy_rows" if args.rows else "policy")
     stages = (tuple(int(s) for s in args.stages.split(",")) if args.stages
               else QUICK["stages"] if args.quick else STAGES)
     seeds = args.seeds or (QUICK["seeds"] if args.quick else 10)
