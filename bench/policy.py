@@ -433,13 +433,17 @@ def main(argv: list[str] | None = None) -> str:
     ap.add_argument("--jitters", default=None,
                     help=f"comma-separated jitter specs (default {','.join(JITTERS)})")
     ap.add_argument("--rows", default=None,
-                    help="only rows whose label starts with one of these, comma-separated "
-                    "(say 'auto'); results then go to policy_rows.md/.json")
+                    help="only these rows, by label, comma-separated; 'auto*' all whose label "
+                    "starts with 'auto'; results then go to policy_rows.md/.json")
+    ap.add_argument("--seed-from", type=int, default=0,
+                    help="the first seed (say 5: held-out seeds 5.. when 0-4 tuned a change)")
     ap.add_argument("--out", default=None, help="bench/results/OUT.md and .json (default "
                     "policy, or policy_rows with --rows)")
     args = ap.parse_args(argv)
     if args.rows:  # before the pool forks: the workers read CONFIGS
-        CONFIGS[:] = [c for c in CONFIGS if c.name.startswith(tuple(args.rows.split(",")))]
+        wanted = args.rows.split(",")
+        CONFIGS[:] = [c for c in CONFIGS if any(
+            c.name == w or (w.endswith("*") and c.name.startswith(w[:-1])) for w in wanted)]
     out = args.out or ("policy_rows" if args.rows else "policy")
     stages = (tuple(int(s) for s in args.stages.split(",")) if args.stages
               else QUICK["stages"] if args.quick else STAGES)
@@ -451,7 +455,9 @@ def main(argv: list[str] | None = None) -> str:
                       *(argv if argv is not None else sys.argv[1:])])
     began = time.perf_counter()
     jitters = tuple(args.jitters.split(",")) if args.jitters else JITTERS
-    points = [(S, j, seed) for S in stages for j in jitters for seed in range(seeds)]
+    first = args.seed_from
+    points = [(S, j, seed) for S in stages for j in jitters
+              for seed in range(first, first + seeds)]
     points.sort(key=lambda p: -p[0])  # the largest first: the pool ends evenly
     jobs = max(1, min(2, args.jobs))
     with ProcessPoolExecutor(jobs, initializer=lean_gc) as pool:
@@ -470,7 +476,7 @@ def main(argv: list[str] | None = None) -> str:
         optimum.setdefault(f"{S}@{M}@{jitter}", []).append(unit)
     opt_s = time.perf_counter() - began - sim_s
     body = "\n".join([
-        f"M = 4S, {seeds} seeds per point, jitters {', '.join(jitters)}; budgets: "
+        f"M = 4S, {seeds} seeds per point (from seed {first}), jitters {', '.join(jitters)}; budgets: "
         + ", ".join(f"{b} {kw or '(the hint own cap)'}" for b, kw in BUDGETS.items()) + ".",
         "speedup: strict step time of the same hint / step time (> 1: faster than strict), "
         "median (worst seed); vs 1f1b: strict 1F1B step time on the same durations (split "
