@@ -11,6 +11,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_no_deadlock import check_invariants
 
 import aioready
 from aioready.clock import run_virtual
@@ -21,7 +22,6 @@ from aioready.runtime.rank import POLICIES
 from aioready.schedulers.order import ORDERS, cost_order
 from aioready.sim.variability import JitterModel
 from aioready.testing.helpers import make_mlp_stages, max_grad_diff, mse_loss, reference_step
-from test_no_deadlock import check_invariants
 
 torch.set_num_threads(1)
 
