@@ -51,6 +51,8 @@ class Instance:
     comm: np.ndarray
     caps: tuple[int, ...]
     unit_ms: float
+    sizes: np.ndarray | None = None
+    """the microbatches' known sizes (aioready/sim/order.py), where the durations carry them"""
 
     @property
     def num_microbatches(self) -> int:
@@ -75,7 +77,16 @@ class Instance:
     def trace(self) -> Trace:
         """The quantised durations as a one-step Trace for aioready.simulate."""
         return Trace(self.table_ms()[None], placement=self.placement,
-                     split_backward=self.split_backward, source="quantised durations")
+                     split_backward=self.split_backward, source="quantised durations",
+                     sizes=None if self.sizes is None else self.sizes[None])
+
+    def permuted(self, slots: tuple[int, ...]) -> "Instance":
+        """The same step with slot i holding microbatch `slots[i]` (a microbatch order): the
+        same optimum, relabelled."""
+        pick = list(slots)
+        return Instance(self.placement, self.split_backward, self.durations[:, pick],
+                        self.comm[:, pick], self.caps, self.unit_ms,
+                        None if self.sizes is None else self.sizes[pick])
 
     def predecessors(self, key: TaskKey) -> list[tuple[TaskKey, int]]:
         """(task, delay) pairs: `key` may start once each task has ended plus its delay."""
@@ -102,7 +113,7 @@ class Instance:
 
 def instance(table_ms: np.ndarray, *, placement: Placement, split_backward: bool,
              caps: tuple[int, ...], comm_ms: np.ndarray | None = None,
-             unit_ms: float = 1e-2) -> Instance:
+             unit_ms: float = 1e-2, sizes: np.ndarray | None = None) -> Instance:
     """Quantise a duration table (stages, M, 3) in ms, as `Durations.table(step)` gives it, and
     optionally a JitterModel's `comm_table(step)`, to integer units of `unit_ms`."""
     table = np.asarray(table_ms, dtype=np.float64)
@@ -116,7 +127,7 @@ def instance(table_ms: np.ndarray, *, placement: Placement, split_backward: bool
     comm = (np.zeros((S, M, 2), dtype=np.int64) if comm_ms is None
             else np.rint(np.asarray(comm_ms) / unit_ms).astype(np.int64))
     return Instance(placement, split_backward, durations, comm, tuple(int(c) for c in caps),
-                    unit_ms)
+                    unit_ms, None if sizes is None else np.asarray(sizes, dtype=np.float64))
 
 
 @dataclass(frozen=True)

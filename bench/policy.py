@@ -54,8 +54,10 @@ from aioready.hints import HintOrder
 from aioready.placement import Placement
 from aioready.runtime.pipeline import Pipeline
 from aioready.schedulers import HINTS, make_hint
+from aioready.schedulers.order import cost_order
 from aioready.sim.choice import choose_auto
 from aioready.sim.durations import device_duration
+from aioready.sim.order import known_costs
 from aioready.sim.simulator import simulate
 from aioready.sim.variability import JitterModel
 from aioready.telemetry.bounds import in_order_bound
@@ -107,6 +109,11 @@ CONFIGS: list[Config] = [
     # budget of devices that are all alike (hints like zb-h2 hold about 2S on every rank)
     Config("auto", label="auto split, 2S each", baseline="1f1b", split=True, budgets=("2x",),
            kwargs=(("uniform", True),)),
+    # auto before the microbatch order (schedulers/order.py) was a candidate: the given order
+    *(Config("auto", label=f"{label}, given order", baseline="1f1b", split=split,
+             budgets=("2x",), kwargs=(*extra, ("order", "given")))
+      for label, split, extra in (("auto", False, ()), ("auto split", True, ()),
+                                  ("auto split, 2S each", True, (("uniform", True),)))),
 ]
 BUDGETS: dict[str, dict[str, Any]] = {"default": {}, "2x": {"cap": "2x"}}
 JITTERS = ("lognormal:0.5", "multimodal:0.3:3", "lognormal:0.2+straggler:1:1.5")
@@ -212,21 +219,27 @@ def _auto(cfg: Config, S: int, M: int, jitter: str, seed: int, extra: dict[str, 
     split = cfg.split_backward
 
     def run(order: HintOrder, mode: str, caps: tuple[int, ...], policy: str,
-            bound: float | None = None) -> Any:
-        key = _memo_key(order, mode, caps, policy)
+            bound: float | None = None, **how: str) -> Any:
+        mb_order = how.get("microbatch_order", "given")
+        key = _memo_key(order, mode, caps, policy) + ((mb_order,) if how else ())
         if key in memo:
             return memo[key]
         result = simulate(stages=S, microbatches=M, hint=order, mode=mode, jitter=jitter,
                           seed=seed, split_backward=split, policy=policy, cap=list(caps),
-                          stop_after=bound)
+                          stop_after=bound, order=mb_order)
         memo[key] = result
         return result
+    sized = known_costs(JitterModel(jitter, seed=seed, placement=Placement.linear(S),
+                                    num_microbatches=M), 0) is not None
+    reorder = None if dict(cfg.kwargs).get("order") == "given" or not sized else (
+        lambda order: True)
     tuning = choose_auto(run, cfg.hint, num_stages=S, num_ranks=None, num_microbatches=M,
-                         split_backward=split, budget=_auto_budget(cfg, S, M, extra))
+                         split_backward=split, budget=_auto_budget(cfg, S, M, extra),
+                         reorder=reorder)
     best = tuning.best
     return {"t": best.step_time, "eff": best.efficiency, "peak": max(best.peak_in_flight),
             "cap0": best.candidate.choice.cap[0], "ranks": len(best.candidate.choice.cap),
-            "chosen": f"auto:{best.candidate.choice.label}", "hint": best.candidate.choice.hint,
+            "chosen": f"auto:{best.candidate.label}", "hint": best.candidate.choice.hint,
             "stopped": sum(r.stopped for r in tuning.rows), "candidates": len(tuning.rows)}
 
 
@@ -244,11 +257,12 @@ def _pipeline_run(cfg: Config, S: int, M: int, trace: Any, extra: dict[str, Any]
 
 
 def _probe(jitter: str, seed: int, placement: Placement, M: int, split: bool) -> Instance:
-    """The quantised durations of one step (caps are set later, from the run)."""
+    """The quantised durations of one step and the microbatches' known sizes (caps are set
+    later, from the run)."""
     model = JitterModel(jitter, seed=seed, placement=placement, num_microbatches=M,
                         split_backward=split)
     return instance(model.table(0), placement=placement, split_backward=split,
-                    caps=(1,) * placement.num_ranks, unit_ms=UNIT_MS)
+                    caps=(1,) * placement.num_ranks, unit_ms=UNIT_MS, sizes=model.sizes(0))
 
 
 def _placement(cfg: Config, S: int, M: int, extra: dict[str, Any], linear: Instance) -> Placement:
@@ -263,16 +277,30 @@ def _placement(cfg: Config, S: int, M: int, extra: dict[str, Any], linear: Insta
 
 
 def _as_chosen(cfg: Config, S: int, M: int, probe: Instance, extra: dict[str, Any]
-               ) -> tuple[Config, dict[str, Any]]:
+               ) -> tuple[Config, dict[str, Any], tuple[int, ...] | None]:
     """A row chosen at run time ("auto") as the fixed configuration it chooses on these
-    durations (a Pipeline's auto would run its start hint first), else the row itself."""
+    durations (a Pipeline's auto would run its start hint first), else the row itself; and
+    the microbatch order it chose (slot -> microbatch), None for the given one."""
     if cfg.hint in HINTS:
-        return cfg, extra
-    chosen = simulate(stages=S, microbatches=M, hint=cfg.hint, trace=probe.trace(),
-                      split_backward=cfg.split_backward, cap=_auto_budget(cfg, S, M, extra)
-                      ).tuning.best.candidate.choice
+        return cfg, extra, None
+    order = dict(cfg.kwargs).get("order")
+    best = simulate(stages=S, microbatches=M, hint=cfg.hint, trace=probe.trace(),
+                    split_backward=cfg.split_backward, cap=_auto_budget(cfg, S, M, extra),
+                    order=order).tuning.best.candidate
+    chosen = best.choice
+    slots = (None if best.order == "given" or probe.sizes is None
+             else cost_order(list(probe.sizes), best.order))
     return (Config(chosen.hint, mode=chosen.mode, split=cfg.split_backward,
-                   kwargs=(("policy", chosen.policy),)), {"cap": list(chosen.cap)})
+                   kwargs=(("policy", chosen.policy),)), {"cap": list(chosen.cap)}, slots)
+
+
+def _relabel(schedule: dict[Any, tuple[int, int]], slots: tuple[int, ...] | None
+             ) -> dict[Any, tuple[int, int]]:
+    """A schedule of reordered microbatches (slot i ran microbatch slots[i]) in the given
+    order's labels, so that every run of a key is a start for the same instance."""
+    if slots is None:
+        return schedule
+    return {(kind, stage, slots[mb]): span for (kind, stage, mb), span in schedule.items()}
 
 
 def opt_unit(S: int, M: int, jitter: str, seed: int, time_limit: float,
@@ -287,12 +315,13 @@ def opt_unit(S: int, M: int, jitter: str, seed: int, time_limit: float,
             placement = _placement(cfg, S, M, extra, _probe(jitter, seed, Placement.linear(S),
                                                            M, split))
             probe = _probe(jitter, seed, placement, M, split)
-            run_cfg, run_extra = _as_chosen(cfg, S, M, probe, extra)
-            pipe, report = _pipeline_run(run_cfg, S, M, probe.trace(), run_extra)
+            run_cfg, run_extra, slots = _as_chosen(cfg, S, M, probe, extra)
+            ran = probe if slots is None else probe.permuted(slots)
+            pipe, report = _pipeline_run(run_cfg, S, M, ran.trace(), run_extra)
             caps = tuple(min(rt.cap, M) for rt in pipe.runtimes)
             key = f"{placement.style}/{placement.num_ranks}/{int(split)}/{caps}"
             runs[f"{cfg.name}|{budget}"] = {"t": report.step_time, "key": key, "caps": caps,
-                                            "inst": probe, "report": report}
+                                            "inst": probe, "report": report, "slots": slots}
     out: dict[str, Any] = {"rows": {}, "optima": {}}
     for key in sorted({r["key"] for r in runs.values()}):
         mine = [r for r in runs.values() if r["key"] == key]
@@ -300,7 +329,8 @@ def opt_unit(S: int, M: int, jitter: str, seed: int, time_limit: float,
                         split_backward=mine[0]["inst"].split_backward, caps=mine[0]["caps"],
                         unit_ms=UNIT_MS)
         same = [r for r in runs.values() if r["key"].rsplit("/", 1)[0] == key.rsplit("/", 1)[0]]
-        starts = [schedule_of(r["report"].spans, UNIT_MS, r["report"].start) for r in same]
+        starts = [_relabel(schedule_of(r["report"].spans, UNIT_MS, r["report"].start),
+                           r["slots"]) for r in same]
         opt = solve(inst, time_limit_s=time_limit, workers=workers, start_from=starts)
         out["optima"][key] = opt.as_dict()
     for name, r in runs.items():
@@ -338,7 +368,7 @@ def _summary(units: list[dict[str, Any]]) -> dict[str, Any]:
 
 def sim_table(results: dict[str, Any]) -> str:
     lines = []
-    for jitter in JITTERS:
+    for jitter in dict.fromkeys(k.rsplit("@", 1)[0] for k in results):
         head = ["S", "configuration"] + [f"{b}: {w}" for b in BUDGETS
                                           for w in ("speedup (worst)", "vs 1f1b", "eff",
                                                     "in-order", "peak/cap0")]
@@ -400,7 +430,21 @@ def main(argv: list[str] | None = None) -> str:
     ap.add_argument("--stages", default=None, help=f"comma-separated S values ({STAGES})")
     ap.add_argument("--opt-cases", default=None,
                     help="optimum cases as SxM, comma-separated (default 4x8,4x16,8x16)")
+    ap.add_argument("--jitters", default=None,
+                    help=f"comma-separated jitter specs (default {','.join(JITTERS)})")
+    ap.add_argument("--rows", default=None,
+                    help="only these rows, by label, comma-separated; 'auto*' all whose label "
+                    "starts with 'auto'; results then go to policy_rows.md/.json")
+    ap.add_argument("--seed-from", type=int, default=0,
+                    help="the first seed (say 5: held-out seeds 5.. when 0-4 tuned a change)")
+    ap.add_argument("--out", default=None, help="bench/results/OUT.md and .json (default "
+                    "policy, or policy_rows with --rows)")
     args = ap.parse_args(argv)
+    if args.rows:  # before the pool forks: the workers read CONFIGS
+        wanted = args.rows.split(",")
+        CONFIGS[:] = [c for c in CONFIGS if any(
+            c.name == w or (w.endswith("*") and c.name.startswith(w[:-1])) for w in wanted)]
+    out = args.out or ("policy_rows" if args.rows else "policy")
     stages = (tuple(int(s) for s in args.stages.split(",")) if args.stages
               else QUICK["stages"] if args.quick else STAGES)
     seeds = args.seeds or (QUICK["seeds"] if args.quick else 10)
@@ -410,17 +454,20 @@ def main(argv: list[str] | None = None) -> str:
     cmd = shlex.join(["python", "-m", "bench.policy",
                       *(argv if argv is not None else sys.argv[1:])])
     began = time.perf_counter()
-    points = [(S, j, seed) for S in stages for j in JITTERS for seed in range(seeds)]
+    jitters = tuple(args.jitters.split(",")) if args.jitters else JITTERS
+    first = args.seed_from
+    points = [(S, j, seed) for S in stages for j in jitters
+              for seed in range(first, first + seeds)]
     points.sort(key=lambda p: -p[0])  # the largest first: the pool ends evenly
     jobs = max(1, min(2, args.jobs))
     with ProcessPoolExecutor(jobs, initializer=lean_gc) as pool:
         done = list(pool.map(sim_unit, *zip(*points)))
         results = {f"{j}@{S}": _summary([u for u, p in zip(done, points) if p[:2] == (S, j)])
-                   for S in stages for j in JITTERS}
+                   for S in stages for j in jitters}
         sim_s = time.perf_counter() - began
         # one CP-SAT worker per process: the processes fill the cores, as the solver's own
         # workers would, and the per-instance time limit stays the same
-        opt_points = [(S, M, j, seed) for S, M in cases for j in JITTERS
+        opt_points = [(S, M, j, seed) for S, M in cases for j in jitters
                       for seed in range(opt_seeds)]
         found = list(pool.map(opt_unit, *zip(*opt_points), [args.time_limit] * len(opt_points),
                               [2 if jobs == 1 else 1] * len(opt_points)))
@@ -429,7 +476,7 @@ def main(argv: list[str] | None = None) -> str:
         optimum.setdefault(f"{S}@{M}@{jitter}", []).append(unit)
     opt_s = time.perf_counter() - began - sim_s
     body = "\n".join([
-        f"M = 4S, {seeds} seeds per point, jitters {', '.join(JITTERS)}; budgets: "
+        f"M = 4S, {seeds} seeds per point (from seed {first}), jitters {', '.join(jitters)}; budgets: "
         + ", ".join(f"{b} {kw or '(the hint own cap)'}" for b, kw in BUDGETS.items()) + ".",
         "speedup: strict step time of the same hint / step time (> 1: faster than strict), "
         "median (worst seed); vs 1f1b: strict 1F1B step time on the same durations (split "
@@ -452,10 +499,10 @@ def main(argv: list[str] | None = None) -> str:
         "not improve on the policy in its time.", "", opt_table(optimum), "",
         f"Running time: simulations {sim_s:.0f} s ({len(points)} points, {jobs} processes, "
         f"{sum(u['cpu_s'] for u in done):.0f} s of CPU), optimum {opt_s:.0f} s."])
-    (RESULTS / "policy.json").write_text(json.dumps(
+    (RESULTS / f"{out}.json").write_text(json.dumps(
         {"command": cmd, "simulated": results, "optimum": optimum, "sim_s": sim_s,
          "opt_s": opt_s}, indent=1) + "\n")
-    write_result("policy", body, cmd)
+    write_result(out, body, cmd)
     print(body)
     return body
 

@@ -23,6 +23,7 @@ from ..transports.base import Transport
 from ..transports.inproc import InprocWorld
 from .autotune import AutoHint, AutoTuning, parse_auto
 from .driver import run_ranks
+from .mb_order import check_order, step_order
 from .rank import MODES, RankRuntime
 from .watchdog import DEFAULT, STALL_TIMEOUT_S, StallWatchdog, StepGuard, resolve_timeout
 
@@ -112,7 +113,9 @@ class Pipeline:
     admit by activation bytes, measured per microbatch, instead of `cap=`'s count
     (docs/policy.md "Memory budgets"); `measure_memory=True` measures them without a budget.
     `dashboard=PORT` serves a live page of the pipeline on 127.0.0.1 (0: any free port;
-    `pipe.dashboard.url`, docs/telemetry.md); needs aiohttp.
+    `pipe.dashboard.url`, docs/telemetry.md); needs aiohttp. `microbatch_order="ascending"`
+    or `"descending"`: run each step's microbatches in the order of a cost known before the
+    step (`step(costs=)`, default the inputs' bytes; docs/policy.md "The microbatch order").
     """
 
     def __init__(
@@ -127,7 +130,7 @@ class Pipeline:
         grid: Any = None, grad_reducer: Any = None, normalize: str = "microbatches",
         tied: Any = None, scaler: Any = None, autocast: Any = None,
         memory: MemorySpec = None, measure_memory: bool = False,
-        dashboard: int | None = None,
+        dashboard: int | None = None, microbatch_order: str = "given",
     ) -> None:
         if not isinstance(microbatches, int) or isinstance(microbatches, bool) or microbatches < 1:
             raise ConfigError("microbatches must be a positive integer", expected=">= 1",
@@ -157,6 +160,8 @@ class Pipeline:
             raise ConfigError("a TP coordinator needs a transport (one rank per process)",
                               expected="transport=... with coordinator=...", got="no transport")
         self.microbatches = microbatches
+        self.microbatch_order = check_order(microbatch_order)
+        self._slots: tuple[int, ...] | None = None  # the last step's slot -> caller's index
         self.mode = mode
         self.transport = transport
         num_local = len(stages)
@@ -309,16 +314,24 @@ class Pipeline:
         from .checkpoint import load_state_dict
         return load_state_dict(self, state, optimizers, check_config=check_config)
 
-    async def step(self, inputs: Any = None, targets: Any = None) -> Any:
+    async def step(self, inputs: Any = None, targets: Any = None,
+                   costs: Sequence[float] | None = None) -> Any:
         """Run one step; return the summed loss where the last stage lives, else None.
 
         `inputs` and `targets` are split along dim 0 into equal microbatches, or given as a list
         of microbatches (variable shapes allowed). Ranks without stage 0 (the last stage) pass
-        None for inputs (targets).
+        None for inputs (targets). `costs`: one per microbatch, what orders them under
+        `microbatch_order` (runtime/mb_order.py; default: the inputs' bytes).
         """
         M = self.microbatches
         mbs = split_microbatches(inputs, M, name="inputs")
         tgts = split_microbatches(targets, M, name="targets")
+        slots = step_order(self.microbatch_order, M, mbs, costs,
+                           one_process=self.transport is None or self.transport.world_size == 1)
+        if slots is not None:
+            mbs = None if mbs is None else [mbs[m] for m in slots]
+            tgts = None if tgts is None else [tgts[m] for m in slots]
+        self._slots = slots
         step = self._step
         if self.stall_watchdog is not None and self._stall_arg is DEFAULT:
             # simulated time: the default is off
@@ -370,7 +383,11 @@ class Pipeline:
         for rt in self.runtimes:
             for ex in rt.executors or ():
                 if ex.is_last:
-                    return [(float(loss), float(w)) for _, (loss, w) in sorted(ex.losses.items())]
+                    out = [(float(loss), float(w)) for _, (loss, w) in sorted(ex.losses.items())]
+                    if self._slots is not None:  # back to the caller's order
+                        mine = dict(zip(self._slots, out))
+                        out = [mine[m] for m in range(len(out))]
+                    return out
         return None
 
     def close(self) -> None:

@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 import math
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Iterable, Iterator, Protocol, Sequence
 
 from ..caps import CapSpec
@@ -42,6 +42,7 @@ from ..runtime.autotune import parse_auto, start_hint
 from ..runtime.choosers import STYLES, Choice
 from ..runtime.rank import MODES, POLICIES, reservation_holds
 from ..schedulers import HINTS, hint_names, make_hint
+from ..schedulers.order import ORDERS
 from .budget import Limit, MeanBytes
 from .cutoff import Exceeded
 
@@ -70,13 +71,21 @@ class Simulated(Protocol):
 Run = Callable[[HintOrder, str, tuple[int, ...], str, "float | None"], Simulated]
 """run(hint, mode, caps, policy, bound): one candidate simulated on the durations being tuned
 for; with a bound, it may raise sim.cutoff.Exceeded once its step time is known to exceed it.
-Under a byte budget it is also given `memory=` (bytes per rank), and read for its peak bytes."""
+Under a byte budget it is also given `memory=` (bytes per rank), and read for its peak bytes;
+a candidate in a cost order (`reorder=` of choose_schedule) is given `microbatch_order=`."""
 
 
 @dataclass(frozen=True, slots=True)
 class Candidate:
     choice: Choice
     factor: float  # the budget as a multiple of the hint's own peak (before clipping)
+    order: str = "given"  # the microbatch order (schedulers/order.py ORDERS)
+
+    @property
+    def label(self) -> str:
+        """The hint's label, with "+ascending" or "+descending" where microbatches run in that
+        cost order (schedulers/order.py)."""
+        return self.choice.label + ("" if self.order == "given" else f"+{self.order}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,8 +105,8 @@ class Row:
         c = self.candidate.choice
         peak = self.peak or self.peak_in_flight or (0,)
         return (self.stopped, self.step_time, max(peak), sum(peak),
-                0 if c.mode == "strict" else 1, POLICIES.index(c.policy), c.hint, c.placement,
-                self.candidate.factor)
+                0 if c.mode == "strict" else 1, POLICIES.index(c.policy),
+                ORDERS.index(self.candidate.order), c.hint, c.placement, self.candidate.factor)
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +136,7 @@ class Tuning:
         for row in self.rows:
             c = row.candidate.choice
             mark = "*" if row is self.best else (" " if row.fits or row.stopped else "-")
-            head = f"{mark:1} {c.label:<20} {c.how:<12} {row.candidate.factor:>5g}x "
+            head = f"{mark:1} {row.candidate.label:<20} {c.how:<12} {row.candidate.factor:>5g}x "
             given = "strict: none" if self.in_bytes and c.memory is None else show(
                 c.memory if self.in_bytes else c.cap)  # type: ignore[arg-type]
             if row.stopped:
@@ -143,7 +152,7 @@ class Tuning:
             lines.append(f"stopped: {stopped} of {len(self.rows)} candidates, as soon as they "
                          "were known to be slower than the best (their step time is a lower "
                          "bound)")
-        lines.append(f"budget per rank: {show(self.limit)}; chosen: {self.best.candidate.choice.label} "
+        lines.append(f"budget per rank: {show(self.limit)}; chosen: {self.best.candidate.label} "
                      f"{self.best.candidate.choice.how} at {self.best.candidate.factor:g}x")
         return "\n".join(lines)
 
@@ -220,7 +229,8 @@ def choose_auto(run: Run, hint: object, *, num_stages: int, num_ranks: int | Non
                 num_microbatches: int, split_backward: bool, budget: CapSpec = None,
                 modes: Sequence[str] = MODES, factors: Sequence[float] = FACTORS,
                 prune: bool = True, memory: MemorySpec = None,
-                mean_bytes: MeanBytes | None = None, activations: int | None = None) -> Tuning:
+                mean_bytes: MeanBytes | None = None, activations: int | None = None,
+                reorder: Callable[[HintOrder], bool] | None = None) -> Tuning:
     """`choose_schedule` over the candidates of a shape; `hint` is "auto" (any placement style
     for `num_ranks`, default one rank per stage) or "auto:<hint>" (that hint's placement, and
     relative budgets measured against it)."""
@@ -235,14 +245,15 @@ def choose_auto(run: Run, hint: object, *, num_stages: int, num_ranks: int | Non
                              placement=style)
     return choose_schedule(run, orders, budget=budget, reference=reference, modes=modes,
                            factors=factors, prune=prune, memory=memory, mean_bytes=mean_bytes,
-                           activations=activations)
+                           activations=activations, reorder=reorder)
 
 
 def choose_schedule(run: Run, orders: Sequence[HintOrder], *, budget: CapSpec = None,
                     reference: HintOrder | None = None, modes: Sequence[str] = MODES,
                     factors: Sequence[float] = FACTORS, prune: bool = True,
                     memory: MemorySpec = None, mean_bytes: MeanBytes | None = None,
-                    activations: int | None = None) -> Tuning:
+                    activations: int | None = None,
+                    reorder: Callable[[HintOrder], bool] | None = None) -> Tuning:
     """Simulate every candidate with `run` and return them ranked, the fastest that fits first.
 
     `prune`: stop a candidate once it is known to be slower than the best so far (the module's
@@ -254,6 +265,10 @@ def choose_schedule(run: Run, orders: Sequence[HintOrder], *, budget: CapSpec = 
     with `mean_bytes` the bytes per microbatch of the durations.
     `activations`: instead of both, (chunk, microbatch) activations each rank may hold
     (sim/budget.py, "held activations").
+    `reorder(hint)`: True where the durations carry known microbatch sizes that `cost_order`
+    would change; each candidate is then also simulated with its microbatches in each cost order
+    (`run(..., microbatch_order=how)`, schedulers/order.py ORDERS), and wins only by its simulated step
+    time.
     Raises ConfigError when no candidate fits the budget.
     """
     if not orders:
@@ -276,7 +291,11 @@ def choose_schedule(run: Run, orders: Sequence[HintOrder], *, budget: CapSpec = 
     rows = []
     bound: float | None = None
     with _quiet():
-        for order, cand in sorted(candidates(orders, limit, modes, factors), key=_promise):
+        todo = candidates(orders, limit, modes, factors)
+        if reorder is not None:
+            todo += [(o, replace(c, order=how)) for o, c in todo if reorder(o)
+                     for how in ORDERS[1:]]
+        for order, cand in sorted(todo, key=_promise):
             _one(run, order, cand, limit, rows, bound if prune else None)
             done = rows[-1]
             if done.fits and (bound is None or done.step_time < bound):
@@ -298,7 +317,9 @@ def _one(run: Run, order: HintOrder, cand: Candidate, limit: Limit, rows: list[R
          bound: float | None) -> None:
     """Simulate one candidate (stopped past `bound`) and append its row."""
     c = cand.choice
-    extra = {} if c.memory is None else {"memory": c.memory}
+    extra: dict[str, object] = {} if c.memory is None else {"memory": c.memory}
+    if cand.order != "given":
+        extra["microbatch_order"] = cand.order
     try:
         result = run(order, c.mode, c.cap, c.policy, bound, **extra)
     except Exceeded as stop:

@@ -34,6 +34,7 @@ from ..runtime.autotune import parse_auto
 from ..runtime.driver import run_ranks
 from ..runtime.rank import MODES, RankRuntime
 from ..schedulers import make_hint
+from ..schedulers.order import ORDERS
 from ..telemetry.bounds import lower_bound_table
 from ..telemetry.metrics import peak_activations
 from ..telemetry.spans import StepReport
@@ -42,6 +43,7 @@ from .choice import choose_auto
 from .cutoff import Cutoff, Exceeded
 from .durations import Durations, device_duration
 from .memory import bytes_model, mean_bytes
+from .order import reordered
 from .traces import Trace, read_trace
 from .variability import BaseDurations, JitterModel, parse_jitter
 
@@ -92,6 +94,8 @@ class SimResult:
     """the byte budget per rank as given ("2x", "8 MiB"); None: the count cap gated"""
     memory_bytes: tuple[float, ...] | None = None
     """the byte budget per rank in bytes at the end of the run ("Nx" from the model's bytes)"""
+    order: str = "given"
+    """the microbatch order run (schedulers.order.ORDERS): "given" unless sim/order.py reordered"""
 
     @property
     def step_time(self) -> float:
@@ -255,7 +259,7 @@ def simulate(*, stages: int, microbatches: int, hint: str | HintOrder = "1f1b",
              steps: int = 1, ranks: int | None = None,
              base: BaseDurations | None = None, policy: str = "reserve",
              memory: MemorySpec = None, stop_after: float | None = None,
-             activations: int | None = None) -> SimResult:
+             activations: int | None = None, order: str | None = None) -> SimResult:
     """Simulate `steps` steps of a pipeline with the real runtime on a virtual clock.
 
     Durations come from `trace` (a CSV path or a Trace; `jitter` may then add only comm terms)
@@ -270,38 +274,53 @@ def simulate(*, stages: int, microbatches: int, hint: str | HintOrder = "1f1b",
     virtual-clock loop and blocks until done (from async code: in a helper thread).
     `stop_after`: the tuner's bound; raise sim.cutoff.Exceeded as soon as the mean step time is
     known to exceed it (sim/cutoff.py). `activations`: with "auto", the budget in (chunk,
-    microbatch) activations per rank instead (sim/budget.py).
+    microbatch) activations per rank instead (sim/budget.py). `order`: "ascending" or
+    "descending" runs each step's microbatches in `schedulers.order.cost_order` of their known
+    sizes (sim/order.py), "given" (None, the default) as drawn; with "auto", None simulates each
+    candidate in every order of schedulers.order.ORDERS.
     """
     _check_int("stages", stages)
     _check_int("microbatches", microbatches)
     _check_int("steps", steps)
     _check_int("seed", seed, 0)
     check_one_gate(cap, memory)
+    if order is not None and order not in ORDERS:
+        raise ConfigError("order", expected=" | ".join(ORDERS), got=repr(order))
+    mb_order = order
     if parse_auto(hint) is not None:  # choose by simulating the candidates (sim/choice.py)
         done: dict[tuple[object, ...], SimResult] = {}
 
-        def run(order: HintOrder, mode: str, caps: tuple[int, ...], policy: str,
-                bound: float | None = None, memory: tuple[int, ...] | None = None
-                ) -> SimResult:
-            result = simulate(stages=stages, microbatches=microbatches, hint=order, mode=mode,
+        fixed = order or "given"
+
+        def run(hint_order: HintOrder, mode: str, caps: tuple[int, ...], policy: str,
+                bound: float | None = None, memory: tuple[int, ...] | None = None,
+                microbatch_order: str = fixed) -> SimResult:
+            result = simulate(stages=stages, microbatches=microbatches, hint=hint_order,
                               jitter=jitter, seed=seed, trace=trace,
                               cap=None if memory else list(caps), memory=memory and list(memory),
                               split_backward=split_backward, steps=steps, base=base,
-                              policy=policy, stop_after=bound)
-            done[(order.name, order.placement.style, mode, caps, policy, memory)] = result
+                              mode=mode, policy=policy, stop_after=bound,
+                              order=microbatch_order)
+            done[(hint_order.name, hint_order.placement.style, mode, caps, policy, memory,
+                  microbatch_order)] = result
             return result
 
         def per_microbatch(order: HintOrder) -> list[float]:
             durations, _ = _durations(trace, jitter, seed, order, base, steps)
             return mean_bytes(durations, order.placement, steps)
+
+        def reorder_helps(order: HintOrder) -> bool:
+            durations, model = _durations(trace, jitter, seed, order, base, steps)
+            return reordered(durations, model, "ascending") is not None
         tuning = choose_auto(run, hint, num_stages=stages, num_ranks=ranks,
                              num_microbatches=microbatches, split_backward=split_backward,
                              budget=cap, memory=memory, mean_bytes=per_microbatch,
-                             activations=activations)
+                             activations=activations,
+                             reorder=reorder_helps if order is None else None)
         best = tuning.best.candidate.choice
         chosen = done[(best.hint, best.placement, best.mode, best.cap, best.policy,
-                       best.memory)]
-        return replace(chosen, hint=f"auto:{best.label}", tuning=tuning)
+                       best.memory, tuning.best.candidate.order if order is None else fixed)]
+        return replace(chosen, hint=f"auto:{tuning.best.candidate.label}", tuning=tuning)
     if mode not in MODES:
         raise ConfigError("mode", expected=" | ".join(MODES), got=repr(mode))
     order = make_hint(hint, num_stages=stages, num_ranks=ranks, num_microbatches=microbatches,
@@ -314,7 +333,10 @@ def simulate(*, stages: int, microbatches: int, hint: str | HintOrder = "1f1b",
                           got=f"stages={order.placement.num_stages}, microbatches="
                           f"{order.num_microbatches}, split_backward={order.split_backward}")
     durations, model = _durations(trace, jitter, seed, order, base, steps)
-    world = InprocWorld(order.num_ranks, delay=model.delay(scale=1.0))
+    moved = reordered(durations, model, mb_order or "given")
+    delay = model.delay(scale=1.0) if moved is None else moved.delay(scale=1.0)
+    durations = durations if moved is None else moved
+    world = InprocWorld(order.num_ranks, delay=delay)
     cutoff = None if stop_after is None else Cutoff(order, durations, steps, stop_after)
     timing = device_duration(durations, scale=1.0)
     device = SimDevice(timing if cutoff is None else cutoff.wrap(timing), run_compute=False)
@@ -341,6 +363,7 @@ def simulate(*, stages: int, microbatches: int, hint: str | HintOrder = "1f1b",
         mode=mode, jitter=str(parse_jitter(jitter)), seed=seed,
         trace=source, split_backward=split_backward, policy=policy if mode == "ready" else "-",
         cap=tuple(rt.cap for rt in runtimes), per_step=per_step,
+        order="given" if moved is None else mb_order,  # type: ignore[arg-type]
         num_tasks=sum(len(rt.reports[0].spans) for rt in runtimes) * steps,
         num_messages=world.num_messages, num_notices=world.num_notices, wall_s=wall,
         memory=None if budgets is None else tuple(str(b) for b in budgets),

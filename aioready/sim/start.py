@@ -124,7 +124,8 @@ def choose_start(*, num_stages: int, num_ranks: int | None, num_microbatches: in
             continue
         sim = simulate(stages=num_stages, microbatches=num_microbatches, ranks=ranks,
                        hint=AutoHint(start=start), split_backward=split,  # type: ignore[arg-type]
-                       cap=cap, activations=budget if cap is None else None, steps=1, **how)
+                       cap=cap, activations=budget if cap is None else None, steps=1,
+                       order="given", **how)  # a training run keeps its microbatch order
         choice = sim.tuning.choice
         tried.append(((sim.step_time, int(split), STYLES.index(style)),
                       Start(choice, split, budget, sim.step_time)))

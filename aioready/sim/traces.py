@@ -32,8 +32,10 @@ class Trace:
     """Task durations of `steps` steps, in ms; `table(step)` has shape (stages, M, 3)."""
 
     def __init__(self, tables: np.ndarray, *, placement: Placement, split_backward: bool,
-                 source: str = "trace") -> None:
+                 source: str = "trace", sizes: np.ndarray | None = None) -> None:
         self.tables = np.asarray(tables, dtype=np.float64)
+        self._sizes = None if sizes is None else np.asarray(sizes, dtype=np.float64)
+        """(steps, M) known microbatch sizes (sim/order.py), where the caller has them"""
         self.placement = placement
         self.num_steps, _, self.num_microbatches, _ = self.tables.shape
         self.split_backward = split_backward
@@ -43,6 +45,10 @@ class Trace:
     def table(self, step: int) -> np.ndarray:
         self._check_step(step)
         return self.tables[step]  # type: ignore[no-any-return]
+
+    def sizes(self, step: int) -> np.ndarray | None:
+        """The microbatch sizes given for `step`, or None (sim/order.py)."""
+        return None if self._sizes is None else self._sizes[step]  # type: ignore[no-any-return]
 
     def ms(self, step: int, stage: int, microbatch: int, kind: Kind) -> float:
         if step >= self.num_steps:

@@ -250,6 +250,21 @@ class JitterModel:
                 out *= np.where(slow > 0, p[1], 1.0)
         return out
 
+    def sizes(self, step: int) -> np.ndarray | None:
+        """Each microbatch's size factor in `step`: the product of its per-microbatch terms
+        (multimodal: FACTOR when heavy), shared by every stage and kind; no per-task noise.
+        What a job knows of a microbatch before running it (sim/order.py). None without a
+        per-microbatch term (every size is 1)."""
+        if not any(t.name == "multimodal" for t in self.spec.terms):
+            return None
+        out = np.ones(self.num_microbatches)
+        mb = np.arange(self.num_microbatches)
+        for index, term in enumerate(self.spec.terms):
+            if term.name == "multimodal":
+                heavy = _uniform(self.seed, index, step, mb, 0) < term.params[0]
+                out *= np.where(heavy, term.params[1], 1.0)
+        return out
+
     def ms(self, step: int, stage: int, microbatch: int, kind: Kind) -> float:
         rows = self._lists.get(step)
         if rows is None:
