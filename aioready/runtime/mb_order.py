@@ -9,7 +9,8 @@ order changes them by float reassociation only; `last_losses` stays in the calle
 
 Under MPI every rank must run the same order and only the first stage's rank holds the inputs,
 so there `costs=` is required on every rank (a data loader knows its microbatches' sizes
-before it hands them out).
+before it hands them out), and must be the same on every rank: nothing compares them, and a
+mismatch pairs the first stage's inputs with another microbatch's targets.
 """
 
 from __future__ import annotations
