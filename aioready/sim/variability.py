@@ -199,6 +199,14 @@ def _lognormal(sigma: float, *keys: int | np.ndarray) -> np.ndarray:
     return np.exp(sigma * _normal(*keys) - 0.5 * sigma * sigma)
 
 
+def _multimodal_size(params: tuple[float, ...], keys: tuple[int, int, int],
+                     mb: np.ndarray) -> np.ndarray:
+    """A multimodal term's factor per (step, microbatch), the same at every stage and kind:
+    FACTOR where the microbatch is heavy, else 1. One draw for the durations and for the sizes
+    a job knows before running it (`JitterModel.sizes`), so the two cannot drift apart."""
+    return np.where(_uniform(*keys, mb, 0) < params[0], params[1], 1.0)
+
+
 class JitterModel:
     """Seeded task and message durations of one pipeline shape under a jitter spec."""
 
@@ -239,8 +247,7 @@ class JitterModel:
             if term.name == "lognormal":
                 out *= _lognormal(p[0], *keys, stage, mb, kind)
             elif term.name == "multimodal":
-                heavy = _uniform(*keys, mb, 0) < p[0]  # per (step, microbatch), every stage
-                out *= np.where(heavy, p[1], 1.0)
+                out *= _multimodal_size(p, keys, mb)
                 noise = p[2] if len(p) > 2 else 0.1
                 if noise > 0:
                     out *= _lognormal(noise, *keys, stage, mb, kind, 1)
@@ -261,8 +268,7 @@ class JitterModel:
         mb = np.arange(self.num_microbatches)
         for index, term in enumerate(self.spec.terms):
             if term.name == "multimodal":
-                heavy = _uniform(self.seed, index, step, mb, 0) < term.params[0]
-                out *= np.where(heavy, term.params[1], 1.0)
+                out *= _multimodal_size(term.params, (self.seed, index, step), mb)
         return out
 
     def ms(self, step: int, stage: int, microbatch: int, kind: Kind) -> float:
