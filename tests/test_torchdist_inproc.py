@@ -96,8 +96,9 @@ def test_a_malformed_slot_is_a_protocol_error_naming_the_sender() -> None:
 def test_inline_payloads_arrive_bit_exact_whatever_their_layout() -> None:
     """Payloads copied into the slot from the tensors' storage (SendSlots.inline): views that
     are not contiguous, an offset into a larger storage, odd lengths (padding), bfloat16,
-    tensors that require grad, an empty tensor and None arrive equal to what was sent; a
-    payload larger than the slot takes the two-transfer path and arrives equal too."""
+    tensors that require grad, lazy conjugates and negations, an empty tensor and None arrive
+    equal to what was sent; a payload larger than the slot takes the two-transfer path and
+    arrives equal too."""
     from aioready.transports.base import Message, MessageKind
     from aioready.transports.torch_groups import cpu_ops
 
@@ -109,6 +110,9 @@ def test_inline_payloads_arrive_bit_exact_whatever_their_layout() -> None:
         (torch.randn(3, generator=gen, requires_grad=True), None, torch.empty(0, 4)),
         (torch.randint(-9, 9, (3, 5), generator=gen).t(),),
         (torch.randn(40_000, generator=gen, dtype=torch.float64),),  # 320 kB: past the slot
+        # lazy views whose memory holds the other sign: a conjugate, and its imaginary part
+        (torch.randn(3, generator=gen, dtype=torch.complex64).conj(),
+         torch.randn(4, generator=gen, dtype=torch.complex64).conj().imag),
     ]
 
     async def main() -> list[Message]:

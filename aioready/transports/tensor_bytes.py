@@ -15,8 +15,8 @@ import numpy as np
 from ..errors import ConfigError
 from .header import DTYPE_CODES, TensorSpec
 
-__all__ = ["torch_module", "spec_of", "cannot_travel", "host_bytes", "from_bytes", "torch_dtype", "numel",
-           "numpy_dtype"]
+__all__ = ["torch_module", "spec_of", "cannot_travel", "plain", "host_bytes", "from_bytes",
+           "torch_dtype", "numel", "numpy_dtype"]
 
 _TORCH: Any = None
 _CODEC: dict[Any, tuple[str, Any, Any]] = {}  # torch dtype -> (wire name, numpy dtype, torch)
@@ -59,14 +59,22 @@ def cannot_travel(what: str) -> ConfigError:
                        ".to_dense()), or return it from the last stage only")
 
 
-def host_bytes(t: Any) -> np.ndarray:
-    """A flat uint8 numpy view of a CPU tensor's storage (a copy only if not contiguous)."""
-    if t.requires_grad:
-        t = t.detach()
+def plain(t: Any) -> Any:
+    """`t` with its storage holding its values in order, ready to be copied as raw bytes: a
+    copy only if it is not contiguous, or is a lazy conjugate or negation (whose memory holds
+    the other sign)."""
     if not t.is_contiguous():
         t = t.contiguous()
-    if t.is_conj() or t.is_neg():  # a lazy conjugate or negation: numpy() refuses it
+    if t.is_conj() or t.is_neg():
         t = t.resolve_conj().resolve_neg()
+    return t
+
+
+def host_bytes(t: Any) -> np.ndarray:
+    """A flat uint8 numpy view of a CPU tensor's storage (a copy only if `plain` needs one)."""
+    if t.requires_grad:
+        t = t.detach()
+    t = plain(t)
     _, npdt, as_dt = _CODEC[t.dtype]
     if npdt is None:
         t = t.view(as_dt)

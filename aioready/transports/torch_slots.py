@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .tensor_bytes import torch_module
+from .tensor_bytes import plain, torch_module
 from .wire import align
 
 __all__ = ["SLOT_BYTES", "CONTENT", "ON_DEVICE", "PREFIX", "SendSlots", "SlotLedger", "new_slot"]
@@ -95,8 +95,7 @@ class SendSlots:
         off = start
         for t, n in zip(tensors, sizes):
             if n:
-                if not t.is_contiguous():
-                    t = t.contiguous()
+                t = plain(t)  # bound: the copy must outlive the memmove from its memory
                 ctypes.memmove(buf.address + off, t.data_ptr(), n)  # a CPU tensor (caller)
                 pad = align(n) - n
                 if pad:

@@ -36,6 +36,7 @@ from .tensor_bytes import (
     from_bytes,
     numel,
     numpy_dtype,
+    plain,
     torch_dtype,
     torch_module,
 )
@@ -134,10 +135,7 @@ class WireCodec:
         parts = [head, _PAD[:align(len(head)) - len(head)]]
         for t, n in zip(msg.tensors, sizes):
             if n:
-                if not t.is_contiguous():
-                    t = t.contiguous()
-                if t.is_conj() or t.is_neg():  # lazy views: their memory holds the other sign
-                    t = t.resolve_conj().resolve_neg()
+                t = plain(t)  # bound: the copy must outlive the read of its memory
                 parts.append(ctypes.string_at(t.data_ptr(), n))
                 parts.append(_PAD[:align(n) - n])
         return b"".join(parts)
