@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from ..schedulers import hint_names
+from ..schedulers.order import ORDERS
 
 __all__ = ["add_parser", "run", "mpi_comm", "config_from_args", "refuse_unserved_launch"]
 
@@ -48,6 +49,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
                    "ranks: interleaved or V) and, unless given, --split-backward; 1f1b with "
                    "--mode strict, --memory, --dp or --tp")
     p.add_argument("--mode", choices=("ready", "strict"), default="ready")
+    p.add_argument("--microbatch-order", default=None, choices=ORDERS,
+                   help="run each step's microbatches as given or in a cost order of their "
+                   "sizes (docs/policy.md \"The microbatch order\"); default: given, or with "
+                   "--hint auto the order its chooser simulates fastest")
     p.add_argument("--policy", default="reserve", choices=("reserve", "greedy", "light", "auto"),
                    help="ready mode's rule: reserve (default: keep the hint's next task's place, "
                    "backfill what ends in time), greedy (best-ranked ready task at once), light "
@@ -145,7 +150,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
         verify=args.verify,
         key_file=args.key_file,
         dp=args.dp, tp=args.tp, dashboard=args.dashboard,
-        layers_per_stage=args.layers_per_stage)
+        layers_per_stage=args.layers_per_stage, microbatch_order=args.microbatch_order)
 
 
 def mpi_comm() -> Any:
@@ -273,7 +278,8 @@ def _print_summary(result: Any, cfg: Any) -> None:
         print(f"hint=auto: started from {result.start.label}, budget {result.start.budget} "
               f"in flight per rank" + (f"\n{result.start.table}" if result.start.table else ""))
     for step, choice in result.choices:
-        print(f"hint=auto: {choice.label} {choice.how} from step {step}, caps "
+        order = "" if choice.order == "given" else f"+{choice.order}"
+        print(f"hint=auto: {choice.label}{order} {choice.how} from step {step}, caps "
               f"{list(choice.cap)}\n{choice.table}")
     for m, loss in zip(result.metrics, result.losses):
         lv = "-" if loss is None else f"{loss:.4f}"
