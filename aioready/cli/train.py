@@ -19,6 +19,7 @@ EXAMPLES = """examples:
   aioready train --cap 2x --jitter lognormal:0.5
   aioready train --memory 2x --jitter multimodal:0.3:3 --json out/memory.json
   aioready train --hint auto --cap 2x --split-backward --jitter multimodal:0.3:3 --steps 4
+  aioready train --hint zb-h1 --split-backward --microbatch-order ascending --steps 4
   aioready train --split-backward --csv out/spans.csv --metrics-port 9100 --steps 50
   aioready train --dashboard 8050 --steps 200   # then open http://127.0.0.1:8050/
   aioready train --trace trace.csv --sleep-only --json out/replay.json

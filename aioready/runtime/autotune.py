@@ -9,8 +9,9 @@ simulator's tuner. A caller may pass any other chooser through `AutoHint(chooser
 Every rank must switch identically at the same step, or two ranks would run one step under
 different orders. In one process the reports of every rank are at hand. Under MPI the step
 reports are gathered to rank 0 as numbers (telemetry/gather.py), rank 0 chooses, and the choice
-crosses to the others as a few integers (hint, placement, mode, one cap per rank): no pickle,
-and no rank decides from data another lacks.
+crosses to the others as a few integers (hint, placement, mode, policy, microbatch order, one
+cap per rank): no pickle, and no rank decides from data another lacks. Where auto chooses the
+microbatch order too, each step's costs travel with its spans (runtime/auto_order.py).
 
 A switch happens between steps, so a step runs wholly under one hint: gradients stay those of
 the unsplit model (tests/test_autotune.py checks them across switches).
