@@ -195,3 +195,23 @@ def test_cli_train_with_a_microbatch_order(order: str | None,
     [line] = re.findall(r"^hint=auto: \S+ .*from step 1.*$", out, re.M)
     label = line.split()[1]
     assert "+" not in label if order is None else label.endswith("+ascending")
+
+
+def test_cli_train_sized_microbatches_let_auto_choose_an_order(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Sequence lengths that follow the multimodal sizes: the input bytes differ, so the
+    chooser simulates every order, and the trained step runs the one it printed."""
+    assert main(["train", "--stages", "2", "--microbatches", "8", "--steps", "2", "--hint",
+                 "auto", "--cap", "2x", "--sleep-only", "--task-ms", "1", "--jitter",
+                 "multimodal:0.5:3", "--seed", "1", "--sized-microbatches",
+                 "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^\s+hint\s+order\s+mode", out, re.M)  # orders were candidates
+    [line] = re.findall(r"^hint=auto: \S+ .*from step 1.*$", out, re.M)
+    chosen = re.search(r"chosen: (\S+) ", out).group(1)
+    assert line.split()[1] == chosen  # the label it ran, with its order where not given
+    with pytest.raises(ConfigError, match="sized_microbatches"):
+        TrainConfig(sized_microbatches=True)
+    assert main(["train", "--stages", "2", "--microbatches", "4", "--steps", "1", "--jitter",
+                 "lognormal:0.5", "--sized-microbatches", "--sleep-only", "--no-progress"]) != 0
+    assert "the jitter model gives microbatches no sizes" in capsys.readouterr().err

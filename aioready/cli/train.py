@@ -54,6 +54,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
                    help="run each step's microbatches as given or in a cost order of their "
                    "sizes (docs/policy.md \"The microbatch order\"); default: given, or with "
                    "--hint auto the order its chooser simulates fastest")
+    p.add_argument("--sized-microbatches", action="store_true",
+                   help="each microbatch's sequence length follows its size in the --jitter "
+                   "model (multimodal: heavy ones FACTOR times longer, the longest --seq), so "
+                   "its input bytes tell a microbatch order what its durations will be")
     p.add_argument("--policy", default="reserve", choices=("reserve", "greedy", "light", "auto"),
                    help="ready mode's rule: reserve (default: keep the hint's next task's place, "
                    "backfill what ends in time), greedy (best-ranked ready task at once), light "
@@ -151,7 +155,8 @@ def config_from_args(args: argparse.Namespace) -> Any:
         verify=args.verify,
         key_file=args.key_file,
         dp=args.dp, tp=args.tp, dashboard=args.dashboard,
-        layers_per_stage=args.layers_per_stage, microbatch_order=args.microbatch_order)
+        layers_per_stage=args.layers_per_stage, microbatch_order=args.microbatch_order,
+        sized_microbatches=args.sized_microbatches)
 
 
 def mpi_comm() -> Any:

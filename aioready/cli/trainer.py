@@ -103,6 +103,10 @@ class TrainConfig:
     microbatch_order: str | None = None
     """schedulers.order.ORDERS, by each microbatch's input bytes; None: "given", or with
     hint="auto" the order its chooser simulates fastest (runtime/auto_order.py)"""
+    sized_microbatches: bool = False
+    """each microbatch's sequence length follows its size in the jitter model (multimodal: a
+    heavy one FACTOR times a light one's, the longest `seq`), so its input bytes, the costs a
+    microbatch order goes by, know what its durations will be; False: every one `seq` long"""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cap", parse_cap(self.cap))  # "8" -> 8: the summary shows 8
@@ -132,6 +136,10 @@ class TrainConfig:
         if self.microbatch_order is not None and self.microbatch_order not in ORDERS:
             raise ConfigError("microbatch_order", expected=" | ".join(ORDERS),
                               got=repr(self.microbatch_order))
+        if self.sized_microbatches and (self.jitter is None or self.trace is not None):
+            raise ConfigError("sized_microbatches follows the jitter model's microbatch sizes",
+                              expected="a jitter with sizes (multimodal:...) and no trace",
+                              got=f"jitter={self.jitter!r}, trace={self.trace!r}")
         if self.on_nan not in ON_NAN:
             raise ConfigError("on_nan", expected=" | ".join(ON_NAN), got=repr(self.on_nan))
         for name in ("stages", "microbatches", "steps", "batch", "seq", "dim", "heads",
@@ -275,6 +283,7 @@ async def train(cfg: TrainConfig, *, comm: Any = None,
                     device=make_device, num_stages=cfg.stages, grid=grid)
     ordered = pipe.microbatch_order != "given" or (pipe.auto is not None
                                                     and pipe.auto.orders is not None)
+    lengths = _lengths(cfg, placement, split)
     params = [p for m in modules if m is not None for p in m.parameters()]
     opt = torch.optim.AdamW(params, lr=cfg.lr) if params else None
     result = TrainResult(rank=rank if comm is None else comm.Get_rank(),
@@ -296,7 +305,8 @@ async def train(cfg: TrainConfig, *, comm: Any = None,
         try:
             for step in range(start, cfg.steps):
                 inputs, targets, costs = _batch(cfg, step, mine,
-                                                0 if grid is None else grid.coords.dp)
+                                                0 if grid is None else grid.coords.dp,
+                                                None if lengths is None else lengths(step))
                 loss = await pipe.step(inputs, targets, costs=costs if ordered else None)
                 if opt is not None:
                     opt.step()
@@ -402,12 +412,35 @@ def _tensor_parallel(grid: Any, modules: list[Any]) -> Callable[[Any], Any]:
     return lambda device: TPDevice(device, comm)
 
 
-def _batch(cfg: TrainConfig, step: int, mine: tuple[int, ...], replica: int = 0
-           ) -> tuple[Any, Any, list[float]]:
+def _lengths(cfg: TrainConfig, placement: Any, split: bool
+             ) -> Callable[[int], list[int]] | None:
+    """With `sized_microbatches`: each step's sequence length per microbatch, `seq` times its
+    size in the jitter model over the step's largest (sim/order.py `known_costs`)."""
+    if not cfg.sized_microbatches:
+        return None
+    from ..sim.order import known_costs
+    from ..sim.variability import JitterModel
+    model = JitterModel(cfg.jitter or "none", seed=cfg.seed, placement=placement,
+                        num_microbatches=cfg.microbatches, split_backward=split)
+    if known_costs(model, 0) is None:
+        raise ConfigError("sized_microbatches: the jitter model gives microbatches no sizes",
+                          expected="a multimodal term (multimodal:FRACTION:FACTOR)",
+                          got=repr(cfg.jitter))
+
+    def lengths(step: int) -> list[int]:
+        sizes = known_costs(model, step) or [1.0]
+        return [max(1, round(cfg.seq * s / max(sizes))) for s in sizes]
+    return lengths
+
+
+def _batch(cfg: TrainConfig, step: int, mine: tuple[int, ...], replica: int = 0,
+           lengths: list[int] | None = None) -> tuple[Any, Any, list[float]]:
     """This rank's inputs and targets of a step, and every microbatch's input bytes (every
-    rank knows them: the costs a microbatch order goes by, runtime/mb_order.py)."""
+    rank knows them: the costs a microbatch order goes by, runtime/mb_order.py); `lengths`:
+    each microbatch's sequence length (default `seq`)."""
     M = cfg.microbatches  # replica r takes microbatches r*M .. r*M+M-1 of the global batch
-    pairs = [synthetic_microbatch(step, replica * M + m, batch=cfg.batch, seq=cfg.seq,
+    pairs = [synthetic_microbatch(step, replica * M + m, batch=cfg.batch,
+                                  seq=cfg.seq if lengths is None else lengths[m],
                                   vocab=cfg.vocab, seed=cfg.seed) for m in range(M)]
     inputs = [x for x, _ in pairs] if 0 in mine else None
     targets = [y for _, y in pairs] if cfg.stages - 1 in mine else None
