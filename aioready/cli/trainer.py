@@ -38,6 +38,7 @@ from ..telemetry.metrics import StepMetrics, peak_activations, step_metrics
 from ..telemetry.spans import StepReport
 from ..testing.models import gpt_stages, lm_loss
 from .auto_start import agreed_start, auto_budget, auto_chooser
+from .sized_microbatches import sequence_lengths
 
 __all__ = ["TrainConfig", "TrainResult", "train", "synthetic_microbatch", "ON_NAN"]
 
@@ -283,7 +284,9 @@ async def train(cfg: TrainConfig, *, comm: Any = None,
                     device=make_device, num_stages=cfg.stages, grid=grid)
     ordered = pipe.microbatch_order != "given" or (pipe.auto is not None
                                                     and pipe.auto.orders is not None)
-    lengths = _lengths(cfg, placement, split)
+    lengths = None if not cfg.sized_microbatches else sequence_lengths(
+        cfg.jitter or "none", seed=cfg.seed, seq=cfg.seq, placement=placement,
+        num_microbatches=cfg.microbatches, split_backward=split)
     params = [p for m in modules if m is not None for p in m.parameters()]
     opt = torch.optim.AdamW(params, lr=cfg.lr) if params else None
     result = TrainResult(rank=rank if comm is None else comm.Get_rank(),
@@ -410,27 +413,6 @@ def _tensor_parallel(grid: Any, modules: list[Any]) -> Callable[[Any], Any]:
         if module is not None:
             shard_gpt_mlps(module, comm)
     return lambda device: TPDevice(device, comm)
-
-
-def _lengths(cfg: TrainConfig, placement: Any, split: bool
-             ) -> Callable[[int], list[int]] | None:
-    """With `sized_microbatches`: each step's sequence length per microbatch, `seq` times its
-    size in the jitter model over the step's largest (sim/order.py `known_costs`)."""
-    if not cfg.sized_microbatches:
-        return None
-    from ..sim.order import known_costs
-    from ..sim.variability import JitterModel
-    model = JitterModel(cfg.jitter or "none", seed=cfg.seed, placement=placement,
-                        num_microbatches=cfg.microbatches, split_backward=split)
-    if known_costs(model, 0) is None:
-        raise ConfigError("sized_microbatches: the jitter model gives microbatches no sizes",
-                          expected="a multimodal term (multimodal:FRACTION:FACTOR)",
-                          got=repr(cfg.jitter))
-
-    def lengths(step: int) -> list[int]:
-        sizes = known_costs(model, step) or [1.0]
-        return [max(1, round(cfg.seq * s / max(sizes))) for s in sizes]
-    return lengths
 
 
 def _batch(cfg: TrainConfig, step: int, mine: tuple[int, ...], replica: int = 0,
