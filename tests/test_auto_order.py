@@ -142,7 +142,8 @@ def test_choice_crosses_ranks_with_its_order() -> None:
 @pytest.mark.timeout(200)
 def test_every_rank_runs_rank_0s_order_over_mpi() -> None:
     """Agreeing costs: one order, rank 0's, on every rank, exact. Costs that differ between
-    ranks: a ConfigError on every rank naming the rank and microbatch, not a silent mismatch."""
+    ranks: a ConfigError on every rank naming the rank and microbatch, not a silent mismatch.
+    A rank without costs: the given order everywhere."""
     proc = run_mpi(2, ["tests/mpi_scripts/auto_order.py"], timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = [line for line in proc.stdout.splitlines() if line.startswith("RESULT agree ")]
@@ -164,6 +165,11 @@ def test_every_rank_runs_rank_0s_order_over_mpi() -> None:
     assert "rank 1, step 0: hint='auto' orders microbatches by their costs" in differ[0]
     assert "expected costs[1] = 1.0 (rank 0's), got 2.0" in differ[0]
     assert "rank 0 found no schedule to switch to" in differ[1]
+    partial = [line for line in proc.stdout.splitlines() if line.startswith("RESULT partial ")]
+    assert len(partial) == 2, proc.stdout
+    plans = {re.search(r"choices=(\S+)", line).group(1) for line in partial}
+    assert len(plans) == 1 and all(c.endswith(":given") for c in plans.pop().split("|"))
+    assert any(" orders=given best=given " in line for line in partial), partial
 
 
 def test_cli_microbatch_order(capsys: pytest.CaptureFixture[str]) -> None:

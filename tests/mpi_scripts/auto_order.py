@@ -6,7 +6,8 @@ MLP (M = 4R, unsplit, cap 2x), every rank passing step(costs=...): heavy microba
 and take 3x as long (paced, following the microbatch in each slot), and hold 3x the rows.
 Gradients and loss are compared with the unsplit model's every step. Then "differ", on a
 duplicate communicator: rank R-1 passes other costs, and every rank must end the first choice
-with a ConfigError. Every rank prints per case "RESULT case rank=r choices=... orders=...
+with a ConfigError. Then "partial": rank R-1 passes no costs, so no rank may reorder (every
+choice keeps the given order, simulated in it alone). Every rank prints per case "RESULT case rank=r choices=... orders=...
 grad_diff=... loss_diff=..." or "RESULT case rank=r error=...".
 """
 
@@ -41,6 +42,8 @@ async def case(name: str, comm) -> None:
     mine = list(cost)
     if name == "differ" and rank == size - 1:
         mine[1] = 2.0
+    if name == "partial" and rank == size - 1:
+        mine = None
     full = make_mlp_stages(S, width=WIDTH, hidden=8, blocks_per_stage=1, seed=7)
     transport = MPITransport(comm)
     pipe = None
@@ -92,6 +95,7 @@ async def case(name: str, comm) -> None:
 async def main() -> None:
     await case("agree", MPI.COMM_WORLD)
     await case("differ", MPI.COMM_WORLD.Dup())
+    await case("partial", MPI.COMM_WORLD.Dup())
 
 
 if __name__ == "__main__":
