@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..placement import Placement
 from ..schedulers import hint_names
+from ..schedulers.order import ORDERS
 
 __all__ = ["add_parser", "run"]
 
@@ -39,6 +40,8 @@ examples:
   aioready simulate --stages 4 --microbatches 8 --jitter lognormal:0.5 --write-trace t.csv
   aioready simulate --stages 8 --microbatches 32 --split-backward --jitter lognormal:0.5 \
       --hint auto --cap 2x --compare
+  aioready simulate --stages 8 --microbatches 32 --split-backward --jitter multimodal:0.3:3 \
+      --hint zb-h2 --cap 2x --microbatch-order ascending
 """
 
 
@@ -64,6 +67,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--memory", default=None,
                    help="activation bytes per rank instead of --cap (see below)")
     p.add_argument("--split-backward", action="store_true", help="separate B and W tasks")
+    p.add_argument("--microbatch-order", default=None, choices=ORDERS,
+                   help="run each step's microbatches as given or in a cost order of their "
+                   "known sizes (default: given; with --hint auto every order is simulated "
+                   "and the fastest kept)")
     p.add_argument("--steps", type=int, default=1, help="steps to simulate")
     p.add_argument("--trace", type=Path, default=None, help="replay durations from this CSV")
     p.add_argument("--write-trace", type=Path, default=None, metavar="FILE",
@@ -81,12 +88,15 @@ def run(args: argparse.Namespace) -> int:
     common = dict(stages=args.stages, microbatches=args.microbatches, hint=args.hint,
                   jitter=args.jitter, seed=args.seed, cap=args.cap, memory=args.memory,
                   split_backward=args.split_backward, steps=args.steps, policy=args.policy,
-                  trace=read_trace(args.trace) if args.trace else None)
+                  trace=read_trace(args.trace) if args.trace else None,
+                  order=args.microbatch_order)
     modes = ("strict", "ready") if args.compare else (args.mode,)
     results = {mode: simulate(mode=mode, **_baseline(common, mode))  # type: ignore[arg-type]
                for mode in modes}
     for result in results.values():
         print(result.summary())
+        if result.order != "given":
+            print(f"microbatch order: {result.order} (by each microbatch's known size)")
         if result.tuning is not None:
             print(result.tuning.table())
     out: dict[str, object] = {m: r.as_dict() for m, r in results.items()}

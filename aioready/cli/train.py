@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from ..schedulers import hint_names
+from ..schedulers.order import ORDERS
 
 __all__ = ["add_parser", "run", "mpi_comm", "config_from_args", "refuse_unserved_launch"]
 
@@ -18,6 +19,7 @@ EXAMPLES = """examples:
   aioready train --cap 2x --jitter lognormal:0.5
   aioready train --memory 2x --jitter multimodal:0.3:3 --json out/memory.json
   aioready train --hint auto --cap 2x --split-backward --jitter multimodal:0.3:3 --steps 4
+  aioready train --hint zb-h1 --split-backward --microbatch-order ascending --steps 4
   aioready train --split-backward --csv out/spans.csv --metrics-port 9100 --steps 50
   aioready train --dashboard 8050 --steps 200   # then open http://127.0.0.1:8050/
   aioready train --trace trace.csv --sleep-only --json out/replay.json
@@ -48,6 +50,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
                    "ranks: interleaved or V) and, unless given, --split-backward; 1f1b with "
                    "--mode strict, --memory, --dp or --tp")
     p.add_argument("--mode", choices=("ready", "strict"), default="ready")
+    p.add_argument("--microbatch-order", default=None, choices=ORDERS,
+                   help="run each step's microbatches as given or in a cost order of their "
+                   "sizes (docs/policy.md \"The microbatch order\"); default: given, or with "
+                   "--hint auto the order its chooser simulates fastest")
+    p.add_argument("--sized-microbatches", action="store_true",
+                   help="each microbatch's sequence length follows its size in the --jitter "
+                   "model (multimodal: heavy ones FACTOR times longer, the longest --seq), so "
+                   "its input bytes tell a microbatch order what its durations will be")
     p.add_argument("--policy", default="reserve", choices=("reserve", "greedy", "light", "auto"),
                    help="ready mode's rule: reserve (default: keep the hint's next task's place, "
                    "backfill what ends in time), greedy (best-ranked ready task at once), light "
@@ -145,7 +155,8 @@ def config_from_args(args: argparse.Namespace) -> Any:
         verify=args.verify,
         key_file=args.key_file,
         dp=args.dp, tp=args.tp, dashboard=args.dashboard,
-        layers_per_stage=args.layers_per_stage)
+        layers_per_stage=args.layers_per_stage, microbatch_order=args.microbatch_order,
+        sized_microbatches=args.sized_microbatches)
 
 
 def mpi_comm() -> Any:
@@ -273,7 +284,8 @@ def _print_summary(result: Any, cfg: Any) -> None:
         print(f"hint=auto: started from {result.start.label}, budget {result.start.budget} "
               f"in flight per rank" + (f"\n{result.start.table}" if result.start.table else ""))
     for step, choice in result.choices:
-        print(f"hint=auto: {choice.label} {choice.how} from step {step}, caps "
+        order = "" if choice.order == "given" else f"+{choice.order}"
+        print(f"hint=auto: {choice.label}{order} {choice.how} from step {step}, caps "
               f"{list(choice.cap)}\n{choice.table}")
     for m, loss in zip(result.metrics, result.losses):
         lv = "-" if loss is None else f"{loss:.4f}"

@@ -30,6 +30,7 @@ from ..memory import MemorySpec, check_one_gate, parse_memory
 from ..runtime.autotune import AutoHint, parse_auto, start_hint
 from ..runtime.pipeline import Pipeline
 from ..schedulers import make_hint
+from ..schedulers.order import ORDERS
 from ..sim.durations import paced_duration
 from ..telemetry.export import spans_table
 from ..telemetry.instruments import Instruments, instrument_pipeline
@@ -37,6 +38,7 @@ from ..telemetry.metrics import StepMetrics, peak_activations, step_metrics
 from ..telemetry.spans import StepReport
 from ..testing.models import gpt_stages, lm_loss
 from .auto_start import agreed_start, auto_budget, auto_chooser
+from .sized_microbatches import sequence_lengths
 
 __all__ = ["TrainConfig", "TrainResult", "train", "synthetic_microbatch", "ON_NAN"]
 
@@ -99,6 +101,13 @@ class TrainConfig:
     """data-parallel replicas under MPI or torchrun (the pipeline has world / dp ranks)"""
     tp: int = 1
     """tensor-parallel size under MPI or torchrun: each block's MLP is split (aioready.tp.layers)"""
+    microbatch_order: str | None = None
+    """schedulers.order.ORDERS, by each microbatch's input bytes; None: "given", or with
+    hint="auto" the order its chooser simulates fastest (runtime/auto_order.py)"""
+    sized_microbatches: bool = False
+    """each microbatch's sequence length follows its size in the jitter model (multimodal: a
+    heavy one FACTOR times a light one's, the longest `seq`), so its input bytes, the costs a
+    microbatch order goes by, know what its durations will be; False: every one `seq` long"""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cap", parse_cap(self.cap))  # "8" -> 8: the summary shows 8
@@ -125,6 +134,13 @@ class TrainConfig:
         if self.split_backward is None and parse_auto(self.hint) != "":
             raise ConfigError("split_backward=None (chosen before step 0) needs hint='auto'",
                               expected="True or False", got=f"None with hint {self.hint!r}")
+        if self.microbatch_order is not None and self.microbatch_order not in ORDERS:
+            raise ConfigError("microbatch_order", expected=" | ".join(ORDERS),
+                              got=repr(self.microbatch_order))
+        if self.sized_microbatches and (self.jitter is None or self.trace is not None):
+            raise ConfigError("sized_microbatches follows the jitter model's microbatch sizes",
+                              expected="a jitter with sizes (multimodal:...) and no trace",
+                              got=f"jitter={self.jitter!r}, trace={self.trace!r}")
         if self.on_nan not in ON_NAN:
             raise ConfigError("on_nan", expected=" | ".join(ON_NAN), got=repr(self.on_nan))
         for name in ("stages", "microbatches", "steps", "batch", "seq", "dim", "heads",
@@ -247,8 +263,13 @@ async def train(cfg: TrainConfig, *, comm: Any = None,
         # two wake-ups, and on an oversubscribed host its wait for a core (bench.oversub)
         inner = InlineDevice() if cfg.sleep_only and cfg.tp == 1 else CPUDevice(
             f"aioready-rank{r}")
-        devices.append(PacedDevice(inner, duration, cfg.trace_mode))
+        devices.append(PacedDevice(inner, follow, cfg.trace_mode))
         return wrap(devices[-1])
+
+    def follow(info: Any) -> float:  # a reordered slot runs the caller's microbatch: its time
+        slots = pipe.microbatch_slots
+        return duration(info if slots is None else info._replace(
+            microbatch=slots[info.microbatch]))
 
     # a chosen start runs its simulated mode and policy from step 0 (its caps: the budget)
     pipe = Pipeline(modules, lm_loss, microbatches=cfg.microbatches,
@@ -259,8 +280,13 @@ async def train(cfg: TrainConfig, *, comm: Any = None,
                         chooser=auto_chooser(cfg, chosen)),
                     transport=transport, split_backward=split,
                     cap=auto_budget(cfg, ranks, chosen),
-                    memory=cfg.memory, measure_memory=True,
+                    memory=cfg.memory, measure_memory=True, microbatch_order=cfg.microbatch_order,
                     device=make_device, num_stages=cfg.stages, grid=grid)
+    ordered = pipe.microbatch_order != "given" or (pipe.auto is not None
+                                                    and pipe.auto.orders is not None)
+    lengths = None if not cfg.sized_microbatches else sequence_lengths(
+        cfg.jitter or "none", seed=cfg.seed, seq=cfg.seq, placement=placement,
+        num_microbatches=cfg.microbatches, split_backward=split)
     params = [p for m in modules if m is not None for p in m.parameters()]
     opt = torch.optim.AdamW(params, lr=cfg.lr) if params else None
     result = TrainResult(rank=rank if comm is None else comm.Get_rank(),
@@ -281,8 +307,10 @@ async def train(cfg: TrainConfig, *, comm: Any = None,
     with _live_metrics(cfg, pipe, rank, board=rank == 0 and not follower) as instruments:
         try:
             for step in range(start, cfg.steps):
-                loss = await pipe.step(*_batch(cfg, step, mine,
-                                               0 if grid is None else grid.coords.dp))
+                inputs, targets, costs = _batch(cfg, step, mine,
+                                                0 if grid is None else grid.coords.dp,
+                                                None if lengths is None else lengths(step))
+                loss = await pipe.step(inputs, targets, costs=costs if ordered else None)
                 if opt is not None:
                     opt.step()
                     opt.zero_grad(set_to_none=True)
@@ -387,14 +415,18 @@ def _tensor_parallel(grid: Any, modules: list[Any]) -> Callable[[Any], Any]:
     return lambda device: TPDevice(device, comm)
 
 
-def _batch(cfg: TrainConfig, step: int, mine: tuple[int, ...], replica: int = 0
-           ) -> tuple[Any, Any]:
+def _batch(cfg: TrainConfig, step: int, mine: tuple[int, ...], replica: int = 0,
+           lengths: list[int] | None = None) -> tuple[Any, Any, list[float]]:
+    """This rank's inputs and targets of a step, and every microbatch's input bytes (every
+    rank knows them: the costs a microbatch order goes by, runtime/mb_order.py); `lengths`:
+    each microbatch's sequence length (default `seq`)."""
     M = cfg.microbatches  # replica r takes microbatches r*M .. r*M+M-1 of the global batch
-    pairs = [synthetic_microbatch(step, replica * M + m, batch=cfg.batch, seq=cfg.seq,
+    pairs = [synthetic_microbatch(step, replica * M + m, batch=cfg.batch,
+                                  seq=cfg.seq if lengths is None else lengths[m],
                                   vocab=cfg.vocab, seed=cfg.seed) for m in range(M)]
     inputs = [x for x, _ in pairs] if 0 in mine else None
     targets = [y for _, y in pairs] if cfg.stages - 1 in mine else None
-    return inputs, targets
+    return inputs, targets, [float(x.numel() * x.element_size()) for x, _ in pairs]
 
 
 async def _collect(pipe: Pipeline, comm: Any, loss: Any

@@ -9,8 +9,9 @@ simulator's tuner. A caller may pass any other chooser through `AutoHint(chooser
 Every rank must switch identically at the same step, or two ranks would run one step under
 different orders. In one process the reports of every rank are at hand. Under MPI the step
 reports are gathered to rank 0 as numbers (telemetry/gather.py), rank 0 chooses, and the choice
-crosses to the others as a few integers (hint, placement, mode, one cap per rank): no pickle,
-and no rank decides from data another lacks.
+crosses to the others as a few integers (hint, placement, mode, policy, microbatch order, one
+cap per rank): no pickle, and no rank decides from data another lacks. Where auto chooses the
+microbatch order too, each step's costs travel with its spans (runtime/auto_order.py).
 
 A switch happens between steps, so a step runs wholly under one hint: gradients stay those of
 the unsplit model (tests/test_autotune.py checks them across switches).
@@ -20,9 +21,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
-from typing import Any
+from typing import Any, Sequence
 
 from ..caps import CapSpec
 from ..clock import virtual_clock
@@ -30,7 +31,9 @@ from ..errors import ConfigError
 from ..hints import HintOrder
 from ..schedulers import HINTS, hint_names
 from ..telemetry.spans import StepReport, merge_reports
+from .auto_order import OrderChoice, agreed
 from .choosers import CHOOSERS, Choice, Chooser
+from .mb_order import step_order
 
 __all__ = ["AutoHint", "AutoTuning", "parse_auto", "start_hint"]
 
@@ -85,6 +88,7 @@ class AutoTuning:
         self.budget = budget
         self.choices: list[tuple[int, Choice]] = []  # (first step it ran, choice)
         self.reference: HintOrder | None = None  # the start hint: relative budgets measure it
+        self.orders: OrderChoice | None = None  # set where auto chooses the microbatch order
         chooser = auto.chooser
         if chooser is None:
             if "simulate" not in CHOOSERS:
@@ -95,9 +99,10 @@ class AutoTuning:
 
     @classmethod
     def for_pipeline(cls, hint: str | AutoHint, *, budget: CapSpec, num_stages: int,
-                     world_size: int | None, split_backward: bool, coordinator: Any = None
-                     ) -> tuple[AutoTuning, str]:
-        """The tuning state of a Pipeline given `hint` "auto", and the hint it starts with."""
+                     world_size: int | None, split_backward: bool, coordinator: Any = None,
+                     choose_order: bool = False) -> tuple[AutoTuning, str]:
+        """The tuning state of a Pipeline given `hint` "auto", and the hint it starts with;
+        `choose_order`: it chooses the microbatch order too (runtime/auto_order.py)."""
         if coordinator is not None:
             raise ConfigError("hint='auto' with a tensor-parallel coordinator",
                               expected="a named hint", got=repr(hint))
@@ -110,7 +115,10 @@ class AutoTuning:
                                   "is not known", expected="'auto:interleaved-1f1b', "
                                   "'auto:zbv' or another 'auto:<hint>'", got=repr(hint))
             start = start_hint("linear", split_backward)
-        return cls(auto, budget), start
+        tuning = cls(auto, budget)
+        if choose_order:
+            tuning.orders = OrderChoice(auto.window)
+        return tuning, start
 
     @classmethod
     def for_policy(cls, hint: object, *, budget: CapSpec, coordinator: Any = None
@@ -142,12 +150,25 @@ class AutoTuning:
         every = self.auto.retune_every
         return every > 0 and (steps_done - first) % every == 0
 
+    def step_order(self, how: str, num_microbatches: int, inputs: list[Any] | None,
+                   costs: Sequence[float] | None, *, one_process: bool
+                   ) -> tuple[int, ...] | None:
+        """A step's slot order (mb_order.step_order), its costs kept where auto chooses it."""
+        if self.orders is None:
+            return step_order(how, num_microbatches, inputs, costs, one_process=one_process)
+        return self.orders.step_slots(how, num_microbatches, inputs, costs,
+                                      one_process=one_process)
+
     async def after_step(self, pipe: Any) -> None:
         if self.reference is None:
             self.reference = pipe.hint
+        if self.orders is not None:
+            self.orders.finished(pipe.step_index - 1)
         if not self.due(len(pipe.history)):
             return
         choice = await self._agree(pipe)
+        if self.orders is None:  # the caller fixed the order (or policy="auto")
+            choice = replace(choice, order=pipe.microbatch_order)
         order = choice.build(num_stages=pipe.hint.placement.num_stages,
                              num_ranks=pipe.hint.num_ranks,
                              num_microbatches=pipe.microbatches,
@@ -162,17 +183,21 @@ class AutoTuning:
             for rt, (hint, mode, cap, caps, policy) in zip(pipe.runtimes, before):
                 rt.reschedule(hint, mode, cap, caps=caps, policy=policy)
             raise
-        pipe.hint, pipe.mode = order, choice.mode
+        pipe.hint, pipe.mode, pipe.microbatch_order = order, choice.mode, choice.order
         self.choices.append((pipe.step_index, choice))
         if choice.table:
-            log.info("hint=auto after step %d: %s %s, caps %s\n%s", pipe.step_index - 1,
-                     choice.label, choice.how, list(choice.cap), choice.table)
+            log.info("hint=auto after step %d: %s %s, caps %s, microbatch order %s\n%s",
+                     pipe.step_index - 1, choice.label, choice.how, list(choice.cap),
+                     choice.order, choice.table)
 
     async def _agree(self, pipe: Any) -> Choice:
         recent = pipe.history[-self.auto.window:]
         transport = pipe.transport
         if transport is None or transport.world_size == 1:
-            return await self._choose([merge_reports(r) for r in recent], pipe)
+            reports = [merge_reports(r) for r in recent]
+            if self.orders is not None:
+                reports = self.orders.reports(reports)
+            return await self._choose(reports, pipe)
         return await self._agree_mpi(pipe, [r[0] for r in recent])
 
     async def _choose(self, reports: list[StepReport], pipe: Any) -> Choice:
@@ -197,11 +222,20 @@ class AutoTuning:
                               got=f"{comm.Get_size()}", fix="pass AutoHint(comm=...)")
         gathered = await gather_reports(mine, comm)
         reports = None if gathered is None else [report for report, _ in gathered]
+        orders, steps, costs = self.orders, [r.step for r in mine], None
+        if orders is not None:  # every rank's costs, compared on the root (auto_order.py)
+            from ..telemetry.gather import gather_rows
+            costs = await gather_rows(comm, orders.rows(steps, pipe.microbatches),
+                                      pipe.microbatches)
 
         async def decide() -> Choice:  # the root decides
-            return await self._choose(reports, pipe)
+            assert reports is not None
+            if orders is None:
+                return await self._choose(reports, pipe)
+            known = agreed(costs, steps, comm.Get_size())
+            return await self._choose(orders.reports(reports, costs=known), pipe)
         return await root_decides(comm, None if reports is None else decide,
-                                  4 + pipe.hint.num_ranks,  # hint, placement, mode, policy, caps
+                                  Choice.width(pipe.hint.num_ranks),
                                   encode=Choice.encode, decode=Choice.decode,
                                   what="schedule to switch to")
 

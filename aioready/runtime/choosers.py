@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
 from ..schedulers import HINTS, hint_names, make_hint
+from ..schedulers.order import ORDERS
 
 if TYPE_CHECKING:
     from ..caps import CapSpec
@@ -28,8 +29,9 @@ STYLES = ("linear", "interleaved", "v")
 
 @dataclass(frozen=True, slots=True)
 class Choice:
-    """One schedule: a library hint on a placement style, a mode, one cap per rank, and the
-    ready-mode policy (rank.POLICIES; ignored by strict)."""
+    """One schedule: a library hint on a placement style, a mode, one cap per rank, the
+    ready-mode policy (rank.POLICIES; ignored by strict) and the microbatch order
+    (schedulers.order.ORDERS; runtime/auto_order.py)."""
 
     hint: str  # a name of schedulers.HINTS
     placement: str  # one of STYLES
@@ -38,6 +40,7 @@ class Choice:
     policy: str = "reserve"
     memory: tuple[int, ...] | None = None  # per rank, bytes: the byte gate instead of the caps
     table: str = field(default="", compare=False, repr=False)  # what it was chosen from
+    order: str = "given"  # the microbatch order
 
     @property
     def label(self) -> str:
@@ -57,16 +60,24 @@ class Choice:
                          placement=self.placement)
 
     def encode(self) -> list[int]:
-        """Integers that cross ranks (no pickle): hint, placement, mode, policy, then the caps."""
+        """Integers that cross ranks (no pickle): hint, placement, mode, policy, microbatch
+        order, then the caps (`width` in all)."""
         from .rank import MODES, POLICIES
         return [hint_names().index(self.hint), STYLES.index(self.placement),
-                MODES.index(self.mode), POLICIES.index(self.policy), *self.cap]
+                MODES.index(self.mode), POLICIES.index(self.policy), ORDERS.index(self.order),
+                *self.cap]
+
+    @staticmethod
+    def width(num_ranks: int) -> int:
+        """How many integers `encode` gives for a pipeline of `num_ranks` ranks."""
+        return 5 + num_ranks
 
     @classmethod
     def decode(cls, values: Sequence[int]) -> Choice:
         from .rank import MODES, POLICIES
         return cls(hint_names()[values[0]], STYLES[values[1]], MODES[values[2]],
-                   tuple(int(v) for v in values[4:]), POLICIES[values[3]])
+                   tuple(int(v) for v in values[5:]), POLICIES[values[3]],
+                   order=ORDERS[values[4]])
 
 
 

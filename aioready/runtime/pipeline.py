@@ -115,7 +115,8 @@ class Pipeline:
     `dashboard=PORT` serves a live page of the pipeline on 127.0.0.1 (0: any free port;
     `pipe.dashboard.url`, docs/telemetry.md); needs aiohttp. `microbatch_order="ascending"`
     or `"descending"`: run each step's microbatches in the order of a cost known before the
-    step (`step(costs=)`, default the inputs' bytes; docs/policy.md "The microbatch order").
+    step (`step(costs=)`, default the inputs' bytes; docs/policy.md "The microbatch order");
+    None (the default): "given", or with hint="auto" whichever order simulates fastest.
     """
 
     def __init__(
@@ -130,7 +131,7 @@ class Pipeline:
         grid: Any = None, grad_reducer: Any = None, normalize: str = "microbatches",
         tied: Any = None, scaler: Any = None, autocast: Any = None,
         memory: MemorySpec = None, measure_memory: bool = False,
-        dashboard: int | None = None, microbatch_order: str = "given",
+        dashboard: int | None = None, microbatch_order: str | None = None,
     ) -> None:
         if not isinstance(microbatches, int) or isinstance(microbatches, bool) or microbatches < 1:
             raise ConfigError("microbatches must be a positive integer", expected=">= 1",
@@ -160,7 +161,7 @@ class Pipeline:
             raise ConfigError("a TP coordinator needs a transport (one rank per process)",
                               expected="transport=... with coordinator=...", got="no transport")
         self.microbatches = microbatches
-        self.microbatch_order = check_order(microbatch_order)
+        self.microbatch_order = check_order(microbatch_order or "given")
         self._slots: tuple[int, ...] | None = None  # the last step's slot -> caller's index
         self.mode = mode
         self.transport = transport
@@ -174,7 +175,7 @@ class Pipeline:
             self.auto, hint = AutoTuning.for_pipeline(
                 hint, budget=cap, num_stages=total, split_backward=split_backward,
                 world_size=None if transport is None else transport.world_size,
-                coordinator=coordinator)
+                coordinator=coordinator, choose_order=microbatch_order is None)
         if policy == "auto" and mode == "ready" and self.auto is None:
             if memory is not None:
                 raise ConfigError("policy='auto' chooses within a count budget",
@@ -290,6 +291,11 @@ class Pipeline:
         return reducer
 
     @property
+    def microbatch_slots(self) -> tuple[int, ...] | None:
+        """The running (else last) step's slot -> the caller's microbatch; None: as given."""
+        return self._slots
+
+    @property
     def step_index(self) -> int:
         """The index of the next step to run."""
         return self._step
@@ -326,8 +332,9 @@ class Pipeline:
         M = self.microbatches
         mbs = split_microbatches(inputs, M, name="inputs")
         tgts = split_microbatches(targets, M, name="targets")
-        slots = step_order(self.microbatch_order, M, mbs, costs,
-                           one_process=self.transport is None or self.transport.world_size == 1)
+        slots = (step_order if self.auto is None else self.auto.step_order)(
+            self.microbatch_order, M, mbs, costs,
+            one_process=self.transport is None or self.transport.world_size == 1)
         if slots is not None:
             mbs = None if mbs is None else [mbs[m] for m in slots]
             tgts = None if tgts is None else [tgts[m] for m in slots]

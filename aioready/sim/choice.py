@@ -123,20 +123,25 @@ class Tuning:
     def choice(self) -> Choice:
         return Choice(**{f: getattr(self.best.candidate.choice, f)
                          for f in ("hint", "placement", "mode", "cap", "policy", "memory")},
-                      table=self.table())
+                      table=self.table(), order=self.best.candidate.order)
 
     def table(self) -> str:
-        """The rows as text, best first; '*' marks the choice, '-' a candidate over budget."""
+        """The rows as text, best first; '*' marks the choice, '-' a candidate over budget.
+        Where candidates ran in several microbatch orders, a column says which."""
         base = self.best.step_time
         show = Limit(self.limit, self.in_bytes).text
-        lines = [f"{'':1} {'hint':<20} {'mode':<12} {'budget':>6} {'step ms':>10} "
+        orders = any(r.candidate.order != "given" for r in self.rows)
+        lines = [f"{'':1} {'hint':<20} " + (f"{'order':<11} " if orders else "") +
+                 f"{'mode':<12} {'budget':>6} {'step ms':>10} "
                  f"{'vs best':>7} {'eff':>5}  " + ("peak bytes (budgets)" if self.in_bytes
                                                   else "peak held (caps)" if self.held
                                                   else "peak in-flight (caps)")]
         for row in self.rows:
             c = row.candidate.choice
             mark = "*" if row is self.best else (" " if row.fits or row.stopped else "-")
-            head = f"{mark:1} {row.candidate.label:<20} {c.how:<12} {row.candidate.factor:>5g}x "
+            name = f"{c.label:<20} {row.candidate.order:<11} " if orders else \
+                f"{row.candidate.label:<20} "
+            head = f"{mark:1} {name}{c.how:<12} {row.candidate.factor:>5g}x "
             given = "strict: none" if self.in_bytes and c.memory is None else show(
                 c.memory if self.in_bytes else c.cap)  # type: ignore[arg-type]
             if row.stopped:

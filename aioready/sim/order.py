@@ -24,7 +24,7 @@ from ..transports.base import Message, MessageKind
 from .durations import Durations
 from .variability import JitterModel
 
-__all__ = ["known_costs", "Reordered", "reordered"]
+__all__ = ["known_costs", "Reordered", "reordered", "orders_differ"]
 
 
 def known_costs(durations: object, step: int) -> list[float] | None:
@@ -87,3 +87,15 @@ def reordered(durations: Durations, model: JitterModel, how: str) -> Reordered |
     if how == "given" or known_costs(durations, 0) is None:
         return None
     return Reordered(durations, model, perm)
+
+
+def orders_differ(durations: object, steps: int) -> bool:
+    """Whether a cost order would move any microbatch in the first `steps` steps (known sizes
+    that are not all equal): only then are reordered candidates worth simulating."""
+    n = getattr(durations, "num_microbatches", 0)
+    for step in range(steps):
+        costs = known_costs(durations, step)
+        if costs and any(cost_order(costs, how) != tuple(range(n))
+                         for how in ("ascending", "descending")):
+            return True
+    return False

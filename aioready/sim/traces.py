@@ -249,8 +249,10 @@ def trace_from_reports(reports: Iterable[StepReport], *, placement: Placement,
     """A trace of the spans of recorded steps (renumbered 0..N-1 in the order given).
 
     `unit_ms` is the loop clock's unit in ms: 1000 for a real loop (seconds), 1 for the
-    simulator's virtual clock.
+    simulator's virtual clock. Where every report carries its microbatches' costs
+    (`StepReport.costs`), they are the trace's sizes (sim/order.py).
     """
+    reports = list(reports)
     rows: dict[tuple[int, int, int, int], tuple[float, int]] = {}
     chunk_of: dict[int, tuple[int, int]] = {}
     for step, report in enumerate(reports):
@@ -262,4 +264,6 @@ def trace_from_reports(reports: Iterable[StepReport], *, placement: Placement,
         raise TraceError(f"{source}: no spans", expected="recorded steps", got="none")
     trace = _assemble(rows, chunk_of, placement, source)
     trace.check(placement, num_microbatches, split_backward, trace.num_steps)
+    if all(r.costs is not None for r in reports):
+        trace._sizes = np.array([r.costs for r in reports], dtype=np.float64)
     return trace

@@ -20,6 +20,7 @@ from ..runtime.rank import MODES
 from ..telemetry.spans import StepReport
 from .choice import FACTORS, Run, Tuning, candidate_hints, choose_auto, choose_schedule
 from .memory import mean_bytes
+from .order import orders_differ
 from .simulator import SimResult, simulate
 from .traces import Trace, read_trace, trace_from_reports
 
@@ -30,12 +31,13 @@ def _runner(trace: Trace, jitter: str) -> Run:
     stages, split = trace.placement.num_stages, trace.split_backward
 
     def run(order: HintOrder, mode: str, caps: tuple[int, ...], policy: str,
-            bound: float | None = None, memory: tuple[int, ...] | None = None) -> SimResult:
+            bound: float | None = None, memory: tuple[int, ...] | None = None,
+            microbatch_order: str = "given") -> SimResult:
         return simulate(stages=stages, microbatches=trace.num_microbatches, hint=order,
                         mode=mode, trace=trace, jitter=jitter,
                         cap=None if memory else list(caps), memory=memory and list(memory),
                         split_backward=split, steps=trace.num_steps, policy=policy,
-                        stop_after=bound)
+                        stop_after=bound, order=microbatch_order)
     return run
 
 
@@ -68,7 +70,8 @@ def tune(trace: str | Path | Trace, *, hint: str = "auto", stages: int | None = 
 
 class SimChooser:
     """The default chooser of hint="auto": the pipeline's last steps replayed as a trace, every
-    candidate of its placement simulated on them."""
+    candidate of its placement simulated on them; where the steps carry their microbatches'
+    costs (runtime/auto_order.py), each also in both cost orders."""
 
     def __init__(self, *, modes: Sequence[str] = MODES,
                  factors: Sequence[float] = FACTORS, same_hint: bool = False,
@@ -88,9 +91,11 @@ class SimChooser:
             num_stages=hint.placement.num_stages, num_ranks=hint.num_ranks,
             num_microbatches=hint.num_microbatches, split_backward=hint.split_backward,
             placement=hint.placement.style)
+        moves = orders_differ(trace, trace.num_steps)
         self.last = choose_schedule(_runner(trace, "none"), orders, budget=budget,
                                     reference=hint, modes=self.modes, factors=self.factors,
-                                    activations=self.activations)
+                                    activations=self.activations,
+                                    reorder=(lambda _: True) if moves else None)
         return self.last.choice
 
 

@@ -16,8 +16,8 @@ from typing import Any, Awaitable, Callable, Sequence, TypeVar
 from ..errors import ConfigError
 from .spans import SPAN_COLUMNS, StepReport, spans_from_array, spans_to_array
 
-__all__ = ["gather_reports", "merge_rows", "reduce_sum", "broadcast_ints", "root_decides",
-           "barrier", "STEP_COLUMNS"]
+__all__ = ["gather_reports", "gather_rows", "merge_rows", "reduce_sum", "broadcast_ints",
+           "root_decides", "barrier", "STEP_COLUMNS"]
 
 STEP_COLUMNS = ("step", "start", "end", "peak_in_flight", "loss", "num_ranks", "rank",
                 "has_loss", "peak_activation_bytes")
@@ -71,6 +71,12 @@ async def gather_reports(reports: Sequence[StepReport], comm: Any, *,
     if rank != root:
         return None
     return merge_rows(all_spans, all_steps)
+
+
+async def gather_rows(comm: Any, rows: Any, width: int, *, root: int = 0) -> Any:
+    """Every rank's float64 rows of `width` columns, stacked on `root` in rank order (None on
+    the others): a buffer gather, no pickle."""
+    return await _gatherv(comm, rows, width, root)
 
 
 async def barrier(comm: Any) -> None:

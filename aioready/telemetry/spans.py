@@ -50,6 +50,10 @@ class StepReport:
     peak_activation_bytes: dict[int, int] = field(default_factory=dict)
     """per rank: most activation bytes held at once (measured, runtime/stage.py; modelled in
     the simulator); absent where nothing measures them (stage-less runs)"""
+    costs: tuple[float, ...] | None = None
+    """each microbatch's known cost (its size), where a hint="auto" pipeline may choose the
+    microbatch order: then the spans number microbatches in the caller's order, not by slot
+    (runtime/auto_order.py); None elsewhere"""
 
     @property
     def step_time(self) -> float:
