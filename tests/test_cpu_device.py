@@ -1,6 +1,6 @@
 """CPUDevice's quiet path (devices/cpu.py): a task computes on the loop thread only when nothing
-else needs the loop (the only open CPUDevice of the process, no transfer that wants the engine's
-polling, grad mode on), and the engine is polled once after it, so the next decision sees what
+else needs the loop (the only open CPUDevice of the process, one completion source and no
+transfer of it that wants the engine's polling, grad mode on), and the engine is polled once after it, so the next decision sees what
 arrived during the task. Otherwise the worker thread computes, as before."""
 
 from __future__ import annotations
@@ -113,6 +113,23 @@ async def test_engine_state_decides_and_a_quiet_task_ends_with_a_poll(hot: bool)
             assert source.polls == before + 1
     finally:
         engine.remove_source(source)
+        device.close()
+
+
+async def test_a_second_completion_source_keeps_the_worker() -> None:
+    """A DP reducer's or CUDA events' requests only move when polled: no quiet path then."""
+    engine = ProgressEngine.for_loop(asyncio.get_running_loop())
+    sources = [HotSource(False), HotSource(False)]
+    device = cpu.CPUDevice("two-sources", quiet_inline=True)
+    try:
+        engine.add_source(sources[0])
+        assert await _thread_of(device) == threading.get_ident()
+        engine.add_source(sources[1])
+        assert await _thread_of(device) != threading.get_ident()
+        assert device.num_quiet == 1
+    finally:
+        for src in sources:
+            engine.remove_source(src)
         device.close()
 
 

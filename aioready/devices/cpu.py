@@ -9,8 +9,10 @@ it (docs/hot_path.md "CPU per task beyond the model"). So two paths put a task o
 
 - **quiet** (`quiet_inline`, env `AIOREADY_CPU_QUIET_INLINE`, on by default): when the loop has
   nothing else to do. That is: this is the only open CPUDevice of the process (no other rank,
-  and no in-process tensor-parallel peer whose collective would wait on this loop), no transfer
-  in flight needs the completion engine's polling (`wants_hot`: a rendezvous-size message), and
+  and no in-process tensor-parallel peer whose collective would wait on this loop), the engine
+  polls one completion source (the rank's transport: no DP reducer or CUDA events whose requests
+  only move when polled), no transfer in flight needs its polling (`wants_hot`: a
+  rendezvous-size message), and
   torch's grad mode on the loop thread is the worker's (enabled). Messages that arrive meanwhile
   wait in MPI until the task ends; one engine poll then hands them to the rank before the
   arbiter decides, as the busy parks would have. The cost: a large *incoming* transfer is
@@ -67,6 +69,14 @@ def _grad_enabled() -> bool:
     return torch is None or bool(torch.is_grad_enabled())
 
 
+def _quiet(engine: ProgressEngine | None) -> bool:
+    """Nothing on the loop needs polling while a task computes: one completion source (the
+    rank's transport; a DP reducer or CUDA events are a second one, whose requests progress
+    only when polled) and no transfer in flight that wants the engine hot (its own test)."""
+    return engine is None or (engine.statistics().num_sources <= 1
+                              and not engine._wants_hot())
+
+
 class CPUDevice:
     def __init__(self, name: str = "aioready-cpu", *, inline_below_s: float | None = None,
                  quiet_inline: bool | None = None) -> None:
@@ -84,8 +94,7 @@ class CPUDevice:
         if self.quiet_inline and len(_OPEN) == 1:
             loop = asyncio.get_running_loop()
             engine = ProgressEngine.existing(loop)
-            # the engine's own test of a transfer that needs polling (progress.py)
-            if (engine is None or not engine._wants_hot()) and _grad_enabled():
+            if _quiet(engine) and _grad_enabled():
                 self.num_quiet += 1
                 try:
                     return self._timed((info.stage, info.kind), fn)
