@@ -12,12 +12,11 @@ it (docs/hot_path.md "CPU per task beyond the model"). So two paths put a task o
   and no in-process tensor-parallel peer whose collective would wait on this loop), the engine
   polls one completion source (the rank's transport: no DP reducer or CUDA events whose requests
   only move when polled), no transfer in flight needs its polling (`wants_hot`: a
-  rendezvous-size message), and
-  torch's grad mode on the loop thread is the worker's (enabled). Messages that arrive meanwhile
-  wait in MPI until the task ends; one engine poll then hands them to the rank before the
-  arbiter decides, as the busy parks would have. The cost: a large *incoming* transfer is
-  matched only when the task ends. Turn it off for stages that compute long and receive large
-  tensors.
+  rendezvous-size message), and torch's grad mode on the loop thread is the worker's (enabled).
+  Messages that arrive meanwhile wait in MPI until the task ends; one engine poll then hands
+  them to the rank before the arbiter decides, as the busy parks would have. The cost: a large
+  *incoming* transfer is matched only when the task ends. Turn it off for stages that compute
+  long and receive large tensors.
 - **tiny** (`inline_below_s`, env `AIOREADY_CPU_INLINE_US`, off by default): a task whose
   previous run of the same stage and kind took less than that, whatever else runs. Every first
   run, and every run after one that took longer, goes to the thread.
