@@ -85,13 +85,15 @@ FAST_CASES = ["1f1b:ready:1:1", "1f1b:strict:0:1", "interleaved-1f1b:ready:0:1",
 
 
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("env", [{"AIOREADY_MPI_FAST": "0"},
+@pytest.mark.parametrize("env", [{"AIOREADY_MPI_FAST": "0", "AIOREADY_CPU_QUIET_INLINE": "0"},
                                  {"AIOREADY_MPI_FAST": "1", "AIOREADY_CPU_INLINE_US": "1e7",
-                                  "AIOREADY_BUSY_SLEEP": "1"}],
+                                  "AIOREADY_BUSY_SLEEP": "1",
+                                  "AIOREADY_CPU_QUIET_INLINE": "1"}],
                          ids=["fast-paths-off", "fast-paths-on"])
 def test_exact_over_mpi_with_fast_paths_on_and_off(env: dict[str, str]) -> None:
     """The hot path's fast paths (docs/hot_path.md) off, and all on (the CPU device's tiny-task
-    path and the engine sleeping through tasks included): the same losses, gradients and
+    path, its compute on the loop thread when nothing else needs it, and the engine sleeping
+    through tasks included): the same losses, gradients and
     payloads as the unsplit model."""
     proc = run_mpi(2, [str(SCRIPTS / "exact.py"), *FAST_CASES], timeout=150, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -102,6 +104,9 @@ def test_exact_over_mpi_with_fast_paths_on_and_off(env: dict[str, str]) -> None:
         assert _field(results[case], "loss_seen") == "1", (case, results[case])
         assert float(_field(results[case], "loss_diff")) <= TOL, (case, results[case])
         assert float(_field(results[case], "grad_diff")) <= TOL, (case, results[case])
+        # the CPU device's quiet path computed on the loop thread only where it was on
+        quiet = int(_field(results[case], "quiet"))
+        assert (quiet > 0) if env["AIOREADY_CPU_QUIET_INLINE"] == "1" else quiet == 0, case
     assert _field(results["dtypes"], "bad") == "0", results["dtypes"]
     assert _field(results["plans"], "bad") == "0", results["plans"]
     # the receive plans (wire_plans.py) took lone tensors with the fast paths on, none off

@@ -1,29 +1,46 @@
 """CPU device: a task's compute runs in one worker thread per rank, so the loop stays free to
 progress communication while torch computes (torch releases the GIL inside its kernels).
 
-The hand-off to the thread and back to the loop costs 25-60 us per task on a loaded 2-core host
-(bench/hot_path.py), more than a tiny stage computes. With `inline_below_s` (env
-`AIOREADY_CPU_INLINE_US`, off by default) a task whose previous run of the same stage and kind
-took less than that runs on the loop thread instead, as the inline device would; every first
-run, and every run after one that took longer, goes to the thread. Off by default because a task
-that blocks on its peers (an in-process tensor-parallel group's collectives) must never hold the
-loop: turn it on for pipelines whose stage work is tiny.
+The hand-off to the thread and back costs more than a tiny stage computes (25-60 us a task on a
+loaded 2-core host, bench/hot_path.py), and while the thread computes the loop still wakes for
+the completion engine's busy parks: in bench.e2e's 1F1B (4 ranks, 20-40 ms tasks) the loop
+thread woke ~6 times a task and spent ~1 ms of CPU a task against ~0.6 ms with the compute on
+it (docs/hot_path.md "CPU per task beyond the model"). So two paths put a task on the loop thread:
+
+- **quiet** (`quiet_inline`, env `AIOREADY_CPU_QUIET_INLINE`, on by default): when the loop has
+  nothing else to do. That is: this is the only open CPUDevice of the process (no other rank,
+  and no in-process tensor-parallel peer whose collective would wait on this loop), the engine
+  polls one completion source (the rank's transport: no DP reducer or CUDA events whose requests
+  only move when polled), no transfer in flight needs its polling (`wants_hot`: a
+  rendezvous-size message), and torch's grad mode on the loop thread is the worker's (enabled).
+  Messages that arrive meanwhile wait in MPI until the task ends; one engine poll then hands
+  them to the rank before the arbiter decides, as the busy parks would have. The cost: a large
+  *incoming* transfer is matched only when the task ends. Turn it off for stages that compute
+  long and receive large tensors.
+- **tiny** (`inline_below_s`, env `AIOREADY_CPU_INLINE_US`, off by default): a task whose
+  previous run of the same stage and kind took less than that, whatever else runs. Every first
+  run, and every run after one that took longer, goes to the thread.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import sys
 import time
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, TypeVar
 
 from ..errors import ConfigError
+from ..progress import ProgressEngine
 from .base import TaskInfo
 
 __all__ = ["CPUDevice"]
 
 T = TypeVar("T")
+
+_OPEN: weakref.WeakSet[CPUDevice] = weakref.WeakSet()  # open devices of this process
 
 
 def _inline_below_from_env() -> float:
@@ -38,16 +55,51 @@ def _inline_below_from_env() -> float:
     return value
 
 
+def _quiet_inline_from_env() -> bool:
+    text = os.environ.get("AIOREADY_CPU_QUIET_INLINE", "1")
+    if text not in ("0", "1"):
+        raise ConfigError("AIOREADY_CPU_QUIET_INLINE", expected="0 or 1", got=repr(text))
+    return text == "1"
+
+
+def _grad_enabled() -> bool:
+    """The loop thread's torch grad mode (thread-local; the worker thread's is on)."""
+    torch = sys.modules.get("torch")
+    return torch is None or bool(torch.is_grad_enabled())
+
+
+def _quiet(engine: ProgressEngine | None) -> bool:
+    """Nothing on the loop needs polling while a task computes: one completion source (the
+    rank's transport; a DP reducer or CUDA events are a second one, whose requests progress
+    only when polled) and no transfer in flight that wants the engine hot (its own test)."""
+    return engine is None or (engine.statistics().num_sources <= 1
+                              and not engine._wants_hot())
+
+
 class CPUDevice:
-    def __init__(self, name: str = "aioready-cpu", *, inline_below_s: float | None = None
-                 ) -> None:
+    def __init__(self, name: str = "aioready-cpu", *, inline_below_s: float | None = None,
+                 quiet_inline: bool | None = None) -> None:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
         self.inline_below_s = (_inline_below_from_env() if inline_below_s is None
                                else inline_below_s)
+        self.quiet_inline = (_quiet_inline_from_env() if quiet_inline is None
+                             else quiet_inline)
         self._last: dict[tuple[int, int], float] = {}  # (stage, kind) -> last compute time (s)
-        self.num_inline = 0
+        self.num_inline = 0  # tasks run on the loop thread by the tiny-task path
+        self.num_quiet = 0  # tasks run on the loop thread by the quiet path
+        _OPEN.add(self)
 
     async def run(self, info: TaskInfo, fn: Callable[[], T]) -> T:
+        if self.quiet_inline and len(_OPEN) == 1:
+            loop = asyncio.get_running_loop()
+            engine = ProgressEngine.existing(loop)
+            if _quiet(engine) and _grad_enabled():
+                self.num_quiet += 1
+                try:
+                    return self._timed((info.stage, info.kind), fn)
+                finally:
+                    if engine is not None:  # what arrived meanwhile, before the next decision
+                        engine.poll()
         if not self.inline_below_s:
             return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
         key = (info.stage, info.kind)
@@ -67,9 +119,10 @@ class CPUDevice:
             self._last[key] = time.perf_counter() - t0
 
     def close(self) -> None:
+        _OPEN.discard(self)
         self._pool.shutdown(wait=True)
 
     def __repr__(self) -> str:
-        inline = (f", inline below {self.inline_below_s * 1e6:.0f} us"
-                  if self.inline_below_s else "")
-        return f"<CPUDevice 1 worker{inline}>"
+        paths = ([f"inline below {self.inline_below_s * 1e6:.0f} us"] if self.inline_below_s
+                 else []) + (["inline when quiet"] if self.quiet_inline else [])
+        return "<CPUDevice 1 worker" + "".join(", " + p for p in paths) + ">"

@@ -5,7 +5,8 @@ runs the task's compute there and then sleeps for whatever is left of the durati
 plus a sleep for the rest" (mode "floor"). Mode "add" sleeps the whole duration after the
 compute instead, as a sleep injected into the model does in other runtimes' harnesses, so one set
 of durations replays on equal terms in both. Used to replay jitter models and traces on a real
-model (aioready train, the demo). Unlike SimDevice, the compute never runs on the loop thread.
+model (aioready train, the demo). Unlike SimDevice, the compute does not run on the loop thread
+unless the inner device puts it there (CPUDevice's quiet path, when nothing else needs the loop).
 """
 
 from __future__ import annotations

@@ -74,6 +74,7 @@ async def one_case(comm, case: str, seed: int) -> None:
     loss = await pipe.step(xs, ys)
     await transport.close()
     pipe.close()
+    quiet = comm.allreduce(sum(getattr(rt.device, "num_quiet", 0) for rt in pipe.runtimes))
     ref_loss, ref = reference_step(make_mlp_stages(S, width=WIDTH, seed=seed), mse_loss, xs, ys)
     gdiff = 0.0
     for s in mine:
@@ -84,7 +85,7 @@ async def one_case(comm, case: str, seed: int) -> None:
     gdiff, ldiff = max_all(comm, gdiff), max_all(comm, ldiff)
     if rank == 0:
         say(f"RESULT {case} loss_diff={ldiff:.3e} grad_diff={gdiff:.3e} "
-            f"loss_seen={int(has_loss)}")
+            f"loss_seen={int(has_loss)} quiet={quiet}")
 
 
 async def out_of_order(comm, seed: int) -> None:

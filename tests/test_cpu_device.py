@@ -1,0 +1,139 @@
+"""CPUDevice's quiet path (devices/cpu.py): a task computes on the loop thread only when nothing
+else needs the loop (the only open CPUDevice of the process, one completion source and no
+transfer of it that wants the engine's polling, grad mode on), and the engine is polled once after it, so the next decision sees what
+arrived during the task. Otherwise the worker thread computes, as before."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import weakref
+
+import pytest
+import torch
+
+from aioready.devices import cpu
+from aioready.devices.base import TaskInfo
+from aioready.errors import ConfigError
+from aioready.progress import ProgressEngine
+from aioready.tasks import Kind
+
+pytestmark = pytest.mark.timeout(60)
+
+INFO = TaskInfo(0, 0, 0, 0, 0, Kind.F)
+
+
+@pytest.fixture(autouse=True)
+def fresh_registry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Devices other tests left open in this process must not count here."""
+    monkeypatch.setattr(cpu, "_OPEN", weakref.WeakSet())
+
+
+class HotSource:
+    """A completion source with one rendezvous-size transfer in flight (wants polling)."""
+
+    def __init__(self, hot: bool) -> None:
+        self.hot = hot
+        self.polls = 0
+
+    def poll(self) -> int:
+        self.polls += 1
+        return 0
+
+    def num_pending(self) -> int:
+        return 1
+
+    def wants_hot(self) -> bool:
+        return self.hot
+
+
+async def _thread_of(device: cpu.CPUDevice) -> int:
+    return await device.run(INFO, threading.get_ident)
+
+
+async def test_only_device_computes_on_the_loop_thread() -> None:
+    device = cpu.CPUDevice("q", quiet_inline=True)
+    try:
+        assert await _thread_of(device) == threading.get_ident()
+        assert device.num_quiet == 1
+    finally:
+        device.close()
+
+
+async def test_a_second_open_device_keeps_both_on_their_threads() -> None:
+    a, b = cpu.CPUDevice("a", quiet_inline=True), cpu.CPUDevice("b", quiet_inline=True)
+    try:
+        assert await _thread_of(a) != threading.get_ident()
+        assert await _thread_of(b) != threading.get_ident()
+        assert a.num_quiet == b.num_quiet == 0
+        b.close()  # a alone again: quiet
+        assert await _thread_of(a) == threading.get_ident()
+    finally:
+        a.close()
+
+
+async def test_off_by_argument_and_by_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    device = cpu.CPUDevice("off", quiet_inline=False)
+    try:
+        assert await _thread_of(device) != threading.get_ident()
+    finally:
+        device.close()
+    monkeypatch.setenv("AIOREADY_CPU_QUIET_INLINE", "0")
+    device = cpu.CPUDevice("env-off")
+    try:
+        assert not device.quiet_inline
+        assert await _thread_of(device) != threading.get_ident()
+        assert device.num_quiet == 0
+    finally:
+        device.close()
+
+
+async def test_grad_mode_off_on_the_loop_thread_keeps_the_worker() -> None:
+    """The worker computes with grad on; a caller's no_grad must not reach the stage."""
+    device = cpu.CPUDevice("grad", quiet_inline=True)
+    try:
+        with torch.no_grad():
+            assert await device.run(INFO, torch.is_grad_enabled)
+        assert device.num_quiet == 0
+    finally:
+        device.close()
+
+
+@pytest.mark.parametrize("hot", [True, False], ids=["transfer-wants-polling", "quiet"])
+async def test_engine_state_decides_and_a_quiet_task_ends_with_a_poll(hot: bool) -> None:
+    engine = ProgressEngine.for_loop(asyncio.get_running_loop())
+    source = HotSource(hot)
+    engine.add_source(source)
+    device = cpu.CPUDevice("engine", quiet_inline=True)
+    try:
+        before = source.polls
+        on_loop = await _thread_of(device) == threading.get_ident()
+        assert on_loop is not hot
+        if not hot:  # polled right after the task, before the caller's next decision
+            assert source.polls == before + 1
+    finally:
+        engine.remove_source(source)
+        device.close()
+
+
+async def test_a_second_completion_source_keeps_the_worker() -> None:
+    """A DP reducer's or CUDA events' requests only move when polled: no quiet path then."""
+    engine = ProgressEngine.for_loop(asyncio.get_running_loop())
+    sources = [HotSource(False), HotSource(False)]
+    device = cpu.CPUDevice("two-sources", quiet_inline=True)
+    try:
+        engine.add_source(sources[0])
+        assert await _thread_of(device) == threading.get_ident()
+        engine.add_source(sources[1])
+        assert await _thread_of(device) != threading.get_ident()
+        assert device.num_quiet == 1
+    finally:
+        for src in sources:
+            engine.remove_source(src)
+        device.close()
+
+
+def test_quiet_switch_from_env_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AIOREADY_CPU_QUIET_INLINE", "yes")
+    with pytest.raises(ConfigError, match="AIOREADY_CPU_QUIET_INLINE"):
+        cpu.CPUDevice()
