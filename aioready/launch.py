@@ -34,13 +34,14 @@ import socket
 import sys
 import time
 import traceback
+import weakref
 from contextlib import contextmanager
 from typing import Any, Awaitable, Iterator, Mapping, TypeVar
 
 from .errors import PeerLostError
 
-__all__ = ["abort_on_error", "launcher", "run", "run_loop", "say", "world", "TORCHRUN_VARS",
-           "MPI_VARS"]
+__all__ = ["abort_on_error", "launcher", "owns_loop", "run", "run_loop", "say", "world",
+           "TORCHRUN_VARS", "MPI_VARS"]
 
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR")
 MPI_VARS = ("PMI_SIZE", "PMI_RANK", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK")
@@ -111,6 +112,16 @@ def abort_on_error(exit_code: int = 1) -> Iterator[None]:
         raise
 
 
+_OWN_LOOPS: weakref.WeakSet[asyncio.AbstractEventLoop] = weakref.WeakSet()
+
+
+def owns_loop(loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether `loop` was made by `aioready.run` (an entry point: the CLI, a launched script),
+    not by a service that embeds a pipeline. Only on its own loop may the runtime block the
+    loop thread with a task's compute (devices/cpu.py): a service's loop must keep serving."""
+    return loop in _OWN_LOOPS
+
+
 def run_loop(main: Awaitable[T], *, debug: bool | None = None) -> T:
     """`asyncio.run` on a uvloop loop when uvloop is installed; never changes the loop policy.
 
@@ -122,6 +133,7 @@ def run_loop(main: Awaitable[T], *, debug: bool | None = None) -> T:
     except ImportError:
         factory = None
     with asyncio.Runner(debug=debug, loop_factory=factory) as runner:
+        _OWN_LOOPS.add(runner.get_loop())
         return runner.run(main)  # type: ignore[arg-type]
 
 

@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from aioready.launch import run_loop
 from aioready.placement import Placement
 from aioready.runtime.rank import POLICIES
 from aioready.tasks import Kind
@@ -230,7 +231,6 @@ def _dump_spans(spans: Any, config: str, rank: int, step: int) -> None:
 # -- aioready under mpiexec --------------------------------------------------------------------
 def run_aioready(args: argparse.Namespace, trace: Any, configs: list[str],
                  emit: Callable[[dict[str, Any]], None]) -> None:
-    import asyncio
 
     import torch
     from mpi4py import MPI
@@ -324,15 +324,13 @@ def run_aioready(args: argparse.Namespace, trace: Any, configs: list[str],
                 emit(record)
 
     torch.set_num_threads(1)
-    import uvloop
     profile_dir = os.environ.get("AIOREADY_E2E_PROFILE")  # DIR: cProfile each rank's loop thread
     profiler = None
     if profile_dir:
         import cProfile
         profiler = cProfile.Profile()
         profiler.enable()
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        runner.run(all_configs())
+    run_loop(all_configs())  # aioready.run's loop (uvloop), as a launched job has
     if profiler is not None:
         profiler.disable()
         Path(profile_dir).mkdir(parents=True, exist_ok=True)

@@ -1,5 +1,5 @@
 """CPUDevice's quiet path (devices/cpu.py): a task computes on the loop thread only when nothing
-else needs the loop (the only open CPUDevice of the process, one completion source and no
+else needs the loop (by default only on a loop aioready.run made; the only open CPUDevice of the process, one completion source and no
 transfer of it that wants the engine's polling, grad mode on), and the engine is polled once after it, so the next decision sees what
 arrived during the task. Otherwise the worker thread computes, as before."""
 
@@ -15,6 +15,7 @@ import torch
 from aioready.devices import cpu
 from aioready.devices.base import TaskInfo
 from aioready.errors import ConfigError
+from aioready.launch import run_loop
 from aioready.progress import ProgressEngine
 from aioready.tasks import Kind
 
@@ -137,3 +138,24 @@ def test_quiet_switch_from_env_is_checked(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setenv("AIOREADY_CPU_QUIET_INLINE", "yes")
     with pytest.raises(ConfigError, match="AIOREADY_CPU_QUIET_INLINE"):
         cpu.CPUDevice()
+
+
+def test_by_default_quiet_only_on_a_loop_aioready_made(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A service that embeds a pipeline keeps its loop serving while a task computes; a loop
+    that aioready.run made (the CLI, a launched script) is the runtime's own to block."""
+    monkeypatch.delenv("AIOREADY_CPU_QUIET_INLINE", raising=False)
+    device = cpu.CPUDevice("default")
+    try:
+        assert device.quiet_inline is None
+        caller = threading.get_ident()
+        on_service_loop = asyncio.run(_thread_of(device))
+        assert on_service_loop != caller and device.num_quiet == 0
+        assert run_loop(_thread_of(device)) == caller and device.num_quiet == 1
+    finally:
+        device.close()
+    monkeypatch.setenv("AIOREADY_CPU_QUIET_INLINE", "1")  # forced on a service's loop too
+    device = cpu.CPUDevice("forced")
+    try:
+        assert asyncio.run(_thread_of(device)) == threading.get_ident()
+    finally:
+        device.close()

@@ -7,8 +7,11 @@ the completion engine's busy parks: in bench.e2e's 1F1B (4 ranks, 20-40 ms tasks
 thread woke ~6 times a task and spent ~1 ms of CPU a task against ~0.6 ms with the compute on
 it (docs/hot_path.md "CPU per task beyond the model"). So two paths put a task on the loop thread:
 
-- **quiet** (`quiet_inline`, env `AIOREADY_CPU_QUIET_INLINE`, on by default): when the loop has
-  nothing else to do. That is: this is the only open CPUDevice of the process (no other rank,
+- **quiet** (`quiet_inline`, env `AIOREADY_CPU_QUIET_INLINE`): when the loop has nothing else
+  to do. By default only on a loop that `aioready.run` made (the CLI, a launched script:
+  `launch.owns_loop`): a service that embeds a pipeline in its own loop keeps that loop serving
+  while a task computes, and so do a rank's heartbeats to its peers (a task longer than the peer
+  timeout on the quiet path would look like a lost rank to them). Then: this is the only open CPUDevice of the process (no other rank,
   and no in-process tensor-parallel peer whose collective would wait on this loop), the engine
   polls one completion source (the rank's transport: no DP reducer or CUDA events whose requests
   only move when polled), no transfer in flight needs its polling (`wants_hot`: a
@@ -33,6 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, TypeVar
 
 from ..errors import ConfigError
+from ..launch import owns_loop
 from ..progress import ProgressEngine
 from .base import TaskInfo
 
@@ -55,10 +59,14 @@ def _inline_below_from_env() -> float:
     return value
 
 
-def _quiet_inline_from_env() -> bool:
-    text = os.environ.get("AIOREADY_CPU_QUIET_INLINE", "1")
+def _quiet_inline_from_env() -> bool | None:
+    """None (unset): on exactly where the loop is aioready's own (module note)."""
+    text = os.environ.get("AIOREADY_CPU_QUIET_INLINE")
+    if text is None:
+        return None
     if text not in ("0", "1"):
-        raise ConfigError("AIOREADY_CPU_QUIET_INLINE", expected="0 or 1", got=repr(text))
+        raise ConfigError("AIOREADY_CPU_QUIET_INLINE", expected="0 or 1 (or unset: on only on "
+                          "a loop aioready.run made)", got=repr(text))
     return text == "1"
 
 
@@ -83,15 +91,16 @@ class CPUDevice:
         self.inline_below_s = (_inline_below_from_env() if inline_below_s is None
                                else inline_below_s)
         self.quiet_inline = (_quiet_inline_from_env() if quiet_inline is None
-                             else quiet_inline)
+                             else quiet_inline)  # None: on aioready's own loop only
         self._last: dict[tuple[int, int], float] = {}  # (stage, kind) -> last compute time (s)
         self.num_inline = 0  # tasks run on the loop thread by the tiny-task path
         self.num_quiet = 0  # tasks run on the loop thread by the quiet path
         _OPEN.add(self)
 
     async def run(self, info: TaskInfo, fn: Callable[[], T]) -> T:
-        if self.quiet_inline and len(_OPEN) == 1:
-            loop = asyncio.get_running_loop()
+        loop = asyncio.get_running_loop()
+        if (self.quiet_inline is not False and len(_OPEN) == 1
+                and (self.quiet_inline or owns_loop(loop))):
             engine = ProgressEngine.existing(loop)
             if _quiet(engine) and _grad_enabled():
                 self.num_quiet += 1
@@ -101,14 +110,13 @@ class CPUDevice:
                     if engine is not None:  # what arrived meanwhile, before the next decision
                         engine.poll()
         if not self.inline_below_s:
-            return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
+            return await loop.run_in_executor(self._pool, fn)
         key = (info.stage, info.kind)
         last = self._last.get(key)
         if last is not None and last < self.inline_below_s:
             self.num_inline += 1
             return self._timed(key, fn)
-        return await asyncio.get_running_loop().run_in_executor(
-            self._pool, self._timed, key, fn)  # type: ignore[arg-type]
+        return await loop.run_in_executor(self._pool, self._timed, key, fn)  # type: ignore[arg-type]
 
     def _timed(self, key: tuple[int, int], fn: Callable[[], Any]) -> Any:
         """Run `fn` and record its compute time alone (not the hand-off)."""
@@ -124,5 +132,6 @@ class CPUDevice:
 
     def __repr__(self) -> str:
         paths = ([f"inline below {self.inline_below_s * 1e6:.0f} us"] if self.inline_below_s
-                 else []) + (["inline when quiet"] if self.quiet_inline else [])
+                 else []) + ({True: ["inline when quiet"], None: ["inline when quiet on its own loop"]}
+                     .get(self.quiet_inline, []))
         return "<CPUDevice 1 worker" + "".join(", " + p for p in paths) + ">"
