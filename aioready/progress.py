@@ -192,6 +192,7 @@ class ProgressEngine:
         self.num_completed = self.num_hot_passes = self.num_parks = self.num_idle_waits = 0
         self.num_doorbell_parks = 0
         self.num_rings = 0  # doorbell parks ended by a ring
+        self.num_ring_polls = 0  # rings whose message was delivered in the callback (ring())
         self.num_missed_rings = 0  # doorbell parks ended by the backstop that found something
         self._bell_grace = 0  # short timer parks left before arming the doorbells again
         self._rung = False  # a doorbell rang since the last doorbell park began
@@ -252,8 +253,23 @@ class ProgressEngine:
         if self._task is None or self._task.done():
             self._task = self.loop.create_task(self._run(), name="aioready-progress")
 
-    def ring(self) -> None:
-        """A source's doorbell rang: a message is there (see `_park_on_doorbells`)."""
+    def ring(self, source: CompletionSource | None = None) -> None:
+        """A source's doorbell rang: a message is there (see `_park_on_doorbells`).
+
+        Given the `source` that rang, while the engine is parked on its doorbells and no task
+        runs, the source is polled here, in the loop's reader callback: the message reaches
+        its awaiting coroutine in this loop pass, and when nothing now needs polling (its
+        `arm_doorbell()` still says yes) the park goes on, doorbells armed: no wake-up of the
+        engine's task, no second poll, no re-arm (docs/hot_path.md "What wakes a rank"). Else
+        (nothing matched yet, a request to poll, a busy rank, a ring outside a park) the
+        engine's task wakes and polls, with grace parks after it; with a spin window, it wakes
+        to spin after the message as it did."""
+        if source is not None and self._waiting is not False and source in self._armed:
+            if self._poll_one(source) and source.arm_doorbell():
+                self.num_ring_polls += 1
+                if self.config.spin_s:
+                    self.kick()
+                return
         self._rung = True
         self.kick()
 
@@ -302,11 +318,26 @@ class ProgressEngine:
                 log.exception("completion source %r raised in poll(); removing it", src)
                 self.remove_source(src)
         if done:
-            self.num_completed += done
-            self._last_progress = self.loop.time()
-            self._cpu_mark = None
-            self._bell_grace = 0
+            self._progressed(done)
         return done
+
+    def _poll_one(self, src: CompletionSource) -> int:
+        """`poll()` of one source (the one whose doorbell rang)."""
+        try:
+            done = src.poll()
+        except Exception:
+            log.exception("completion source %r raised in poll(); removing it", src)
+            self.remove_source(src)
+            return 0
+        if done:
+            self._progressed(done)
+        return done
+
+    def _progressed(self, done: int) -> None:
+        self.num_completed += done
+        self._last_progress = self.loop.time()
+        self._cpu_mark = None
+        self._bell_grace = 0
 
     def statistics(self) -> ProgressStatistics:
         return ProgressStatistics(len(self._sources), self._num_pending(), self.num_completed,
