@@ -193,6 +193,8 @@ class ProgressEngine:
         self.num_doorbell_parks = 0
         self.num_rings = 0  # doorbell parks ended by a ring
         self.num_ring_polls = 0  # rings whose message was delivered in the callback (ring())
+        self._ring_polled_at = 0.0  # the last such ring in this doorbell park (0: none)
+        self._handle: asyncio.TimerHandle | None = None  # a park's call_later (no timerfd)
         self.num_missed_rings = 0  # doorbell parks ended by the backstop that found something
         self._bell_grace = 0  # short timer parks left before arming the doorbells again
         self._rung = False  # a doorbell rang since the last doorbell park began
@@ -267,6 +269,7 @@ class ProgressEngine:
         if source is not None and self._waiting is not False and source in self._armed:
             if self._poll_one(source) and source.arm_doorbell():
                 self.num_ring_polls += 1
+                self._ring_polled_at = self.loop.time()  # the backstop counts from here
                 if self.config.spin_s:
                     self.kick()
                 return
@@ -485,6 +488,7 @@ class ProgressEngine:
         A park the backstop ended that then finds a message counts as a missed ring."""
         try:
             self._rung = False
+            self._ring_polled_at = 0.0
             if not self.poll():
                 self.num_doorbell_parks += 1
                 start = self.loop.time()
@@ -523,7 +527,7 @@ class ProgressEngine:
         """
         loop = self.loop
         wake = self._wake = loop.create_future()
-        handle = None
+        self._handle = None
         try:
             if delay is not None:
                 if self._timer is not None:
@@ -534,19 +538,44 @@ class ProgressEngine:
                 else:
                     if not self.virtual:
                         delay = max(delay, self.config.min_sleep_s)
-                    handle = loop.call_later(delay, _resolve, wake)
+                    self._handle = loop.call_later(delay, self._on_deadline)
             await wake
         finally:
             self._wake = None
-            if handle is not None:
-                handle.cancel()
+            if self._handle is not None:
+                self._handle.cancel()
+                self._handle = None
 
     def _on_timer(self) -> None:
         assert self._timer is not None
         self._timer.drain()
+        left = self._kept_for()
+        if left > 0:
+            self._timer.arm(left)
+            return
         wake = self._wake
         if wake is not None:
             _resolve(wake)
+
+    def _on_deadline(self) -> None:
+        """`_on_timer` of a park on `loop.call_later` (no timerfd)."""
+        left = self._kept_for()
+        if left > 0:
+            self._handle = self.loop.call_later(left, self._on_deadline)
+            return
+        wake = self._wake
+        if wake is not None:
+            _resolve(wake)
+
+    def _kept_for(self) -> float:
+        """How much longer a doorbell park goes on whose rings `ring()` answered in the reader
+        callback: its backstop counts from the last of them, as a park that each ring ended
+        and began again did (<= 0: it ends now). So a park kept alive by its rings is not
+        woken by a backstop every 50 ms that polls for nothing, nor counts as missed a ring
+        whose callback was about to run."""
+        if not (self._armed and self._ring_polled_at):
+            return 0.0
+        return self._ring_polled_at + self.config.bell_backstop_s - self.loop.time()
 
     def close(self) -> None:
         """Stop polling and release the timerfd (the loop is closing)."""

@@ -414,6 +414,38 @@ def test_a_ring_that_names_its_source_delivers_in_the_callback_and_the_park_goes
         assert engine.num_rings == 2 and polls >= 1, polls
 
 
+def test_rings_answered_in_the_callback_push_the_backstop_back() -> None:
+    """A doorbell park kept alive by rings answered in the callback is not ended by its 50 ms
+    backstop while they come (every 20 ms here: no poll of the engine's own, no new park), and
+    the backstop still ends it 50 ms after the last one."""
+    async def main() -> tuple[int, int, int, int, ProgressEngine]:
+        loop = asyncio.get_running_loop()
+        engine = ProgressEngine(loop, ProgressConfig(spin_s=0.0, bell_backstop_s=50e-3))
+        src = BellSource(loop, engine)
+        engine.add_source(src)
+        engine.set_waiting(True)
+        src.add(1e9)  # always something pending: the engine parks, never idles
+        await asyncio.sleep(0.0103)
+        parks, polls = engine.num_doorbell_parks, src.num_polls
+        for _ in range(10):
+            fut = src.add(100.0)
+            src.arrive(named=True)
+            assert fut.done()
+            src.add(1e9)
+            await asyncio.sleep(0.020)
+        parks, polls = engine.num_doorbell_parks - parks, src.num_polls - polls
+        later = engine.num_doorbell_parks
+        await asyncio.sleep(0.060)  # silence: the backstop ends the park, a new one begins
+        later = engine.num_doorbell_parks - later
+        engine.close()
+        return parks, polls, later, engine.num_ring_polls, engine
+
+    parks, polls, later, ring_polls, engine = run_virtual(main())
+    assert ring_polls == 10 and engine.num_missed_rings == 0
+    assert parks == 0 and polls == 10, (parks, polls)
+    assert later == 1, later
+
+
 def test_a_named_ring_falls_back_to_waking_the_task() -> None:
     """The named ring's poll is only a shortcut: when it completes nothing (the message is not
     matched yet), when the source then refuses to arm (a request now needs polling), or when
