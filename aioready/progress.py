@@ -369,6 +369,15 @@ class ProgressEngine:
             if cfg is not self.config:  # reconfigure() was called
                 cfg = self.config
                 yield_every = cfg.yield_every if hasattr(os, "sched_yield") else 0
+            if (self._waiting and not cfg.spin_s and not self._bell_grace
+                    and loop.time() >= self._hot_until and not self._wants_hot()
+                    and self._arm_doorbells()):
+                # waiting with no spin window (oversubscribed): straight to the doorbells, whose
+                # park polls once armed; a poll before arming found nothing more (one pass, two
+                # polls, at each wait's start: docs/hot_path.md "What wakes a rank")
+                self.num_parks += 1
+                await self._park_on_doorbells(cfg.bell_backstop_s)
+                continue
             self.poll()
             if not self._num_pending():
                 self.num_idle_waits += 1

@@ -446,6 +446,32 @@ def test_rings_answered_in_the_callback_push_the_backstop_back() -> None:
     assert later == 1, later
 
 
+@pytest.mark.parametrize("spin_s", [0.0, 2e-3], ids=["oversubscribed", "spin-window"])
+def test_a_wait_starts_with_one_poll_after_arming(spin_s: float) -> None:
+    """Without a spin window, an engine kicked from a busy timer park into a wait arms its
+    doorbells and polls once (the doorbell park's poll), not also once before arming. With a
+    spin window the wait starts hot, as before (several polls)."""
+    async def main() -> tuple[int, bool, bool]:
+        loop = asyncio.get_running_loop()
+        engine = ProgressEngine(loop, ProgressConfig(spin_s=spin_s, busy_park_s=5e-3,
+                                                     bell_backstop_s=50e-3))
+        src = BellSource(loop, engine)
+        engine.add_source(src)
+        engine.set_waiting(False)
+        src.add(1e9)
+        await asyncio.sleep(0.0023)  # in a busy timer park
+        polls = src.num_polls
+        engine.set_waiting(True)
+        await asyncio.sleep(0.0101)
+        polls, armed = src.num_polls - polls, src.armed
+        engine.close()
+        return polls, armed, engine.num_doorbell_parks > 0
+
+    polls, armed, parked = run_virtual(main())
+    assert armed and parked
+    assert polls == 1 if not spin_s else polls >= 1, polls
+
+
 def test_a_named_ring_falls_back_to_waking_the_task() -> None:
     """The named ring's poll is only a shortcut: when it completes nothing (the message is not
     matched yet), when the source then refuses to arm (a request now needs polling), or when
