@@ -22,7 +22,9 @@ poll:
   source with something pending has a doorbell (the MPI transport with all ranks on one host,
   transports/doorbell.py), a waiting park arms them and sleeps until one rings, with
   `bell_backstop_s` (50 ms) as a backstop only: the message wakes the rank, not a timer sweep
-  (bench/results/oversub.md: 8 and 16 ranks on 2 cores).
+  (bench/results/oversub.md: 8 and 16 ranks on 2 cores). While the arbiter waits, a ring that
+  names its source (`ring(source)`) is answered in the loop's reader callback: the source is
+  polled there and the park goes on (docs/hot_path.md "The idle wake-up traced").
   Not `asyncio.sleep`: uvloop turns sub-millisecond sleeps into 0 (a spin) and the default loop
   stretches them to ~1.1 ms. Without a timerfd (non-Linux, or a loop without `add_reader` such as
   the virtual clock) the engine falls back to `loop.call_later` with at least `min_sleep_s` (1 ms);
@@ -267,7 +269,7 @@ class ProgressEngine:
         engine's task wakes and polls, with grace parks after it; with a spin window, it wakes
         to spin after the message as it did."""
         if source is not None and self._waiting is not False and source in self._armed:
-            if self._poll_one(source) and source.arm_doorbell():
+            if self._poll_one(source) and source.arm_doorbell():  # type: ignore[attr-defined]
                 self.num_ring_polls += 1
                 self._ring_polled_at = self.loop.time()  # the backstop counts from here
                 if self.config.spin_s:
