@@ -22,7 +22,9 @@ poll:
   source with something pending has a doorbell (the MPI transport with all ranks on one host,
   transports/doorbell.py), a waiting park arms them and sleeps until one rings, with
   `bell_backstop_s` (50 ms) as a backstop only: the message wakes the rank, not a timer sweep
-  (bench/results/oversub.md: 8 and 16 ranks on 2 cores).
+  (bench/results/oversub.md: 8 and 16 ranks on 2 cores). While the arbiter waits, a ring that
+  names its source (`ring(source)`) is answered in the loop's reader callback: the source is
+  polled there and the park goes on (docs/hot_path.md "The idle wake-up traced").
   Not `asyncio.sleep`: uvloop turns sub-millisecond sleeps into 0 (a spin) and the default loop
   stretches them to ~1.1 ms. Without a timerfd (non-Linux, or a loop without `add_reader` such as
   the virtual clock) the engine falls back to `loop.call_later` with at least `min_sleep_s` (1 ms);
@@ -192,6 +194,9 @@ class ProgressEngine:
         self.num_completed = self.num_hot_passes = self.num_parks = self.num_idle_waits = 0
         self.num_doorbell_parks = 0
         self.num_rings = 0  # doorbell parks ended by a ring
+        self.num_ring_polls = 0  # rings whose message was delivered in the callback (ring())
+        self._ring_polled_at = 0.0  # the last such ring in this doorbell park (0: none)
+        self._handle: asyncio.TimerHandle | None = None  # a park's call_later (no timerfd)
         self.num_missed_rings = 0  # doorbell parks ended by the backstop that found something
         self._bell_grace = 0  # short timer parks left before arming the doorbells again
         self._rung = False  # a doorbell rang since the last doorbell park began
@@ -252,8 +257,24 @@ class ProgressEngine:
         if self._task is None or self._task.done():
             self._task = self.loop.create_task(self._run(), name="aioready-progress")
 
-    def ring(self) -> None:
-        """A source's doorbell rang: a message is there (see `_park_on_doorbells`)."""
+    def ring(self, source: CompletionSource | None = None) -> None:
+        """A source's doorbell rang: a message is there (see `_park_on_doorbells`).
+
+        Given the `source` that rang, while the engine is parked on its doorbells and no task
+        runs, the source is polled here, in the loop's reader callback: the message reaches
+        its awaiting coroutine in this loop pass, and when nothing now needs polling (its
+        `arm_doorbell()` still says yes) the park goes on, doorbells armed: no wake-up of the
+        engine's task, no second poll, no re-arm (docs/hot_path.md "What wakes a rank"). Else
+        (nothing matched yet, a request to poll, a busy rank, a ring outside a park) the
+        engine's task wakes and polls, with grace parks after it; with a spin window, it wakes
+        to spin after the message as it did."""
+        if source is not None and self._waiting is not False and source in self._armed:
+            if self._poll_one(source) and source.arm_doorbell():  # type: ignore[attr-defined]
+                self.num_ring_polls += 1
+                self._ring_polled_at = self.loop.time()  # the backstop counts from here
+                if self.config.spin_s:
+                    self.kick()
+                return
         self._rung = True
         self.kick()
 
@@ -302,11 +323,26 @@ class ProgressEngine:
                 log.exception("completion source %r raised in poll(); removing it", src)
                 self.remove_source(src)
         if done:
-            self.num_completed += done
-            self._last_progress = self.loop.time()
-            self._cpu_mark = None
-            self._bell_grace = 0
+            self._progressed(done)
         return done
+
+    def _poll_one(self, src: CompletionSource) -> int:
+        """`poll()` of one source (the one whose doorbell rang)."""
+        try:
+            done = src.poll()
+        except Exception:
+            log.exception("completion source %r raised in poll(); removing it", src)
+            self.remove_source(src)
+            return 0
+        if done:
+            self._progressed(done)
+        return done
+
+    def _progressed(self, done: int) -> None:
+        self.num_completed += done
+        self._last_progress = self.loop.time()
+        self._cpu_mark = None
+        self._bell_grace = 0
 
     def statistics(self) -> ProgressStatistics:
         return ProgressStatistics(len(self._sources), self._num_pending(), self.num_completed,
@@ -335,6 +371,15 @@ class ProgressEngine:
             if cfg is not self.config:  # reconfigure() was called
                 cfg = self.config
                 yield_every = cfg.yield_every if hasattr(os, "sched_yield") else 0
+            if (self._waiting and not cfg.spin_s and not self._bell_grace
+                    and loop.time() >= self._hot_until and not self._wants_hot()
+                    and self._arm_doorbells()):
+                # waiting with no spin window (oversubscribed): straight to the doorbells, whose
+                # park polls once armed; a poll before arming found nothing more (one pass, two
+                # polls, at each wait's start: docs/hot_path.md "What wakes a rank")
+                self.num_parks += 1
+                await self._park_on_doorbells(cfg.bell_backstop_s)
+                continue
             self.poll()
             if not self._num_pending():
                 self.num_idle_waits += 1
@@ -454,6 +499,7 @@ class ProgressEngine:
         A park the backstop ended that then finds a message counts as a missed ring."""
         try:
             self._rung = False
+            self._ring_polled_at = 0.0
             if not self.poll():
                 self.num_doorbell_parks += 1
                 start = self.loop.time()
@@ -492,7 +538,7 @@ class ProgressEngine:
         """
         loop = self.loop
         wake = self._wake = loop.create_future()
-        handle = None
+        self._handle = None
         try:
             if delay is not None:
                 if self._timer is not None:
@@ -503,19 +549,44 @@ class ProgressEngine:
                 else:
                     if not self.virtual:
                         delay = max(delay, self.config.min_sleep_s)
-                    handle = loop.call_later(delay, _resolve, wake)
+                    self._handle = loop.call_later(delay, self._on_deadline)
             await wake
         finally:
             self._wake = None
-            if handle is not None:
-                handle.cancel()
+            if self._handle is not None:
+                self._handle.cancel()
+                self._handle = None
 
     def _on_timer(self) -> None:
         assert self._timer is not None
         self._timer.drain()
+        left = self._kept_for()
+        if left > 0:
+            self._timer.arm(left)
+            return
         wake = self._wake
         if wake is not None:
             _resolve(wake)
+
+    def _on_deadline(self) -> None:
+        """`_on_timer` of a park on `loop.call_later` (no timerfd)."""
+        left = self._kept_for()
+        if left > 0:
+            self._handle = self.loop.call_later(left, self._on_deadline)
+            return
+        wake = self._wake
+        if wake is not None:
+            _resolve(wake)
+
+    def _kept_for(self) -> float:
+        """How much longer a doorbell park goes on whose rings `ring()` answered in the reader
+        callback: its backstop counts from the last of them, as a park that each ring ended
+        and began again did (<= 0: it ends now). So a park kept alive by its rings is not
+        woken by a backstop every 50 ms that polls for nothing, nor counts as missed a ring
+        whose callback was about to run."""
+        if not (self._armed and self._ring_polled_at):
+            return 0.0
+        return self._ring_polled_at + self.config.bell_backstop_s - self.loop.time()
 
     def close(self) -> None:
         """Stop polling and release the timerfd (the loop is closing)."""

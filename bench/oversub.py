@@ -60,9 +60,15 @@ class _Account:
             key = "wait" if self.state else "run"
             self.totals[f"{key}_s"] += now[0] - self.mark[0]
             self.totals[f"{key}_cpu_s"] += now[1] - self.mark[1]
-            self.totals[f"{key}_parks"] += engine.num_parks - self.parks0
+            self.totals[f"{key}_parks"] += wakes(engine) - self.parks0
         self.engine = engine
-        self.state, self.mark, self.parks0 = waiting, now, engine.num_parks
+        self.state, self.mark, self.parks0 = waiting, now, wakes(engine)
+
+
+def wakes(engine: Any) -> int:
+    """The engine's wake-ups: its parks, and the rings it answered in the reader callback
+    without ending its park (`num_ring_polls`; absent from older commits' engines)."""
+    return engine.num_parks + getattr(engine, "num_ring_polls", 0)
 
 
 def worker(args: argparse.Namespace) -> None:

@@ -31,7 +31,7 @@ from typing import Any
 
 from .common import median, other_load, write_result
 from .e2e import mpiexec
-from .oversub import ROOT, baseline_tree
+from .oversub import ROOT, baseline_tree, wakes
 
 FIELDS = ("cpu", "delay", "wakes")
 
@@ -81,11 +81,11 @@ def worker(args: argparse.Namespace) -> None:
                     await asyncio.sleep(args.gap_ms / 1e3)
                 await transport.wait_sent()
                 continue
-            c0, w0, p0 = time.process_time(), time.monotonic(), engine.num_parks
+            c0, w0, p0 = time.process_time(), time.monotonic(), wakes(engine)
             got, msg = await box["fut"]
             wall = got - w0
             out.append([(time.process_time() - c0) / wall * 100,
-                        (got - float(msg.tensors[0][0])) * 1e3, (engine.num_parks - p0) / wall])
+                        (got - float(msg.tensors[0][0])) * 1e3, (wakes(engine) - p0) / wall])
         comm.Barrier()
         await transport.close()
         return out

@@ -115,18 +115,22 @@ def test_exact_over_mpi_with_fast_paths_on_and_off(env: dict[str, str]) -> None:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("fast", ["1", "0"])
-def test_parked_rank_is_woken_by_the_doorbell(fast: str) -> None:
+@pytest.mark.parametrize("fast,ring_poll", [("1", "1"), ("1", "0"), ("0", "1")],
+                         ids=["doorbell", "doorbell-no-ring-poll", "no-doorbell"])
+def test_parked_rank_is_woken_by_the_doorbell(fast: str, ring_poll: str) -> None:
     """A waiting rank parks on its doorbell and each message rings it (transports/doorbell.py);
-    with the fast paths off it parks on its timer alone. Either way every message arrives."""
+    the ring's callback delivers the message (`AIOREADY_RING_POLL`, on by default); with the
+    fast paths off it parks on its timer alone. Either way every message arrives."""
     proc = run_mpi(2, [str(SCRIPTS / "doorbell.py")], timeout=100,
-                   env={"AIOREADY_MPI_FAST": fast})
+                   env={"AIOREADY_MPI_FAST": fast, "AIOREADY_RING_POLL": ring_poll})
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
     assert _field(line, "got") == "10,11,12", line
     if fast == "1":
         assert int(_field(line, "doorbell_parks")) >= 3, line
         assert int(_field(line, "rung")) >= 1, line
+        polled = int(_field(line, "ring_polls"))
+        assert polled >= 1 if ring_poll == "1" else polled == 0, line
     else:
         assert _field(line, "doorbell_parks") == "0", line
         assert _field(line, "rung") == "0", line

@@ -233,13 +233,14 @@ class BellSource(FakeSource):
     def disarm_doorbell(self) -> None:
         self.armed = False
 
-    def arrive(self, ring: bool = True) -> None:
+    def arrive(self, ring: bool = True, named: bool = False) -> None:
         """The item is due now; ring only if the engine armed the doorbell (as a sender does);
-        `ring=False`: a sender that missed the armed doorbell."""
+        `ring=False`: a sender that missed the armed doorbell; `named`: the ring names this
+        source (`ring(self)`, as the MPI transport's does), so the engine may poll it at once."""
         self.items = [(self.loop.time(), f) for _, f in self.items]
         if self.armed and ring:
             self.num_rung += 1
-            self.engine.ring()
+            self.engine.ring(self if named else None)
 
 
 @pytest.mark.parametrize("can_arm", [True, False], ids=["doorbell", "timer-only"])
@@ -369,6 +370,148 @@ def test_starting_to_wait_leaves_a_doorbell_park_alone_without_a_spin_window(
         assert polls >= 1
     else:
         assert parks == 0 and polls == 0, (parks, polls)
+
+
+@pytest.mark.parametrize("spin_s", [0.0, 2e-3], ids=["oversubscribed", "spin-window"])
+@pytest.mark.parametrize("named", [True, False], ids=["ring-polls", "ring-wakes-the-task"])
+def test_a_ring_that_names_its_source_delivers_in_the_callback_and_the_park_goes_on(
+        named: bool, spin_s: float) -> None:
+    """A waiting engine parked on its doorbell, rung by a source that names itself: the item is
+    completed inside `ring()` (before the loop runs anything else), the doorbell stays armed and
+    no new doorbell park starts (no wake-up of the engine's task); a second item later is
+    completed the same way. With a spin window the engine's task still wakes after it (to
+    spin, as before). A ring that names no source wakes the engine's task, which polls."""
+    async def main() -> tuple[list[bool], int, int, bool, ProgressEngine]:
+        loop = asyncio.get_running_loop()
+        engine = ProgressEngine(loop, ProgressConfig(spin_s=spin_s, bell_backstop_s=50e-3))
+        src = BellSource(loop, engine)
+        engine.add_source(src)
+        engine.set_waiting(True)
+        at_once = []
+        for _ in range(2):
+            fut = src.add(100.0)
+            engine.kick()  # new work (an engine left idle by the previous item sees it)
+            await asyncio.sleep(0.0103)  # parked on the doorbell (after any spin window)
+            assert src.armed
+            parks, polls = engine.num_doorbell_parks, src.num_polls
+            src.arrive(named=named)
+            at_once.append(fut.done())
+            await fut
+            await asyncio.sleep(0)
+            parks, polls = engine.num_doorbell_parks - parks, src.num_polls - polls
+        armed = src.armed
+        engine.close()
+        return at_once, parks, polls, armed, engine
+
+    at_once, parks, polls, armed, engine = run_virtual(main())
+    if named:
+        assert at_once == [True, True] and engine.num_ring_polls == 2
+        assert engine.num_rings == 0
+        if not spin_s:
+            assert parks == 0 and polls == 1 and armed, (parks, polls)
+    else:
+        assert at_once == [False, False] and engine.num_ring_polls == 0
+        assert engine.num_rings == 2 and polls >= 1, polls
+
+
+def test_rings_answered_in_the_callback_push_the_backstop_back() -> None:
+    """A doorbell park kept alive by rings answered in the callback is not ended by its 50 ms
+    backstop while they come (every 20 ms here: no poll of the engine's own, no new park), and
+    the backstop still ends it 50 ms after the last one."""
+    async def main() -> tuple[int, int, int, int, ProgressEngine]:
+        loop = asyncio.get_running_loop()
+        engine = ProgressEngine(loop, ProgressConfig(spin_s=0.0, bell_backstop_s=50e-3))
+        src = BellSource(loop, engine)
+        engine.add_source(src)
+        engine.set_waiting(True)
+        src.add(1e9)  # always something pending: the engine parks, never idles
+        await asyncio.sleep(0.0103)
+        parks, polls = engine.num_doorbell_parks, src.num_polls
+        for _ in range(10):
+            fut = src.add(100.0)
+            src.arrive(named=True)
+            assert fut.done()
+            src.add(1e9)
+            await asyncio.sleep(0.020)
+        parks, polls = engine.num_doorbell_parks - parks, src.num_polls - polls
+        later = engine.num_doorbell_parks
+        await asyncio.sleep(0.060)  # silence: the backstop ends the park, a new one begins
+        later = engine.num_doorbell_parks - later
+        engine.close()
+        return parks, polls, later, engine.num_ring_polls, engine
+
+    parks, polls, later, ring_polls, engine = run_virtual(main())
+    assert ring_polls == 10 and engine.num_missed_rings == 0
+    assert parks == 0 and polls == 10, (parks, polls)
+    assert later == 1, later
+
+
+@pytest.mark.parametrize("spin_s", [0.0, 2e-3], ids=["oversubscribed", "spin-window"])
+def test_a_wait_starts_with_one_poll_after_arming(spin_s: float) -> None:
+    """Without a spin window, an engine kicked from a busy timer park into a wait arms its
+    doorbells and polls once (the doorbell park's poll), not also once before arming. With a
+    spin window the wait starts hot, as before (several polls)."""
+    async def main() -> tuple[int, bool, bool]:
+        loop = asyncio.get_running_loop()
+        engine = ProgressEngine(loop, ProgressConfig(spin_s=spin_s, busy_park_s=5e-3,
+                                                     bell_backstop_s=50e-3))
+        src = BellSource(loop, engine)
+        engine.add_source(src)
+        engine.set_waiting(False)
+        src.add(1e9)
+        await asyncio.sleep(0.0023)  # in a busy timer park
+        polls = src.num_polls
+        engine.set_waiting(True)
+        await asyncio.sleep(0.0101)
+        polls, armed = src.num_polls - polls, src.armed
+        engine.close()
+        return polls, armed, engine.num_doorbell_parks > 0
+
+    polls, armed, parked = run_virtual(main())
+    assert armed and parked
+    assert polls == 1 if not spin_s else polls >= 1, polls
+
+
+def test_a_named_ring_falls_back_to_waking_the_task() -> None:
+    """The named ring's poll is only a shortcut: when it completes nothing (the message is not
+    matched yet), when the source then refuses to arm (a request now needs polling), or when
+    the engine is busy (a task runs), the engine's task wakes and polls as for any ring."""
+    async def main() -> list[tuple[bool, int, int]]:
+        loop = asyncio.get_running_loop()
+        engine = ProgressEngine(loop, ProgressConfig(spin_s=0.0, bell_backstop_s=50e-3))
+        src = BellSource(loop, engine)
+        engine.add_source(src)
+        seen = []
+        for case in ("nothing-yet", "needs-polling", "busy"):
+            engine.set_waiting(case != "busy")
+            fut = src.add(100.0)
+            engine.kick()
+            await asyncio.sleep(0.0103)
+            if case == "busy":  # the task started while parked on the doorbell
+                engine.set_waiting(True)
+                await asyncio.sleep(0.0103)
+                engine.set_waiting(False)
+            assert src.armed
+            rings, ring_polls = engine.num_rings, engine.num_ring_polls
+            if case == "nothing-yet":  # rung before the item shows: the grace parks find it
+                src.num_rung += 1
+                engine.ring(src)
+                src.arrive(ring=False)
+            else:
+                src.can_arm = case != "needs-polling"
+                src.arrive(named=True)
+            done = fut.done()
+            await fut
+            await asyncio.sleep(0.001)  # the engine's task ran
+            src.can_arm = True
+            seen.append((done, engine.num_rings - rings, engine.num_ring_polls - ring_polls))
+        engine.close()
+        return seen
+
+    seen = run_virtual(main())
+    assert seen[0] == (False, 1, 0), seen
+    assert seen[1] == (True, 1, 0), seen  # completed by the named poll, then the task woke
+    assert seen[2] == (False, 1, 0), seen
 
 
 @pytest.mark.parametrize("busy_sleep", [True, False], ids=["busy-sleep", "busy-parks"])

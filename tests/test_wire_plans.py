@@ -83,6 +83,29 @@ def test_a_received_message_unlike_its_plan_goes_the_general_way() -> None:
     assert receive.message(buf[:-16], 0) is None  # another length: no plan
 
 
+def test_header_only_messages_are_read_by_a_plan_as_the_general_path_reads_them() -> None:
+    """A message without tensors (a notice, a stage that passes nothing) is learned too: the
+    next ones of its length are the general decoder's `Message`, with their own fields; a
+    control message, or one with a tensor, is not taken."""
+    codec = WireCodec()
+    receive = ReceivePlans()
+    first = general(codec, Message(0, MessageKind.NOTICE, 1, 0, (), tag=5))
+    assert receive.message(first, 2) is None
+    learned(codec, receive, first)
+    for msg in (Message(3, MessageKind.NOTICE, 4, 7, (), tag=(1 << 31) | 12),
+                Message(1, MessageKind.ACTIVATION, 2, 9), Message(2, MessageKind.GRADIENT, 0, 3)):
+        wire = general(codec, msg)
+        header, layout = codec.decode(wire, source=6)
+        expected = codec.message(header, codec.inline_tensors(wire, layout))
+        got = receive.message(wire, 6)
+        assert got == expected == dataclasses.replace(msg, source=6) and got.tensors == ()
+    control = general(codec, Message(0, MessageKind.CONTROL, 0, 0, ()))
+    assert len(control) == len(first) and receive.message(control, 0) is None
+    counted = first.copy()
+    counted[18] = 1  # claims a tensor: not the plan's layout
+    assert receive.message(counted, 0) is None
+
+
 def test_message_built_through_its_slots_is_the_dataclass_it_was() -> None:
     """base.py's faster `Message.__init__`: same fields and defaults, equality, hash, repr,
     still frozen, `dataclasses.replace` still works."""

@@ -120,11 +120,14 @@ class MPITransport:
         # fast paths (docs/hot_path.md), each with the plain path it replaces kept behind it
         self.fast = os.environ.get("AIOREADY_MPI_FAST", "1") != "0" if fast is None else fast
         self._bell = _doorbell(MPI, self._hdr) if self.fast else None  # collective
+        # a ring names this transport, so a waiting engine polls it in the reader callback
+        self._ring_source = self if os.environ.get("AIOREADY_RING_POLL", "1") != "0" else None
         path, how = _PATHS[choice.plane]
         log.info("rank %d/%d: CUDA tensors take the %s path, %s (%s: %s)", self._rank,
                  self._size, path, how, support.method, support.detail)
         self._seq = [0] * self._size
         self._codec = WireCodec(fast=self.fast)
+        torch_module()  # its dtype tables now: on the first message received they cost ~0.7 ms
         # precompiled plans for lone CPU tensors sent inline (wire_plans.py)
         plans = self.fast and os.environ.get("AIOREADY_MPI_PLANS", "1") != "0"
         self._send_plans = SendPlans(self._codec, inline_bytes) if plans else None
@@ -381,7 +384,7 @@ class MPITransport:
     def _on_ring(self) -> None:
         self._bell.drain()  # type: ignore[union-attr]  # registered only with a doorbell
         self._rung = True
-        self._engine.ring()  # type: ignore[union-attr]
+        self._engine.ring(self._ring_source)  # type: ignore[union-attr]
 
     # -- receiving ------------------------------------------------------------------------
     def _probe(self) -> int:

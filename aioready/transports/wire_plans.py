@@ -47,10 +47,13 @@ class SendPlans:
         """The header and inline payload of `msg`, or None: not one contiguous CPU tensor of a
         dense layout and a real dtype, small enough to travel inline, whose memory holds its
         values (no lazy negation): the caller takes the general path."""
+        tensors = msg.tensors
+        if len(tensors) != 1:  # a test, not the unpacking's ValueError: notices have none
+            return None
+        t = tensors[0]
         try:
-            (t,) = msg.tensors
             key = (t.dtype, t.shape, t.layout)
-        except (ValueError, AttributeError):  # not one tensor: the general path's business
+        except AttributeError:  # not a tensor: the general path's business
             return None
         plan = self._plans.get(key, False)
         if plan is False:
@@ -107,12 +110,14 @@ class ReceivePlans:
         """`buf` was decoded by the general path (and found valid) as an inline message of
         `layout`: take the next ones of its length and descriptors without the loops. Layouts
         whose tensors are all non-empty with a numpy dtype only (bfloat16, empty tensors and
-        None slots keep the general path); the first layout seen at a length keeps it."""
+        None slots keep the general path), and header-only messages (no tensors: the
+        reserving policy's notices, stages that pass nothing); the first layout seen at a
+        length keeps it."""
         size = len(buf)
         if size in self._by_len or len(self._by_len) >= _CACHE_MAX:
             return
         plan = _ReceivePlan(bytes(buf[_FIXED.size:layout.header_len]), layout)
-        if plan.views:
+        if plan.views is not None:
             self._by_len[size] = plan
 
     def message(self, buf: np.ndarray, source: int) -> Message | None:
@@ -124,11 +129,14 @@ class ReceivePlans:
         if desc != plan.desc or magic != HEADER_MAGIC or version != _VERSION or \
                 n != plan.n or kind >= len(_KINDS) or kind == _CONTROL:
             return None
-        from_numpy = torch_module().from_numpy
         one = plan.one
         if one is not None:
-            tensors: tuple[Any, ...] = (from_numpy(np.ndarray(one[0], one[1], buf, one[2])),)
-        else:
+            tensors: tuple[Any, ...] = (
+                torch_module().from_numpy(np.ndarray(one[0], one[1], buf, one[2])),)
+        elif plan.views:
+            from_numpy = torch_module().from_numpy
             tensors = tuple([from_numpy(np.ndarray(shape, npdt, buf, off))
-                             for shape, npdt, off in plan.views])  # type: ignore[union-attr]
+                             for shape, npdt, off in plan.views])
+        else:  # header only
+            tensors = ()
         return Message(step, _KINDS[kind], stage, mb, tensors, tag, source)

@@ -3,7 +3,8 @@
 Usage: mpiexec -n 2 python tests/mpi_scripts/doorbell.py
 Rank 1 waits (its engine told that its arbiter waits) for three messages that rank 0 sends 0.2 s
 apart, long enough for rank 1 to leave its spin window and park. Rank 1 prints one RESULT line:
-the messages it got, its engine's doorbell parks, and how many times rank 0 rang.
+the messages it got, its engine's doorbell parks, how many times rank 0 rang, and how many
+rings delivered their message in the ring's callback.
 """
 
 import asyncio
@@ -48,7 +49,8 @@ async def main() -> None:
     comm.Bcast(rung, root=0)
     if comm.Get_rank() == 1:
         print(f"RESULT got={','.join(map(str, got))} doorbell_parks="
-              f"{engine.num_doorbell_parks} rung={int(rung[0])}", flush=True)
+              f"{engine.num_doorbell_parks} rung={int(rung[0])} "
+              f"ring_polls={engine.num_ring_polls}", flush=True)
     await transport.close()
 
 
