@@ -141,6 +141,50 @@ def test_inline_payloads_arrive_bit_exact_whatever_their_layout() -> None:
     assert cpu_ops(group) is group  # a bare gloo backend is used as it is
 
 
+def test_repeated_layouts_take_the_plans_and_arrive_bit_exact() -> None:
+    """A layout sent again is framed by its plan (SendSlots.one) and read by the receiver's
+    (wire_plans.ReceivePlans): every header field and every value still arrives as sent, also
+    when a later tensor of that layout is a lazy negation or not contiguous (no plan: the
+    general path resolves it), and when two layouts give slots of one length."""
+    from aioready.transports.base import Message, MessageKind
+
+    gen = torch.Generator().manual_seed(11)
+    x = torch.randn(4, 6, generator=gen, dtype=torch.float64)
+    sent = [
+        x, x * 2, -x, torch.randn(6, 4, generator=gen, dtype=torch.float64).t(),
+        torch.randn(4, 6, generator=gen, dtype=torch.float64).neg(),  # plain, negated values
+        torch.randn(4, 6, generator=gen, dtype=torch.float64)._neg_view(),  # lazy negation
+        torch.arange(24, dtype=torch.int64).reshape(6, 4),  # same bytes, other shape
+        torch.arange(24, dtype=torch.int64).reshape(6, 4) + 1,
+        torch.arange(3, dtype=torch.uint8), torch.arange(3, dtype=torch.uint8) + 7,  # padded
+    ]
+    kinds = [MessageKind.ACTIVATION, MessageKind.GRADIENT]
+
+    async def main() -> tuple[list[Message], int]:
+        a, b = (TorchDistTransport(g) for g in groups(2))
+        got: list[Message] = []
+        b.open(got.append)
+        a.open(lambda msg: None)
+        for i, t in enumerate(sent):
+            a.send_nowait(1, Message(7 + i, kinds[i % 2], 2 + i, i, (t,), tag=100 + i))
+        while len(got) < len(sent):
+            await asyncio.sleep(0.001)
+        planned = min(len(b._plans._by_len),
+                      sum(p is not None for p in a._slots._plans.values()))
+        await asyncio.gather(a.close(), b.close())
+        return got, planned
+
+    got, planned = asyncio.run(main())
+    assert planned >= 2  # both sides learnt plans, so later messages took them
+    got.sort(key=lambda m: m.microbatch)
+    for i, (msg, want) in enumerate(zip(got, sent)):
+        assert (msg.step, msg.kind, msg.stage, msg.microbatch, msg.tag, msg.source) == \
+            (7 + i, kinds[i % 2], 2 + i, i, 100 + i, 0), msg
+        (out,) = msg.tensors
+        assert out.dtype == want.dtype and out.shape == want.shape, (i, out, want)
+        assert torch.equal(out, want.resolve_neg()), (i, out, want)
+
+
 def test_cpu_ops_is_the_groups_gloo_backend_where_it_has_one() -> None:
     from aioready.transports.torch_groups import cpu_ops
 

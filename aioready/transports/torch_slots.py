@@ -9,7 +9,10 @@ matches, so only the used bytes travel. An empty slot (length 0) says goodbye.
 Send buffers are reused once their send completed (`SendSlots`): a fresh 64 KiB buffer per
 message cost its page faults, about as much as the copy. Each buffer also keeps the torch views
 of the lengths it was sent with, since slicing a tensor costs about a microsecond and a pipeline
-sends the same few lengths over and over.
+sends the same few lengths over and over. For the same reason a message of one CPU tensor of a
+layout sent before is framed by a plan (`SendSlots.one`): one `Struct.pack_into` writes the
+prefix, the header and their padding, and one `memmove` the payload; the bytes are those of
+`inline`, byte for byte (docs/torchrun.md "Profiled per message").
 """
 
 from __future__ import annotations
@@ -18,12 +21,15 @@ import asyncio
 import ctypes
 import os
 import struct
+from functools import partial
 from typing import Any, Callable
 
 import numpy as np
 
+from .base import Message
+from .header import _FIXED, _VERSION, HEADER_MAGIC
 from .tensor_bytes import plain, torch_module
-from .wire import align
+from .wire import _CACHE_MAX, WireCodec, align
 
 __all__ = ["SLOT_BYTES", "CONTENT", "ON_DEVICE", "PREFIX", "SendSlots", "SlotLedger", "new_slot"]
 
@@ -62,13 +68,59 @@ class _Buffer:
         return found
 
 
-class SendSlots:
-    """Slot buffers to send from: `inline` packs a whole message into a reused one."""
+Plan = tuple[Callable[..., None], bytes, int, int]  # pack_into, descriptor, payload offset, bytes
 
-    def __init__(self, slot_bytes: int) -> None:
+
+class SendSlots:
+    """Slot buffers to send from: `inline` packs a whole message into a reused one, `one` a
+    message of one CPU tensor by its layout's plan."""
+
+    def __init__(self, slot_bytes: int, codec: WireCodec) -> None:
         self.slot_bytes = slot_bytes
         self.room = slot_bytes - CONTENT
+        self._codec = codec
         self._free: list[_Buffer] = []
+        self._plans: dict[tuple[Any, Any, Any], Plan | None] = {}
+
+    def one(self, msg: Message) -> tuple[Any, Callable[[], None]] | None:
+        """What `inline` returns for `msg`, through its layout's plan; None when `msg` is not
+        one contiguous CPU tensor of a dense layout and a real dtype (no lazy negation) that
+        fits the slot: the caller then takes the general path, which raises what is wrong."""
+        try:
+            (t,) = msg.tensors
+            key = (t.dtype, t.shape, t.layout)
+        except (ValueError, AttributeError):
+            return None
+        plan = self._plans.get(key, False)
+        if plan is False:
+            plan = self._learn(t, key)
+        if plan is None or not t.is_cpu or not t.is_contiguous() or t.is_neg():
+            return None  # (complex dtypes, the ones with lazy conjugates, have no plan)
+        pack_into, desc, start, n = plan
+        buf = self._free.pop() if self._free else _Buffer(self.slot_bytes)
+        end = start + align(n)
+        pack_into(buf.bytes, 0, end - CONTENT, 0, HEADER_MAGIC, _VERSION, msg.kind, msg.step,
+                  msg.stage, msg.microbatch, msg.tag, 1, desc)  # pads written as zeros
+        ctypes.memmove(buf.address + start, t.data_ptr(), n)
+        if end > start + n:
+            buf.bytes[start + n:end] = _ZEROS[:end - start - n]
+        return buf.view(end), partial(self._give_back, buf)
+
+    def _learn(self, t: Any, key: tuple[Any, Any, Any]) -> Plan | None:
+        plan = None
+        if key[2] == torch_module().strided and not key[0].is_complex and t.nbytes > 0:
+            try:
+                desc, sizes, _ = self._codec.describe((t,))
+            except Exception:  # a dtype that cannot travel: the general path raises it
+                return None
+            head = _FIXED.size + len(desc)
+            if self.fits(head, sizes):
+                fmt = (f"{PREFIX.format}{CONTENT - PREFIX.size}x{_FIXED.format[1:]}"
+                       f"{len(desc)}s{align(head) - head}x")
+                plan = (struct.Struct(fmt).pack_into, desc, CONTENT + align(head), sizes[0])
+        if len(self._plans) < _CACHE_MAX:
+            self._plans[key] = plan
+        return plan
 
     def fits(self, head_len: int, sizes: list[int]) -> bool:
         """Whether a header of `head_len` bytes and payloads of `sizes` fit one slot."""

@@ -48,6 +48,7 @@ from .torch_slots import CONTENT, ON_DEVICE, PREFIX, SLOT_BYTES, SendSlots, Slot
 from .torch_staging import StagedSends
 from .torch_work import WorkWaiter
 from .wire import Header, WireCodec
+from .wire_plans import ReceivePlans
 
 __all__ = ["TorchDistTransport", "SLOT_BYTES", "HEADER_TAG", "PAYLOAD_TAG"]
 
@@ -89,8 +90,9 @@ class TorchDistTransport:
                               got=slot_bytes)
         self.slot_bytes = slot_bytes
         self._cpu = cpu_ops(self._group)  # gloo itself: skips the dispatcher (see cpu_ops)
-        self._slots = SendSlots(slot_bytes)
         self._codec = WireCodec()
+        self._slots = SendSlots(slot_bytes, self._codec)
+        self._plans = ReceivePlans()  # inline messages of layouts decoded before (wire_plans)
         self._pool = ReceivePool()
         self._waiter: WorkWaiter | None = None
         self._posted = False
@@ -147,6 +149,12 @@ class TorchDistTransport:
             self._peer_failed(dest, exc)
 
     def _send_remote(self, dest: int, msg: Message) -> None:
+        planned = self._slots.one(msg)  # one CPU tensor, its layout seen before
+        if planned is not None:
+            buf, release = planned
+            self._track_send(dest, self._cpu.send([buf], dest, HEADER_TAG), buf, False,
+                             release)
+            return
         tensors = msg.tensors
         descriptors, sizes, on_cuda = self._codec.describe(tensors)
         head = self._codec.fixed(msg, len(sizes)) + descriptors
@@ -356,7 +364,13 @@ class TorchDistTransport:
                 raise ProtocolError(f"header slot from rank {peer} is malformed",
                                     rank=self._rank, expected=f"<= {self.slot_bytes - CONTENT}"
                                     " bytes of content", got=n)
-            self._route(peer, slot[CONTENT:CONTENT + n], flags)
+            content = slot[CONTENT:CONTENT + n]
+            msg = None if flags or self._device is not None else \
+                self._plans.message(content, peer)
+            if msg is None:
+                self._route(peer, content, flags)
+            else:  # an inline message of a layout `_route` decoded before (wire_plans.py)
+                self._hand_over(msg)
         except AioreadyError as exc:
             self._ledger.posted[peer] -= 1
             self._raise(exc)
@@ -373,6 +387,8 @@ class TorchDistTransport:
             tensors = self._codec.inline_tensors(buf, layout)
             if self._device is not None:
                 tensors = tuple(self._to_device(t) for t in tensors)
+            else:
+                self._plans.learn(buf, layout)
             self._hand_over(self._codec.message(header, tensors))
             return
         if len(buf) != layout.header_len:
