@@ -60,8 +60,11 @@ async def run_case(n: int, case: str) -> tuple[float, float]:
     return abs(float(loss) - float(ref_loss)), gdiff
 
 
-@pytest.mark.parametrize("n", [2, pytest.param(4, marks=pytest.mark.heavy)])  # 4: ~20-40 s
-def test_every_hint_mode_split_exact_over_torch_distributed(n: int) -> None:
+@pytest.mark.parametrize("n, plans", [(2, "1"), (2, "0"),  # "0": AIOREADY_TORCH_PLANS=0
+                                      pytest.param(4, "1", marks=pytest.mark.heavy)])  # ~20-80 s
+def test_every_hint_mode_split_exact_over_torch_distributed(
+        n: int, plans: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AIOREADY_TORCH_PLANS", plans)
     async def main() -> list[tuple[str, float, float]]:
         return [(case, *await run_case(n, case)) for case in cases(n)]
     for case, ldiff, gdiff in asyncio.run(main()):
@@ -141,11 +144,15 @@ def test_inline_payloads_arrive_bit_exact_whatever_their_layout() -> None:
     assert cpu_ops(group) is group  # a bare gloo backend is used as it is
 
 
-def test_repeated_layouts_take_the_plans_and_arrive_bit_exact() -> None:
+@pytest.mark.parametrize("plans", ["1", "0"], ids=["plans", "AIOREADY_TORCH_PLANS=0"])
+def test_repeated_layouts_take_the_plans_and_arrive_bit_exact(
+        plans: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A layout sent again is framed by its plan (SendSlots.one) and read by the receiver's
     (wire_plans.ReceivePlans): every header field and every value still arrives as sent, also
     when a later tensor of that layout is a lazy negation or not contiguous (no plan: the
-    general path resolves it), and when two layouts give slots of one length."""
+    general path resolves it), and when two layouts give slots of one length. With the plans
+    switched off nothing takes them and everything arrives the same."""
+    monkeypatch.setenv("AIOREADY_TORCH_PLANS", plans)
     from aioready.transports.base import Message, MessageKind
 
     gen = torch.Generator().manual_seed(11)
@@ -169,13 +176,16 @@ def test_repeated_layouts_take_the_plans_and_arrive_bit_exact() -> None:
             a.send_nowait(1, Message(7 + i, kinds[i % 2], 2 + i, i, (t,), tag=100 + i))
         while len(got) < len(sent):
             await asyncio.sleep(0.001)
-        planned = min(len(b._plans._by_len),
+        planned = min(0 if b._plans is None else len(b._plans._by_len),
                       sum(p is not None for p in a._slots._plans.values()))
         await asyncio.gather(a.close(), b.close())
         return got, planned
 
     got, planned = asyncio.run(main())
-    assert planned >= 2  # both sides learnt plans, so later messages took them
+    if plans == "1":
+        assert planned >= 2  # both sides learnt plans, so later messages took them
+    else:
+        assert planned == 0
     got.sort(key=lambda m: m.microbatch)
     for i, (msg, want) in enumerate(zip(got, sent)):
         assert (msg.step, msg.kind, msg.stage, msg.microbatch, msg.tag, msg.source) == \

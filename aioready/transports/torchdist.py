@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from functools import partial
 from typing import Any, Callable
 
@@ -92,7 +93,9 @@ class TorchDistTransport:
         self._cpu = cpu_ops(self._group)  # gloo itself: skips the dispatcher (see cpu_ops)
         self._codec = WireCodec()
         self._slots = SendSlots(slot_bytes, self._codec)
-        self._plans = ReceivePlans()  # inline messages of layouts decoded before (wire_plans)
+        # plans: lone CPU tensors of layouts seen before; AIOREADY_TORCH_PLANS=0: the general way
+        self._send_plans = os.environ.get("AIOREADY_TORCH_PLANS", "1") != "0"
+        self._plans = ReceivePlans() if self._send_plans else None  # (wire_plans)
         self._pool = ReceivePool()
         self._waiter: WorkWaiter | None = None
         self._posted = False
@@ -149,7 +152,7 @@ class TorchDistTransport:
             self._peer_failed(dest, exc)
 
     def _send_remote(self, dest: int, msg: Message) -> None:
-        planned = self._slots.one(msg)  # one CPU tensor, its layout seen before
+        planned = self._slots.one(msg) if self._send_plans else None
         if planned is not None:
             buf, release = planned
             self._track_send(dest, self._cpu.send([buf], dest, HEADER_TAG), buf, False,
@@ -365,7 +368,7 @@ class TorchDistTransport:
                                     rank=self._rank, expected=f"<= {self.slot_bytes - CONTENT}"
                                     " bytes of content", got=n)
             content = slot[CONTENT:CONTENT + n]
-            msg = None if flags or self._device is not None else \
+            msg = None if flags or self._device is not None or self._plans is None else \
                 self._plans.message(content, peer)
             if msg is None:
                 self._route(peer, content, flags)
@@ -387,7 +390,7 @@ class TorchDistTransport:
             tensors = self._codec.inline_tensors(buf, layout)
             if self._device is not None:
                 tensors = tuple(self._to_device(t) for t in tensors)
-            else:
+            elif self._plans is not None:
                 self._plans.learn(buf, layout)
             self._hand_over(self._codec.message(header, tensors))
             return
