@@ -25,7 +25,8 @@ from aioready.placement import Placement
 from aioready.runtime.autotune import AutoHint, AutoTuning
 from aioready.runtime.choosers import Choice
 from aioready.runtime.rank import POLICIES
-from aioready.sim.choice import candidate_hints, choose_schedule
+from aioready.sim.budget import Limit
+from aioready.sim.choice import FACTORS, WHOLE, candidate_hints, candidates, choose_schedule
 from aioready.sim.traces import Trace, write_trace
 from aioready.sim.tune import SimChooser, tune
 from aioready.sim.variability import JitterModel
@@ -50,9 +51,10 @@ def test_the_tuner_picks_the_brute_force_best() -> None:
     brute = {}
     for order in candidate_hints(num_stages=4, num_ranks=4, num_microbatches=8,
                                  split_backward=True):
-        for mode, factor in [("strict", 1.0), ("ready", 1.0), ("ready", 1.5), ("ready", 2.0)]:
-            cap = [min(c, m) for c, m in zip(resolve_caps(f"{factor:g}x", order),
-                                             tuning.limit)]
+        for mode, factor in [("strict", 1.0), ("ready", 1.0), ("ready", 1.5), ("ready", 2.0),
+                             ("ready", None)]:  # None: the whole budget on every rank
+            cap = list(tuning.limit) if factor is None else [
+                min(c, m) for c, m in zip(resolve_caps(f"{factor:g}x", order), tuning.limit)]
             if mode == "strict" and any(c < order.peak(r) for r, c in enumerate(cap)):
                 continue  # strict cannot run below its own peak
             for policy in ("reserve",) if mode == "strict" else POLICIES:
@@ -70,6 +72,26 @@ def test_the_tuner_picks_the_brute_force_best() -> None:
             assert (mode, policy) == ("ready", "reserve") and (name, mode, cap, "greedy") in rows
             assert t == brute[(name, mode, cap, "greedy")]
     assert "*" in tuning.table() and "bfw" in tuning.table().splitlines()[1]
+
+
+def test_the_whole_budget_is_a_candidate() -> None:
+    """Under 2S on every rank, 2x of 1F1B's or BFW's own peak leaves the late ranks' memory
+    unused; the whole budget is a candidate of every hint (docs/policy.md "The whole budget").
+    Where 2x already reaches the budget everywhere (the per-rank "2x"), nothing is added."""
+    orders = candidate_hints(num_stages=4, num_ranks=4, num_microbatches=16, split_backward=True)
+    uniform = {(c.choice.hint, c.choice.mode, c.choice.policy, c.choice.cap): c.factor
+               for _, c in candidates(orders, Limit((8,) * 4))}
+    for hint, factor in (("1f1b", 8.0), ("bfw", 4.0)):  # last rank's peak: 1 and 2
+        for policy in POLICIES:
+            assert uniform[(hint, "ready", policy, (8, 8, 8, 8))] == factor
+    assert all(cap[-1] < 8 for (h, _, _, cap), f in uniform.items() if h == "1f1b" and f <= 2)
+    before = candidates(orders, Limit((8, 6, 4, 2)), factors=FACTORS[:-1])
+    assert WHOLE not in FACTORS[:-1]
+    assert ({c.choice for _, c in candidates(orders, Limit((8, 6, 4, 2)))}
+            == {c.choice for _, c in before})
+    held = Limit((16,) * 4, held=True)
+    bfw = next(o for o in orders if o.name == "bfw")
+    assert held.gate(bfw, "ready", held.whole(bfw)) == ((16,) * 4, None)
 
 
 def test_the_budget_is_respected() -> None:

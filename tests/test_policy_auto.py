@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 import aioready
+from aioready.caps import resolve_caps
 from aioready.clock import run_virtual
 from aioready.devices.sim import SimDevice
 from aioready.errors import ConfigError
@@ -19,15 +20,15 @@ from aioready.sim.variability import JitterModel, parse_jitter
 S, M, STEPS = 8, 32, 3
 
 
-def run(policy: str, hint: str, split: bool, jitter: str = "multimodal:0.3:3"
-        ) -> tuple[aioready.Pipeline, list[float]]:
+def run(policy: str, hint: str, split: bool, jitter: str = "multimodal:0.3:3",
+        cap: object = None) -> tuple[aioready.Pipeline, list[float]]:
     order = make_hint(hint, num_stages=S, num_microbatches=M, split_backward=split)
     model = JitterModel(parse_jitter(jitter), seed=0, placement=order.placement,
                         num_microbatches=M, split_backward=split)
 
     async def main() -> tuple[aioready.Pipeline, list[float]]:
         pipe = aioready.Pipeline([None] * S, None, microbatches=M, hint=hint,
-                                 split_backward=split, policy=policy,
+                                 split_backward=split, policy=policy, cap=cap,
                                  device=SimDevice(device_duration(model, scale=1.0),
                                                   run_compute=False))
         times = []
@@ -54,6 +55,19 @@ def test_auto_runs_the_policy_the_first_step_says_is_faster(hint: str, split: bo
     # and each side has a case: greedy or light (the greedy family) gains on interleaved-zb
     # (multimodal), loses on bf (lognormal; on multimodal `light` beats reserve on bf too)
     assert (choice.policy != "reserve") == (hint == "interleaved-zb")
+
+
+def test_auto_policy_keeps_a_raised_cap() -> None:
+    """With cap="2x" the policies are simulated, and the chosen one runs, at 2x: the pipeline's
+    own caps (each policy at its hint's own peak would halve the memory the caller gave)."""
+    auto, times = run("auto", "1f1b", False, "lognormal:0.5", cap="2x")
+    order = make_hint("1f1b", num_stages=S, num_microbatches=M)
+    [(_, choice)] = auto.auto.choices
+    assert choice.cap == tuple(resolve_caps("2x", order))
+    assert tuple(rt.cap for rt in auto.runtimes) == choice.cap
+    fixed = {policy: run(policy, "1f1b", False, "lognormal:0.5", cap="2x")[1]
+             for policy in POLICIES}
+    assert times[1:] == pytest.approx(fixed[choice.policy][1:], rel=1e-12)
 
 
 def test_auto_policy_is_refused_where_it_cannot_switch() -> None:

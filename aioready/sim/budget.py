@@ -33,6 +33,7 @@ being tuned for; the simulator's comes from its bytes model (sim/memory.py).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -98,6 +99,22 @@ class Limit:
         if mode == "strict" and any(c < order.peak(r) for r, c in enumerate(caps)):
             return None
         return caps, None
+
+    def whole(self, order: HintOrder) -> float:
+        """The smallest whole factor at which `gate` gives a ready candidate of `order` the
+        whole budget on every rank: the budget itself as a candidate. A hint's own peak can be
+        far below the budget on some ranks (1F1B's last rank holds 1, BFW's 2), where 2x of it
+        leaves most of the memory unused; greedy BFW with the budget on every rank is the
+        fastest candidate on many lognormal steps (docs/policy.md "The whole budget")."""
+        if self.held:
+            room = [m // order.placement.num_chunks for m in self.per_rank]
+        elif self.in_bytes:
+            mean = self.mean_bytes(order)  # type: ignore[misc]
+            room = [m / max(mean[r], 1e-9) for r, m in enumerate(self.per_rank)]
+        else:
+            room = list(self.per_rank)
+        return float(max(1, *(math.ceil(m / max(1, order.peak(r)) - 1e-9)
+                              for r, m in enumerate(room))))
 
     def peak(self, peak_in_flight: Sequence[int], peak_bytes: Sequence[int],
              order: HintOrder | None = None, mode: str = "ready") -> tuple[int, ...]:

@@ -2,8 +2,8 @@
 
 The candidates are every library hint valid for the pipeline's shape (stages, ranks, microbatches,
 split backward; a fixed placement style when the caller fixed one), each in strict mode at its
-own peak and in ready mode (both policies) at 1x, 1.5x and 2x its own peak in-flight count per
-rank, each cap clipped to the caller's budget (by default the peak of the hint an auto pipeline
+own peak and in ready mode (every policy) at 1x, 1.5x and 2x its own peak in-flight count per
+rank and at the whole budget on every rank, each cap clipped to the caller's budget (by default the peak of the hint an auto pipeline
 starts from: the memory a pipeline holds without auto). Each is simulated by `run` with the same
 durations: the real runtime on the virtual clock, so the step time is exact for those durations, not a model of it.
 The fastest whose peak in-flight fits the budget wins; ties go to the smaller peak, then strict
@@ -47,10 +47,14 @@ from .budget import Limit, MeanBytes
 from .cutoff import Exceeded
 
 __all__ = ["FACTORS", "Candidate", "Row", "Tuning", "candidate_hints", "candidates",
-           "choose_auto", "choose_schedule"]
+           "choose_auto", "choose_schedule", "WHOLE"]
 
-FACTORS = (1.0, 1.5, 2.0)
-"""Ready-mode budgets tried, as multiples of each hint's own peak in-flight count."""
+WHOLE = math.inf
+"""A factor that stands for the whole budget on every rank (sim/budget.py `Limit.whole`)."""
+
+FACTORS = (1.0, 1.5, 2.0, WHOLE)
+"""Ready-mode budgets tried, as multiples of each hint's own peak in-flight count, and the
+whole budget (a candidate's row then shows the factor that reaches it)."""
 
 class Simulated(Protocol):
     """What the ranking reads of a simulation (a SimResult has it)."""
@@ -200,6 +204,8 @@ def candidates(orders: Iterable[HintOrder], limit: Limit | tuple[int, ...],
     for order in orders:
         for mode in modes:
             for factor in ((1.0,) if mode == "strict" else factors):
+                if factor == WHOLE:
+                    factor = gate.whole(order)
                 given = gate.gate(order, mode, factor)
                 if given is None:
                     continue  # strict cannot run under a cap below its own peak

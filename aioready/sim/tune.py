@@ -18,7 +18,7 @@ from ..memory import MemorySpec
 from ..runtime.choosers import Choice
 from ..runtime.rank import MODES
 from ..telemetry.spans import StepReport
-from .choice import FACTORS, Run, Tuning, candidate_hints, choose_auto, choose_schedule
+from .choice import FACTORS, WHOLE, Run, Tuning, candidate_hints, choose_auto, choose_schedule
 from .memory import mean_bytes
 from .order import orders_differ
 from .simulator import SimResult, simulate
@@ -101,5 +101,7 @@ class SimChooser:
 
 def policy_chooser() -> SimChooser:
     """The chooser of `policy="auto"`: the pipeline's own hint and cap, ready mode, each policy
-    simulated on the measured durations (docs/policy.md "Choosing the policy")."""
-    return SimChooser(modes=("ready",), factors=(1.0,), same_hint=True)
+    simulated on the measured durations (docs/policy.md "Choosing the policy"). The budget it
+    is given is the pipeline's cap, so the whole budget is that cap on every rank (1x of the
+    hint's peak would drop a raised cap, "2x", to the peak)."""
+    return SimChooser(modes=("ready",), factors=(WHOLE,), same_hint=True)
