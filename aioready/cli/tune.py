@@ -13,8 +13,10 @@ __all__ = ["add_parser", "run", "command_line"]
 EPILOG = """\
 Every library hint valid for the trace's shape (stages, ranks, microbatches, split backward) is
 simulated on the trace's durations with the real runtime on a virtual clock: strict at the
-hint's own peak in-flight count, ready at 1x, 1.5x and 2x of it, each clipped to --budget. The
-fastest whose peak in-flight fits the budget is printed with the command that runs it.
+hint's own peak in-flight count, ready at 1x, 1.5x and 2x of it and at the whole budget on
+every rank (the smallest factor that reaches it: the JSON's `factor`), each clipped to
+--budget. The fastest whose peak in-flight fits the budget is printed with the command that
+runs it.
 
 budget: an integer, one per rank (comma-separated), or 'Nx' = N times the peak in-flight count
 of the hint an auto pipeline starts from (1f1b on one chunk per rank; with --hint auto:<hint>,
