@@ -218,7 +218,7 @@ def main(argv: list[str] | None = None) -> str:
     ap.add_argument("--variant", action="append", default=[], help="another variant (fast "
                     "paths on): VAR=VALUE[,VAR=VALUE...] set for its launches, e.g. "
                     "AIOREADY_TASK_LEAD_US=1000; repeatable")
-    ap.add_argument("--out", default="")
+    ap.add_argument("--out", default="", help="(worker) where to write its JSON record")
     ap.add_argument("--tree", default="", help="(worker) import aioready from this directory")
     args = ap.parse_args(argv)
     if args.worker:
