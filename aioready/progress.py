@@ -356,7 +356,9 @@ class ProgressEngine:
             n += src.num_pending()
         return n
 
-    def _wants_hot(self) -> bool:
+    def wants_hot(self) -> bool:
+        """Whether a source has a transfer in flight that moves only when polled (a
+        rendezvous-size message): who would block the loop asks this first (devices/cpu.py)."""
         for src in self._sources:
             if src.wants_hot():
                 return True
@@ -372,7 +374,7 @@ class ProgressEngine:
                 cfg = self.config
                 yield_every = cfg.yield_every if hasattr(os, "sched_yield") else 0
             if (self._waiting and not cfg.spin_s and not self._bell_grace
-                    and loop.time() >= self._hot_until and not self._wants_hot()
+                    and loop.time() >= self._hot_until and not self.wants_hot()
                     and self._arm_doorbells()):
                 # waiting with no spin window (oversubscribed): straight to the doorbells, whose
                 # park polls once armed; a poll before arming found nothing more (one pass, two
@@ -390,14 +392,14 @@ class ProgressEngine:
             busy = self._waiting is False
             spin = not busy and (quiet < cfg.spin_s or self._spun() < cfg.spin_s)
             if not self.virtual and (spin or now < self._hot_until
-                                     or (quiet < cfg.hot_max_s and self._wants_hot())):
+                                     or (quiet < cfg.hot_max_s and self.wants_hot())):
                 self.num_hot_passes += 1
                 if yield_every and self.num_hot_passes % yield_every == 0:
                     os.sched_yield()  # let a peer rank sharing this core run (see above)
                 await sleep(0)
                 continue
-            if self._wants_hot() or self._waiting or quiet < cfg.park_window_s:
-                delay = cfg.busy_park_s if busy and not self._wants_hot() else cfg.park_s
+            if self.wants_hot() or self._waiting or quiet < cfg.park_window_s:
+                delay = cfg.busy_park_s if busy and not self.wants_hot() else cfg.park_s
             else:  # a long bubble: back off, growing with the time spent quiet
                 delay = min(cfg.backoff_max_s, max(cfg.park_s, (quiet - cfg.park_window_s)))
             self.num_parks += 1

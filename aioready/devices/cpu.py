@@ -81,7 +81,7 @@ def _quiet(engine: ProgressEngine | None) -> bool:
     rank's transport; a DP reducer or CUDA events are a second one, whose requests progress
     only when polled) and no transfer in flight that wants the engine hot (its own test)."""
     return engine is None or (engine.statistics().num_sources <= 1
-                              and not engine._wants_hot())
+                              and not engine.wants_hot())
 
 
 class CPUDevice:
