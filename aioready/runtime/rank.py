@@ -33,6 +33,7 @@ from ..schedulers.listsched import sequence_at_caps
 from ..tasks import Kind, Need, Task, step_needs
 from ..telemetry.spans import Span, StepReport
 from ..transports.base import Message, MessageKind, Transport
+from .mb_order import input_bytes
 from .notices import Notices
 
 if TYPE_CHECKING:
@@ -465,8 +466,7 @@ class RankRuntime:
         if self._bytes_model is not None:
             size = self._bytes_model(self.step_index, self.stages[0], microbatch)[1]
         else:  # tensors (or arrays) say their size; anything else holds no activation memory
-            size = sum(n for n in (getattr(t, "nbytes", 0) for t in tensors)
-                       if isinstance(n, int))
+            size = int(input_bytes(tensors))  # the size the microbatch order reads too
         self.held.inputs(microbatch, size)
 
     def _measure_bytes(self, task: Task, stage: int) -> None:
