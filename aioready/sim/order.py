@@ -19,10 +19,9 @@ from typing import Callable
 import numpy as np
 
 from ..schedulers.order import cost_order
-from ..tasks import Kind
 from ..transports.base import Message, MessageKind
 from .durations import Durations
-from .variability import JitterModel
+from .variability import JitterModel, StepTables
 
 __all__ = ["known_costs", "Reordered", "reordered", "orders_differ"]
 
@@ -35,32 +34,22 @@ def known_costs(durations: object, step: int) -> list[float] | None:
     return None if values is None else [float(v) for v in values]
 
 
-class Reordered:
+class Reordered(StepTables):
     """`durations` with slot i of step s running microbatch `perm(s)[i]`; comm delays too."""
 
     def __init__(self, durations: Durations, model: JitterModel,
                  perm: Callable[[int], tuple[int, ...]]) -> None:
+        super().__init__()
         self.inner, self.model, self.perm = durations, model, perm
         self.placement = durations.placement
         self.num_microbatches = durations.num_microbatches
         self.split_backward = durations.split_backward
-        self._tables: dict[int, np.ndarray] = {}
-        self._rows: dict[int, list[list[list[float]]]] = {}
 
     def order(self, step: int) -> tuple[int, ...]:
         return self.perm(step)
 
-    def table(self, step: int) -> np.ndarray:
-        table = self._tables.get(step)
-        if table is None:
-            table = self._tables[step] = self.inner.table(step)[:, list(self.perm(step)), :]
-        return table
-
-    def ms(self, step: int, stage: int, microbatch: int, kind: Kind) -> float:
-        rows = self._rows.get(step)
-        if rows is None:
-            rows = self._rows[step] = self.table(step).tolist()
-        return rows[stage][microbatch][kind]  # type: ignore[no-any-return]
+    def _compute(self, step: int) -> np.ndarray:
+        return self.inner.table(step)[:, list(self.perm(step)), :]
 
     def delay(self, scale: float = 1e-3) -> Callable[[int, int, Message], float] | None:
         """The model's comm delays, of the microbatch in the message's slot."""

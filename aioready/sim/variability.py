@@ -207,7 +207,32 @@ def _multimodal_size(params: tuple[float, ...], keys: tuple[int, int, int],
     return np.where(_uniform(*keys, mb, 0) < params[0], params[1], 1.0)
 
 
-class JitterModel:
+class StepTables:
+    """Per-step duration tables, each computed once (`_compute`), and `ms` read from a nested
+    list copy of the table: on the simulator's per-task path a list index is several times
+    cheaper than a numpy scalar. Shared by the jitter model and its reordering (sim/order.py)."""
+
+    def __init__(self) -> None:
+        self._tables: dict[int, np.ndarray] = {}
+        self._lists: dict[int, list[list[list[float]]]] = {}
+
+    def _compute(self, step: int) -> np.ndarray:
+        raise NotImplementedError
+
+    def table(self, step: int) -> np.ndarray:
+        table = self._tables.get(step)
+        if table is None:
+            table = self._tables[step] = self._compute(step)
+        return table
+
+    def ms(self, step: int, stage: int, microbatch: int, kind: Kind) -> float:
+        rows = self._lists.get(step)
+        if rows is None:
+            rows = self._lists[step] = self.table(step).tolist()
+        return rows[stage][microbatch][kind]  # type: ignore[no-any-return]
+
+
+class JitterModel(StepTables):
     """Seeded task and message durations of one pipeline shape under a jitter spec."""
 
     def __init__(self, spec: str | JitterSpec = "none", *, seed: int = 0, placement: Placement,
@@ -225,15 +250,8 @@ class JitterModel:
             if term.name == "straggler" and term.params[0] >= placement.num_ranks:
                 raise TraceError(f"jitter term {term}: no such rank", got=int(term.params[0]),
                                  expected=f"a rank in 0..{placement.num_ranks - 1}")
-        self._tables: dict[int, np.ndarray] = {}
-        self._lists: dict[int, list[list[list[float]]]] = {}
+        super().__init__()
         self._comm: dict[int, list[list[list[float]]]] = {}
-
-    def table(self, step: int) -> np.ndarray:
-        table = self._tables.get(step)
-        if table is None:
-            table = self._tables[step] = self._compute(step)
-        return table
 
     def _compute(self, step: int) -> np.ndarray:
         S, M = self.placement.num_stages, self.num_microbatches
@@ -270,12 +288,6 @@ class JitterModel:
             if term.name == "multimodal":
                 out *= _multimodal_size(term.params, (self.seed, index, step), mb)
         return out
-
-    def ms(self, step: int, stage: int, microbatch: int, kind: Kind) -> float:
-        rows = self._lists.get(step)
-        if rows is None:
-            rows = self._lists[step] = self.table(step).tolist()
-        return rows[stage][microbatch][kind]  # type: ignore[no-any-return]
 
     def comm_table(self, step: int) -> np.ndarray:
         """Message delays in ms, shape (destination stage, microbatch, 2) indexed by
