@@ -177,7 +177,7 @@ def test_repeated_layouts_take_the_plans_and_arrive_bit_exact(
         while len(got) < len(sent):
             await asyncio.sleep(0.001)
         planned = min(0 if b._plans is None else len(b._plans._by_len),
-                      sum(p is not None for p in a._slots._plans.values()))
+                      sum(p is not None for p in a._slots._plans._plans.values()))
         await asyncio.gather(a.close(), b.close())
         return got, planned
 

@@ -29,7 +29,8 @@ import numpy as np
 from .base import Message
 from .header import _FIXED, _VERSION, HEADER_MAGIC
 from .tensor_bytes import plain, torch_module
-from .wire import _CACHE_MAX, WireCodec, align
+from .wire import WireCodec, align
+from .wire_plans import LayoutPlans
 
 __all__ = ["SLOT_BYTES", "CONTENT", "ON_DEVICE", "PREFIX", "SendSlots", "SlotLedger", "new_slot"]
 
@@ -78,25 +79,17 @@ class SendSlots:
     def __init__(self, slot_bytes: int, codec: WireCodec) -> None:
         self.slot_bytes = slot_bytes
         self.room = slot_bytes - CONTENT
-        self._codec = codec
         self._free: list[_Buffer] = []
-        self._plans: dict[tuple[Any, Any, Any], Plan | None] = {}
+        self._plans = LayoutPlans(codec, self._build)
 
     def one(self, msg: Message) -> tuple[Any, Callable[[], None]] | None:
-        """What `inline` returns for `msg`, through its layout's plan; None when `msg` is not
-        one contiguous CPU tensor of a dense layout and a real dtype (no lazy negation) that
-        fits the slot: the caller then takes the general path, which raises what is wrong."""
-        try:
-            (t,) = msg.tensors
-            key = (t.dtype, t.shape, t.layout)
-        except (ValueError, AttributeError):
+        """What `inline` returns for `msg`, through its layout's plan; None when
+        `wire_plans.LayoutPlans.lookup` finds none or the message does not fit the slot: the
+        caller then takes the general path, which raises what is wrong."""
+        found = self._plans.lookup(msg)
+        if found is None:
             return None
-        plan = self._plans.get(key, False)
-        if plan is False:
-            plan = self._learn(t, key)
-        if plan is None or not t.is_cpu or not t.is_contiguous() or t.is_neg():
-            return None  # (complex dtypes, the ones with lazy conjugates, have no plan)
-        pack_into, desc, start, n = plan
+        t, (pack_into, desc, start, n) = found
         buf = self._free.pop() if self._free else _Buffer(self.slot_bytes)
         end = start + align(n)
         pack_into(buf.bytes, 0, end - CONTENT, 0, HEADER_MAGIC, _VERSION, msg.kind, msg.step,
@@ -106,21 +99,13 @@ class SendSlots:
             buf.bytes[start + n:end] = _ZEROS[:end - start - n]
         return buf.view(end), partial(self._give_back, buf)
 
-    def _learn(self, t: Any, key: tuple[Any, Any, Any]) -> Plan | None:
-        plan = None
-        if key[2] == torch_module().strided and not key[0].is_complex and t.nbytes > 0:
-            try:
-                desc, sizes, _ = self._codec.describe((t,))
-            except Exception:  # a dtype that cannot travel: the general path raises it
-                return None
-            head = _FIXED.size + len(desc)
-            if self.fits(head, sizes):
-                fmt = (f"{PREFIX.format}{CONTENT - PREFIX.size}x{_FIXED.format[1:]}"
-                       f"{len(desc)}s{align(head) - head}x")
-                plan = (struct.Struct(fmt).pack_into, desc, CONTENT + align(head), sizes[0])
-        if len(self._plans) < _CACHE_MAX:
-            self._plans[key] = plan
-        return plan
+    def _build(self, desc: bytes, n: int) -> Plan | None:
+        head = _FIXED.size + len(desc)
+        if not self.fits(head, [n]):
+            return None
+        fmt = (f"{PREFIX.format}{CONTENT - PREFIX.size}x{_FIXED.format[1:]}"
+               f"{len(desc)}s{align(head) - head}x")
+        return struct.Struct(fmt).pack_into, desc, CONTENT + align(head), n
 
     def fits(self, head_len: int, sizes: list[int]) -> bool:
         """Whether a header of `head_len` bytes and payloads of `sizes` fit one slot."""

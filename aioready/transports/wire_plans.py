@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import struct
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -28,25 +28,27 @@ from .header import _FIXED, _VERSION, HEADER_MAGIC
 from .tensor_bytes import torch_module
 from .wire import _CACHE_MAX, Layout, WireCodec, align
 
-__all__ = ["SendPlans", "ReceivePlans"]
+__all__ = ["LayoutPlans", "SendPlans", "ReceivePlans"]
 
 _KINDS = tuple(MessageKind)
 _CONTROL = int(MessageKind.CONTROL)
 _string_at = ctypes.string_at
 
 
-class SendPlans:
-    """Per (dtype, shape, layout) of a lone CPU tensor: the Struct that writes its message."""
+class LayoutPlans:
+    """Per (dtype, shape, layout) of a lone CPU tensor, the plan `build(descriptor, payload
+    bytes)` made for it (None: none); shared by the MPI transport's `SendPlans` and the gloo
+    slots (torch_slots.SendSlots.one), which frame the same message in their own buffers."""
 
-    def __init__(self, codec: WireCodec, inline_bytes: int) -> None:
+    def __init__(self, codec: WireCodec, build: Callable[[bytes, int], Any]) -> None:
         self._codec = codec
-        self._inline_bytes = inline_bytes
-        self._plans: dict[tuple[Any, Any, Any], tuple[Any, bytes, int] | None] = {}
+        self._build = build
+        self._plans: dict[tuple[Any, Any, Any], Any] = {}
 
-    def encode(self, msg: Message) -> bytes | None:
-        """The header and inline payload of `msg`, or None: not one contiguous CPU tensor of a
-        dense layout and a real dtype, small enough to travel inline, whose memory holds its
-        values (no lazy negation): the caller takes the general path."""
+    def lookup(self, msg: Message) -> tuple[Any, Any] | None:
+        """(its tensor, its plan) for `msg`, or None: not one contiguous CPU tensor of a dense
+        layout and a real dtype whose memory holds its values (no lazy negation), or no plan
+        for its layout: the caller takes the general path."""
         tensors = msg.tensors
         if len(tensors) != 1:  # a test, not the unpacking's ValueError: notices have none
             return None
@@ -60,25 +62,44 @@ class SendPlans:
             plan = self._learn(t, key)
         if plan is None or not t.is_cpu or not t.is_contiguous() or t.is_neg():
             return None  # (a complex dtype, which a lazy conjugate has, has no plan)
-        pack, desc, n = plan
-        return pack(HEADER_MAGIC, _VERSION, msg.kind, msg.step, msg.stage, msg.microbatch,
-                    msg.tag, 1, desc, _string_at(t.data_ptr(), n))
+        return t, plan
 
-    def _learn(self, t: Any, key: tuple[Any, Any, Any]) -> tuple[Any, bytes, int] | None:
+    def _learn(self, t: Any, key: tuple[Any, Any, Any]) -> Any:
         plan = None
-        if key[2] == torch_module().strided and 0 < t.nbytes <= self._inline_bytes and \
-                not key[0].is_complex:
+        if key[2] == torch_module().strided and not key[0].is_complex and t.nbytes > 0:
             try:
                 desc, sizes, _ = self._codec.describe((t,))
             except Exception:  # a dtype that cannot travel: the general path raises it
                 return None
-            head = _FIXED.size + len(desc)
-            n = sizes[0]
-            plan = (struct.Struct(f"<{_FIXED.format[1:]}{len(desc)}s{align(head) - head}x"
-                                  f"{n}s{align(n) - n}x").pack, desc, n)
+            plan = self._build(desc, sizes[0])
         if len(self._plans) < _CACHE_MAX:
             self._plans[key] = plan
         return plan
+
+
+class SendPlans:
+    """The Struct that writes the whole inline message of a lone CPU tensor, per layout."""
+
+    def __init__(self, codec: WireCodec, inline_bytes: int) -> None:
+        self._inline_bytes = inline_bytes
+        self._plans = LayoutPlans(codec, self._build)
+
+    def encode(self, msg: Message) -> bytes | None:
+        """The header and inline payload of `msg`, or None (LayoutPlans.lookup, or too large to
+        travel inline): the caller takes the general path."""
+        found = self._plans.lookup(msg)
+        if found is None:
+            return None
+        t, (pack, desc, n) = found
+        return pack(HEADER_MAGIC, _VERSION, msg.kind, msg.step, msg.stage, msg.microbatch,
+                    msg.tag, 1, desc, _string_at(t.data_ptr(), n))
+
+    def _build(self, desc: bytes, n: int) -> tuple[Any, bytes, int] | None:
+        if n > self._inline_bytes:
+            return None
+        head = _FIXED.size + len(desc)
+        return (struct.Struct(f"<{_FIXED.format[1:]}{len(desc)}s{align(head) - head}x"
+                              f"{n}s{align(n) - n}x").pack, desc, n)
 
 
 class _ReceivePlan:
