@@ -11,8 +11,9 @@ it (docs/hot_path.md "CPU per task beyond the model"). So two paths put a task o
   to do. By default only on a loop that `aioready.run` made (the CLI, a launched script:
   `launch.owns_loop`): a service that embeds a pipeline in its own loop keeps that loop serving
   while a task computes, and so do a rank's heartbeats to its peers (a task longer than the peer
-  timeout on the quiet path would look like a lost rank to them). Then: this is the only open CPUDevice of the process (no other rank,
-  and no in-process tensor-parallel peer whose collective would wait on this loop), the engine
+  timeout on the quiet path would look like a lost rank to them). Then: this is the only open
+  CPUDevice of the process (no other rank, and no in-process tensor-parallel peer whose
+  collective would wait on this loop), the engine
   polls one completion source (the rank's transport: no DP reducer or CUDA events whose requests
   only move when polled), no transfer in flight needs its polling (`wants_hot`: a
   rendezvous-size message), and torch's grad mode on the loop thread is the worker's (enabled).
@@ -131,7 +132,9 @@ class CPUDevice:
         self._pool.shutdown(wait=True)
 
     def __repr__(self) -> str:
-        paths = ([f"inline below {self.inline_below_s * 1e6:.0f} us"] if self.inline_below_s
-                 else []) + ({True: ["inline when quiet"], None: ["inline when quiet on its own loop"]}
-                     .get(self.quiet_inline, []))
+        paths = []
+        if self.inline_below_s:
+            paths.append(f"inline below {self.inline_below_s * 1e6:.0f} us")
+        if self.quiet_inline is not False:
+            paths.append("inline when quiet" + ("" if self.quiet_inline else " on its own loop"))
         return "<CPUDevice 1 worker" + "".join(", " + p for p in paths) + ">"
