@@ -70,8 +70,8 @@ class _Buffer:
         return found
 
 
-Plan = tuple[Callable[..., None], bytes, int, int, int]  # pack_into, descriptor, payload offset,
-#   payload bytes, end of the padded payload
+# pack_into, descriptor, payload offset, payload bytes, end of the padded payload
+Plan = tuple[Callable[..., None], bytes, int, int, int]
 
 
 class SendSlots:
