@@ -128,3 +128,39 @@ def test_stopping_ends_the_threads_and_releases_the_eventfd() -> None:
         return all(t.stopped.done() for t in threads), watched is not None
     ended, watched = asyncio.run(main())
     assert ended and not watched
+
+
+def test_a_channels_put_joins_add_on_one_thread_in_posting_order() -> None:
+    """`channel(key)` is `add(key, ...)` as one call (the transport keeps it per peer): the
+    same thread, so Works put and Works added complete in the order they were handed in, with
+    the Work's exception, and a lazy channel's successes still wait for `drain()`."""
+    async def main() -> tuple[list[tuple[int, str | None]], int, int, list[int]]:
+        loop = asyncio.get_running_loop()
+        waiter = WorkWaiter(loop)
+        seen: list[tuple[int, str | None]] = []
+        works = [Work() for _ in range(4)]
+        put = waiter.channel("p")
+        for i, w in enumerate(works):
+            done = (lambda exc, i=i: seen.append((i, None if exc is None else str(exc))))
+            if i % 2:
+                waiter.add("p", w, done)
+            else:
+                put((w, done))
+        for i, w in reversed(list(enumerate(works))):  # finished last to first
+            w.finish(RuntimeError("closed") if i == 2 else None)
+        while len(seen) < 4:
+            await asyncio.sleep(0.005)
+        lazy: list[int] = []
+        w = Work()
+        waiter.channel("q", lazy=True)((w, lambda exc: lazy.append(1)))
+        w.finish()
+        while not waiter.ready:
+            await asyncio.sleep(0.005)
+        before = len(lazy)
+        waiter.drain()
+        threads = len(waiter._threads)
+        await waiter.aclose(5)
+        return seen, threads, before, lazy
+    seen, threads, before, lazy = asyncio.run(main())
+    assert seen == [(0, None), (1, None), (2, "closed"), (3, None)]
+    assert threads == 2 and before == 0 and lazy == [1]

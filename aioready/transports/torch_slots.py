@@ -41,6 +41,7 @@ ON_DEVICE = 1  # flag: the payload travels through the group's CUDA backend
 FREE_SLOTS = 64  # send buffers kept for reuse
 VIEWS = 8  # lengths remembered per send buffer (more: the shapes do not repeat; forget them)
 _ZEROS = bytes(CONTENT + 16)  # padding: below CONTENT after the prefix, after each payload
+_memmove = ctypes.memmove
 
 
 def new_slot(nbytes: int) -> tuple[np.ndarray, Any]:
@@ -69,7 +70,8 @@ class _Buffer:
         return found
 
 
-Plan = tuple[Callable[..., None], bytes, int, int]  # pack_into, descriptor, payload offset, bytes
+# pack_into, descriptor, payload offset, payload bytes, end of the padded payload
+Plan = tuple[Callable[..., None], bytes, int, int, int]
 
 
 class SendSlots:
@@ -89,15 +91,16 @@ class SendSlots:
         found = self._plans.lookup(msg)
         if found is None:
             return None
-        t, (pack_into, desc, start, n) = found
-        buf = self._free.pop() if self._free else _Buffer(self.slot_bytes)
-        end = start + align(n)
+        t, (pack_into, desc, start, n, end) = found
+        free = self._free
+        buf = free.pop() if free else _Buffer(self.slot_bytes)
         pack_into(buf.bytes, 0, end - CONTENT, 0, HEADER_MAGIC, _VERSION, msg.kind, msg.step,
                   msg.stage, msg.microbatch, msg.tag, 1, desc)  # pads written as zeros
-        ctypes.memmove(buf.address + start, t.data_ptr(), n)
+        _memmove(buf.address + start, t.data_ptr(), n)
         if end > start + n:
             buf.bytes[start + n:end] = _ZEROS[:end - start - n]
-        return buf.view(end), partial(self._give_back, buf)
+        view = buf.views.get(end)  # buf.view(end), without the call in the common case
+        return (buf.view(end) if view is None else view), partial(self._give_back, buf)
 
     def _build(self, desc: bytes, n: int) -> Plan | None:
         head = _FIXED.size + len(desc)
@@ -105,7 +108,8 @@ class SendSlots:
             return None
         fmt = (f"{PREFIX.format}{CONTENT - PREFIX.size}x{_FIXED.format[1:]}"
                f"{len(desc)}s{align(head) - head}x")
-        return struct.Struct(fmt).pack_into, desc, CONTENT + align(head), n
+        start = CONTENT + align(head)
+        return struct.Struct(fmt).pack_into, desc, start, n, start + align(n)
 
     def fits(self, head_len: int, sizes: list[int]) -> bool:
         """Whether a header of `head_len` bytes and payloads of `sizes` fit one slot."""

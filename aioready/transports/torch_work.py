@@ -52,9 +52,7 @@ class _Channel(threading.Thread):
         self._loop = owner.loop
         self._lazy = lazy
         self.stopped: asyncio.Future[None] = owner.loop.create_future()
-
-    def put(self, work: Any, done: Done) -> None:
-        self._queue.put((work, done))
+        self.put_item = self._queue.put  # (work, done)
 
     def stop(self) -> None:
         self._queue.put(_STOP)
@@ -121,13 +119,20 @@ class WorkWaiter:
                 self._engine.add_source(self)
             self._engine.kick()
             return
+        self.channel(channel, lazy=lazy)((work, done))
+
+    def channel(self, channel: Hashable, *, lazy: bool = False) -> Callable[[tuple[Any, Done]],
+                                                                              None]:
+        """What `add(channel, work, done)` does, as one call: `put((work, done))` (its thread
+        started if need be). A transport keeps it per peer: a message's slot receive and its
+        send then cost one C call each here instead of three Python calls."""
         thread = self._threads.get(channel)
         if thread is None:
             if self._fd < 0:
                 self._open_fd()
             thread = self._threads[channel] = _Channel(f"aioready-work-{channel}", self, lazy)
             thread.start()
-        thread.put(work, done)
+        return thread.put_item
 
     def _open_fd(self) -> None:
         """The eventfd the threads write and the loop watches; closed when this object is

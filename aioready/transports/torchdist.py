@@ -45,7 +45,7 @@ from .base import Deliver, Message, OnFailure
 from .receive_pool import ReceivePool
 from .tensor_bytes import from_bytes, host_bytes, torch_dtype, torch_module
 from .torch_groups import cpu_backend, cpu_ops, device_backend, resolve_group
-from .torch_slots import CONTENT, ON_DEVICE, PREFIX, SLOT_BYTES, SendSlots, SlotLedger, new_slot
+from .torch_slots import CONTENT, ON_DEVICE, PREFIX, SLOT_BYTES, SendSlots, SlotLedger
 from .torch_staging import StagedSends
 from .torch_work import WorkWaiter
 from .wire import Header, WireCodec
@@ -97,6 +97,9 @@ class TorchDistTransport:
         self._send_plans = os.environ.get("AIOREADY_TORCH_PLANS", "1") != "0"
         self._plans = ReceivePlans() if self._send_plans else None  # (wire_plans)
         self._pool = ReceivePool()
+        self._from_numpy = torch.from_numpy
+        # WorkWaiter.channel's put per peer (slots) and per (peer, "send"); forgotten by close
+        self._channels: dict[Any, Callable[[tuple[Any, Any]], None]] = {}
         self._waiter: WorkWaiter | None = None
         self._posted = False
         self._num_sending = self._num_local = 0
@@ -139,8 +142,10 @@ class TorchDistTransport:
         if not 0 <= dest < self._size:
             raise ProtocolError("send to a rank outside the group", rank=self._rank,
                                 expected=f"0..{self._size - 1}", got=dest)
-        self._start()
-        self._waiter.drain()  # type: ignore[union-attr]  # sends that completed meanwhile
+        if not self._posted:
+            self._start()
+        if self._waiter.ready:  # type: ignore[union-attr]  # sends that completed meanwhile
+            self._waiter.drain()  # type: ignore[union-attr]
         self.num_sent += 1
         if dest == self._rank:
             self._num_local += 1
@@ -209,6 +214,7 @@ class TorchDistTransport:
                     log.warning("rank %d: ranks %s did not close their transports within %.0f s;"
                                 " their slot receives stay posted", self._rank, staying,
                                 CLOSE_TIMEOUT_S)
+                self._channels.clear()  # their threads stop now: later work gets new ones
                 await self._waiter.aclose(CLOSE_TIMEOUT_S)
                 self._waiter = None
             if self._staged is not None:
@@ -299,8 +305,13 @@ class TorchDistTransport:
         """
         batch, self._unwaited = self._unwaited, []
         assert self._waiter is not None or not batch
+        puts = self._channels
         for dest, work, done in batch:
-            self._waiter.add((dest, "send"), work, done, lazy=True)  # type: ignore[union-attr]
+            put = puts.get((dest, "send"))
+            if put is None:
+                put = puts[dest, "send"] = self._waiter.channel(  # type: ignore[union-attr]
+                    (dest, "send"), lazy=True)
+            put((work, done))
 
     def _sent(self, dest: int, buf: Any, release: Callable[[], None] | None,
               exc: BaseException | None) -> None:
@@ -309,7 +320,8 @@ class TorchDistTransport:
             self._peer_failed(dest, exc)
         elif release is not None:
             release()
-        self._maybe_idle()
+        if not self._num_sending:
+            self._maybe_idle()
 
     def _arrive_local(self, msg: Message) -> None:
         self._num_local -= 1
@@ -339,14 +351,17 @@ class TorchDistTransport:
             self._ledger.posted[peer] += 1
         if self._waiter is None:  # closed before a deferred repost ran
             return
-        slot, whole = new_slot(self.slot_bytes)  # fresh: inline tensors keep viewing it
+        slot = np.empty(self.slot_bytes, np.uint8)  # fresh: inline tensors keep viewing it
         try:
-            work = self._cpu.recv([whole], peer, HEADER_TAG)
+            work = self._cpu.recv([self._from_numpy(slot)], peer, HEADER_TAG)
         except RuntimeError as exc:  # gloo refuses at once a receive from a closed link
             self._ledger.posted[peer] -= 1
             self._peer_failed(peer, exc)
             return
-        self._waiter.add((peer, "slot"), work, partial(self._on_slot, peer, slot))
+        put = self._channels.get(peer)
+        if put is None:
+            put = self._channels[peer] = self._waiter.channel((peer, "slot"))
+        put((work, partial(self._on_slot, peer, slot)))
 
     def _on_slot(self, peer: int, slot: np.ndarray, exc: BaseException | None) -> None:
         """A slot from `peer` arrived: deliver its message (or post its payload receives).
