@@ -75,6 +75,7 @@ _SEQ_MOD = 32768 // MAX_TENSORS  # payload tags stay under the guaranteed MPI ta
 _PROBES_PER_POLL = 64
 _RUNG_PROBES = 16  # empty Improbes more after a ring, which says a header is there (_probe)
 _MAX_HEADER = 4096  # > the fixed part and MAX_TENSORS descriptors of MAX_NDIM dimensions
+_SMALL_HEADER = 4096  # header messages up to this are received into a bytearray (_probe)
 
 
 class _Inbound:
@@ -424,9 +425,25 @@ class MPITransport:
                 raise ProtocolError(f"message from rank {src} on the header channel is too "
                                     "large", rank=self._rank, expected=f"<= "
                                     f"{self._max_header_message} bytes", got=f"{count} bytes")
+            n += 1
+            if plans is not None and count <= _SMALL_HEADER:
+                # a bytearray: half np.empty's cost, and the plan's views of it are cheaper
+                small = bytearray(count)
+                req = m.Irecv(small)
+                done = req.Test()
+                if done:
+                    msg = plans.message(small, src)
+                    if msg is not None:  # a layout seen before (wire_plans.py)
+                        self._hand_over(msg)
+                        continue
+                buf = np.frombuffer(small, np.uint8)  # the general path reads numpy
+                if done:
+                    self._route_header(src, seq, buf)
+                else:
+                    self._track(req, partial(self._on_header, src, seq, buf), False)
+                continue
             buf = np.empty(count, np.uint8)
             req = m.Irecv(buf)
-            n += 1
             # matched in the peer's send order: the NCCL plane needs its headers in that order
             ticket = None if self._order is None else self._order.ticket(src)
             if req.Test():

@@ -33,6 +33,8 @@ __all__ = ["LayoutPlans", "SendPlans", "ReceivePlans"]
 _KINDS = tuple(MessageKind)
 _CONTROL = int(MessageKind.CONTROL)
 _string_at = ctypes.string_at
+_memmove = ctypes.memmove
+ONE_COPY = 16384  # payload bytes from which a send plan copies once into a numpy buffer
 
 
 class LayoutPlans:
@@ -84,28 +86,43 @@ class SendPlans:
         self._inline_bytes = inline_bytes
         self._plans = LayoutPlans(codec, self._build)
 
-    def encode(self, msg: Message) -> bytes | None:
-        """The header and inline payload of `msg`, or None (LayoutPlans.lookup, or too large to
-        travel inline): the caller takes the general path."""
+    def encode(self, msg: Message) -> bytes | np.ndarray | None:
+        """The header and inline payload of `msg` (bytes, or a uint8 array for a payload of
+        `ONE_COPY` bytes or more), or None (LayoutPlans.lookup, or too large to travel inline):
+        the caller takes the general path."""
         found = self._plans.lookup(msg)
         if found is None:
             return None
-        t, (pack, desc, n) = found
-        return pack(HEADER_MAGIC, _VERSION, msg.kind, msg.step, msg.stage, msg.microbatch,
-                    msg.tag, 1, desc, _string_at(t.data_ptr(), n))
+        t, (pack, desc, n, size) = found
+        if not size:
+            return pack(HEADER_MAGIC, _VERSION, msg.kind, msg.step, msg.stage, msg.microbatch,
+                        msg.tag, 1, desc, _string_at(t.data_ptr(), n))
+        # one copy of the payload, into a buffer that is not zero-filled first: `string_at`
+        # then `pack` copied it twice and allocated twice (64 KiB: docs/hot_path.md)
+        buf = np.empty(size, np.uint8)
+        pack(buf, 0, HEADER_MAGIC, _VERSION, msg.kind, msg.step, msg.stage, msg.microbatch,
+             msg.tag, 1, desc)  # (zeroes its padding)
+        at = align(_FIXED.size + len(desc))
+        _memmove(buf.ctypes.data + at, t.data_ptr(), n)
+        if at + n < size:
+            buf[at + n:] = 0
+        return buf
 
-    def _build(self, desc: bytes, n: int) -> tuple[Any, bytes, int] | None:
+    def _build(self, desc: bytes, n: int) -> tuple[Any, bytes, int, int] | None:
         if n > self._inline_bytes:
             return None
         head = _FIXED.size + len(desc)
-        return (struct.Struct(f"<{_FIXED.format[1:]}{len(desc)}s{align(head) - head}x"
-                              f"{n}s{align(n) - n}x").pack, desc, n)
+        fixed = f"<{_FIXED.format[1:]}{len(desc)}s{align(head) - head}x"
+        if n >= ONE_COPY:  # a Struct of the header alone, written into the message's buffer
+            return struct.Struct(fixed).pack_into, desc, n, align(head) + align(n)
+        return struct.Struct(f"{fixed}{n}s{align(n) - n}x").pack, desc, n, 0
 
 
 class _ReceivePlan:
-    __slots__ = ("unpack_from", "desc", "n", "views", "one")
+    __slots__ = ("unpack_from", "desc", "n", "views", "one", "from_numpy")
 
     def __init__(self, desc: bytes, layout: Layout) -> None:
+        self.from_numpy = torch_module().from_numpy  # (a call less per message)
         self.unpack_from = struct.Struct(f"<{_FIXED.format[1:]}{len(desc)}s").unpack_from
         self.desc = desc
         self.n = len(layout.specs)
@@ -141,8 +158,9 @@ class ReceivePlans:
         if plan.views is not None:
             self._by_len[size] = plan
 
-    def message(self, buf: np.ndarray, source: int) -> Message | None:
-        """The message in `buf` if a plan takes it (see the module note), else None."""
+    def message(self, buf: np.ndarray | bytearray, source: int) -> Message | None:
+        """The message in `buf` if a plan takes it (see the module note), else None; its
+        tensors view `buf` (a numpy array or a bytearray, both writable)."""
         plan = self._by_len.get(len(buf))
         if plan is None:
             return None
@@ -152,10 +170,9 @@ class ReceivePlans:
             return None
         one = plan.one
         if one is not None:
-            tensors: tuple[Any, ...] = (
-                torch_module().from_numpy(np.ndarray(one[0], one[1], buf, one[2])),)
+            tensors: tuple[Any, ...] = (plan.from_numpy(np.ndarray(one[0], one[1], buf, one[2])),)
         elif plan.views:
-            from_numpy = torch_module().from_numpy
+            from_numpy = plan.from_numpy
             tensors = tuple([from_numpy(np.ndarray(shape, npdt, buf, off))
                              for shape, npdt, off in plan.views])
         else:  # header only
