@@ -12,12 +12,14 @@ what the general path validated: a received message is taken by its plan only wh
 magic, version, tensor count and descriptor bytes equal those of a message `WireCodec.decode`
 accepted before, and its kind is a known one other than CONTROL (whose bounds are its own);
 anything else goes through the general path, which raises what is wrong. Switch:
-`AIOREADY_MPI_PLANS=0` (or `AIOREADY_MPI_FAST=0`) sends and receives everything the general way.
+`AIOREADY_MPI_PLANS=0` (or `AIOREADY_MPI_FAST=0`) sends and receives everything the general way;
+`AIOREADY_MPI_ONE_COPY=0` keeps the plans but packs large payloads as small ones (two copies).
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
 import struct
 from typing import Any, Callable
 
@@ -34,7 +36,8 @@ _KINDS = tuple(MessageKind)
 _CONTROL = int(MessageKind.CONTROL)
 _string_at = ctypes.string_at
 _memmove = ctypes.memmove
-ONE_COPY = 16384  # payload bytes from which a send plan copies once into a numpy buffer
+# payload bytes from which a send plan copies once into a numpy buffer (0: never)
+ONE_COPY = int(os.environ.get("AIOREADY_MPI_ONE_COPY", 16384))
 
 
 class LayoutPlans:
@@ -113,7 +116,7 @@ class SendPlans:
             return None
         head = _FIXED.size + len(desc)
         fixed = f"<{_FIXED.format[1:]}{len(desc)}s{align(head) - head}x"
-        if n >= ONE_COPY:  # a Struct of the header alone, written into the message's buffer
+        if ONE_COPY and n >= ONE_COPY:  # a Struct of the header alone, into the buffer
             return struct.Struct(fixed).pack_into, desc, n, align(head) + align(n)
         return struct.Struct(f"{fixed}{n}s{align(n) - n}x").pack, desc, n, 0
 
