@@ -12,14 +12,12 @@ what the general path validated: a received message is taken by its plan only wh
 magic, version, tensor count and descriptor bytes equal those of a message `WireCodec.decode`
 accepted before, and its kind is a known one other than CONTROL (whose bounds are its own);
 anything else goes through the general path, which raises what is wrong. Switch:
-`AIOREADY_MPI_PLANS=0` (or `AIOREADY_MPI_FAST=0`) sends and receives everything the general way;
-`AIOREADY_MPI_ONE_COPY=0` keeps the plans but packs large payloads as small ones (two copies).
+`AIOREADY_MPI_PLANS=0` (or `AIOREADY_MPI_FAST=0`) sends and receives everything the general way.
 """
 
 from __future__ import annotations
 
 import ctypes
-import os
 import struct
 from typing import Any, Callable
 
@@ -35,9 +33,6 @@ __all__ = ["LayoutPlans", "SendPlans", "ReceivePlans"]
 _KINDS = tuple(MessageKind)
 _CONTROL = int(MessageKind.CONTROL)
 _string_at = ctypes.string_at
-_memmove = ctypes.memmove
-# payload bytes from which a send plan copies once into a numpy buffer (0: never)
-ONE_COPY = int(os.environ.get("AIOREADY_MPI_ONE_COPY", 16384))
 
 
 class LayoutPlans:
@@ -89,36 +84,22 @@ class SendPlans:
         self._inline_bytes = inline_bytes
         self._plans = LayoutPlans(codec, self._build)
 
-    def encode(self, msg: Message) -> bytes | np.ndarray | None:
-        """The header and inline payload of `msg` (bytes, or a uint8 array for a payload of
-        `ONE_COPY` bytes or more), or None (LayoutPlans.lookup, or too large to travel inline):
-        the caller takes the general path."""
+    def encode(self, msg: Message) -> bytes | None:
+        """The header and inline payload of `msg`, or None (LayoutPlans.lookup, or too large to
+        travel inline): the caller takes the general path."""
         found = self._plans.lookup(msg)
         if found is None:
             return None
-        t, (pack, desc, n, size) = found
-        if not size:
-            return pack(HEADER_MAGIC, _VERSION, msg.kind, msg.step, msg.stage, msg.microbatch,
-                        msg.tag, 1, desc, _string_at(t.data_ptr(), n))
-        # one copy of the payload, into a buffer that is not zero-filled first: `string_at`
-        # then `pack` copied it twice and allocated twice (64 KiB: docs/hot_path.md)
-        buf = np.empty(size, np.uint8)
-        pack(buf, 0, HEADER_MAGIC, _VERSION, msg.kind, msg.step, msg.stage, msg.microbatch,
-             msg.tag, 1, desc)  # (zeroes its padding)
-        at = align(_FIXED.size + len(desc))
-        _memmove(buf.ctypes.data + at, t.data_ptr(), n)
-        if at + n < size:
-            buf[at + n:] = 0
-        return buf
+        t, (pack, desc, n) = found
+        return pack(HEADER_MAGIC, _VERSION, msg.kind, msg.step, msg.stage, msg.microbatch,
+                    msg.tag, 1, desc, _string_at(t.data_ptr(), n))
 
-    def _build(self, desc: bytes, n: int) -> tuple[Any, bytes, int, int] | None:
+    def _build(self, desc: bytes, n: int) -> tuple[Any, bytes, int] | None:
         if n > self._inline_bytes:
             return None
         head = _FIXED.size + len(desc)
-        fixed = f"<{_FIXED.format[1:]}{len(desc)}s{align(head) - head}x"
-        if ONE_COPY and n >= ONE_COPY:  # a Struct of the header alone, into the buffer
-            return struct.Struct(fixed).pack_into, desc, n, align(head) + align(n)
-        return struct.Struct(f"{fixed}{n}s{align(n) - n}x").pack, desc, n, 0
+        return (struct.Struct(f"<{_FIXED.format[1:]}{len(desc)}s{align(head) - head}x"
+                              f"{n}s{align(n) - n}x").pack, desc, n)
 
 
 class _ReceivePlan:
