@@ -57,9 +57,10 @@ import logging
 import os
 import sys
 import time
+import types
 import weakref
 from dataclasses import dataclass, fields
-from typing import Protocol, runtime_checkable
+from typing import Generator, Protocol, runtime_checkable
 
 from .clock import clock_of, virtual_clock
 from .errors import ConfigError
@@ -368,7 +369,6 @@ class ProgressEngine:
         cfg = self.config
         loop = self.loop
         yield_every = cfg.yield_every if hasattr(os, "sched_yield") else 0
-        sleep = asyncio.sleep
         while True:
             if cfg is not self.config:  # reconfigure() was called
                 cfg = self.config
@@ -382,21 +382,28 @@ class ProgressEngine:
                 self.num_parks += 1
                 await self._park_on_doorbells(cfg.bell_backstop_s)
                 continue
-            self.poll()
+            done = self.poll()
             if not self._num_pending():
                 self.num_idle_waits += 1
                 await self._wait(None)
                 continue
-            now = loop.time()
-            quiet = now - self._last_progress
-            busy = self._waiting is False
-            spin = not busy and (quiet < cfg.spin_s or self._spun() < cfg.spin_s)
-            if not self.virtual and (spin or now < self._hot_until
-                                     or (quiet < cfg.hot_max_s and self.wants_hot())):
+            if done and cfg.spin_s and self._waiting is not False and not self.virtual:
+                # progress just now, not busy: inside the spin window, as the rules below find
+                # (`_progressed` reset the window and its CPU mark); not asked again on the
+                # pass that hands a message to its awaiting coroutine (docs/hot_path.md)
+                hot = True
+            else:
+                now = loop.time()
+                quiet = now - self._last_progress
+                busy = self._waiting is False
+                spin = not busy and (quiet < cfg.spin_s or self._spun() < cfg.spin_s)
+                hot = not self.virtual and (spin or now < self._hot_until
+                                            or (quiet < cfg.hot_max_s and self.wants_hot()))
+            if hot:
                 self.num_hot_passes += 1
                 if yield_every and self.num_hot_passes % yield_every == 0:
                     os.sched_yield()  # let a peer rank sharing this core run (see above)
-                await sleep(0)
+                await _pass()
                 continue
             if self.wants_hot() or self._waiting or quiet < cfg.park_window_s:
                 delay = cfg.busy_park_s if busy and not self.wants_hot() else cfg.park_s
@@ -605,6 +612,12 @@ class ProgressEngine:
     def __repr__(self) -> str:
         return (f"<ProgressEngine sources={len(self._sources)} pending={self._num_pending()} "
                 f"timer={self._timer_kind}>")
+
+
+@types.coroutine
+def _pass() -> Generator[None, None, None]:
+    """One loop pass: `asyncio.sleep(0)` without its own coroutine frame (docs/hot_path.md)."""
+    yield
 
 
 def _resolve(fut: asyncio.Future[None]) -> None:

@@ -87,14 +87,14 @@ FAST_CASES = ["1f1b:ready:1:1", "1f1b:strict:0:1", "interleaved-1f1b:ready:0:1",
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("env", [{"AIOREADY_MPI_FAST": "0", "AIOREADY_CPU_QUIET_INLINE": "0"},
                                  {"AIOREADY_MPI_FAST": "1", "AIOREADY_CPU_INLINE_US": "1e7",
-                                  "AIOREADY_BUSY_SLEEP": "1",
+                                  "AIOREADY_BUSY_SLEEP": "1", "AIOREADY_MPI_ZERO_COPY": "16",
                                   "AIOREADY_CPU_QUIET_INLINE": "1"}],
                          ids=["fast-paths-off", "fast-paths-on"])
 def test_exact_over_mpi_with_fast_paths_on_and_off(env: dict[str, str]) -> None:
     """The hot path's fast paths (docs/hot_path.md) off, and all on (the CPU device's tiny-task
     path, its compute on the loop thread when nothing else needs it, and the engine sleeping
-    through tasks included): the same losses, gradients and
-    payloads as the unsplit model."""
+    through tasks included, and every inline payload of 16 bytes or more sent from its
+    tensor's memory): the same losses, gradients and payloads as the unsplit model."""
     proc = run_mpi(2, [str(SCRIPTS / "exact.py"), *FAST_CASES], timeout=150, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = dict(line.split(" ", 2)[1:] for line in proc.stdout.splitlines()

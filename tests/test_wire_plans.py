@@ -141,3 +141,45 @@ def test_lazy_conjugates_and_negations_travel_with_their_values() -> None:
         assert torch.equal(codec.inline_tensors(got, layout)[0], x)
         raw = torch.from_numpy(host_bytes(x).copy())  # the payload channel's bytes
         assert torch.equal(raw.view(x.dtype).reshape(x.shape), x)
+
+
+@pytest.mark.parametrize("nbytes", [16387, 1 << 16])
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.float32, torch.bfloat16])
+def test_a_large_payload_travels_as_the_general_path_writes_it(nbytes: int,
+                                                               dtype: torch.dtype) -> None:
+    """Up to the inline limit, padding included, and read back from a numpy buffer and from
+    the bytearray the MPI transport receives small headers into."""
+    codec = WireCodec()
+    send, receive = SendPlans(codec, 1 << 16), ReceivePlans()
+    x = torch.randn(nbytes // dtype.itemsize, requires_grad=True).to(dtype)
+    msg = Message(4, MessageKind.ACTIVATION, 1, 2, (x,), tag=3)
+    wire = send.encode(msg)
+    assert wire is not None and wire == general(codec, msg).tobytes()
+    buf = np.frombuffer(wire, np.uint8).copy()
+    learned(codec, receive, buf)
+    if dtype != torch.bfloat16:  # (no numpy dtype: the general path's)
+        for into in (buf, bytearray(wire)):
+            got = receive.message(into, 0)
+            assert got is not None and torch.equal(got.tensors[0], x.detach())
+
+
+@pytest.mark.parametrize("nbytes", [15, 16, 60, 16387])
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.float32, torch.bfloat16])
+def test_zero_copy_parts_are_the_bytes_of_the_general_path(nbytes: int,
+                                                           dtype: torch.dtype) -> None:
+    """From `zero_copy` payload bytes a plan gives the parts of the message (header with its
+    padding, the tensor, its size, the zero bytes after it) that the MPI transport sends as one
+    message from where they are: together, the general encoder's bytes."""
+    codec = WireCodec()
+    send = SendPlans(codec, 1 << 16, zero_copy=16)
+    x = torch.randn(max(nbytes // dtype.itemsize, 1), requires_grad=True).to(dtype)
+    msg = Message(4, MessageKind.ACTIVATION, 1, 2, (x,), tag=3)
+    parts = send.encode(msg)
+    assert isinstance(parts, tuple) == (x.nbytes >= 16)
+    if isinstance(parts, tuple):
+        head, t, n, tail = parts
+        assert t is x and n == x.nbytes
+        wire = head + host_bytes(x.detach()).tobytes() + bytes(tail)
+    else:
+        wire = parts
+    assert wire == general(codec, msg).tobytes()

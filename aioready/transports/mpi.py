@@ -71,10 +71,14 @@ log = logging.getLogger(__name__)
 INLINE_BYTES = int(os.environ.get("AIOREADY_MPI_INLINE_BYTES", 65536))
 HOT_BYTES = int(os.environ.get("AIOREADY_MPI_HOT_BYTES", 65536))
 BIG_BURST = int(os.environ.get("AIOREADY_MPI_BIG_BURST", 32))
+# inline payloads from this size are sent from the tensor's memory (`_isend_parts`; 0: never)
+ZERO_COPY = int(os.environ.get("AIOREADY_MPI_ZERO_COPY", 32768))
+_ZEROS = bytes(16)  # the padding after a payload sent from its tensor
 _SEQ_MOD = 32768 // MAX_TENSORS  # payload tags stay under the guaranteed MPI tag bound (32767)
 _PROBES_PER_POLL = 64
 _RUNG_PROBES = 16  # empty Improbes more after a ring, which says a header is there (_probe)
 _MAX_HEADER = 4096  # > the fixed part and MAX_TENSORS descriptors of MAX_NDIM dimensions
+_SMALL_HEADER = 4096  # header messages up to this are received into a bytearray (_probe)
 
 
 class _Inbound:
@@ -130,7 +134,7 @@ class MPITransport:
         torch_module()  # its dtype tables now: on the first message received they cost ~0.7 ms
         # precompiled plans for lone CPU tensors sent inline (wire_plans.py)
         plans = self.fast and os.environ.get("AIOREADY_MPI_PLANS", "1") != "0"
-        self._send_plans = SendPlans(self._codec, inline_bytes) if plans else None
+        self._send_plans = SendPlans(self._codec, inline_bytes, ZERO_COPY) if plans else None
         # received ones only where nothing follows the decode: CPU delivery, no ordered plane
         self._recv_plans = ReceivePlans() if plans and self._order is None and (
             device is None or str(device) == "cpu") else None
@@ -194,7 +198,10 @@ class MPITransport:
         if buf is not None or not on_cuda and sum(sizes) <= self.inline_bytes:
             if buf is None:
                 buf = self._codec.encode_inline(msg, descriptors, sizes)
-            self._isend(self._hdr, buf, dest, seq, len(buf) >= self.hot_bytes)
+            if type(buf) is tuple:  # a large payload's plan: header and tensor as they are
+                self._isend_parts(dest, seq, buf)
+            else:
+                self._isend(self._hdr, buf, dest, seq, len(buf) >= self.hot_bytes)
             if self._bell is not None:
                 self._bell.ring(dest)
         else:
@@ -296,6 +303,25 @@ class MPITransport:
         # a header that did not leave at once rang its receiver too early: ring again once sent
         ring = dest if self._bell is not None and comm is self._hdr else None
         self._track(req, partial(self._sent, buf, release, ring), big)
+
+    def _isend_parts(self, dest: int, tag: int, parts: tuple[bytes, Any, int, int]) -> None:
+        """One header message written from its parts (`SendPlans.encode`): the header, the
+        tensor's own memory and the zero padding after it, through an MPI datatype of their
+        addresses, where packing them into one bytes object copied the payload twice. The same
+        bytes on the wire; the tensor stays untouched until the send completes (the Transport
+        contract), and is kept alive until then."""
+        head, t, n, tail = parts
+        MPI = self._MPI
+        lengths, where = [len(head), n], [MPI.Get_address(head), t.data_ptr()]
+        if tail:
+            lengths.append(tail)
+            where.append(MPI.Get_address(_ZEROS))
+        dtype = MPI.BYTE.Create_hindexed(lengths, where).Commit()
+        try:  # (freeing a datatype leaves a send that uses it to complete)
+            self._isend(self._hdr, [MPI.BOTTOM, 1, dtype], dest, tag,
+                        len(head) + n + tail >= self.hot_bytes, partial(_keep, head, t))
+        finally:
+            dtype.Free()
 
     def _sent(self, buf: Any, release: Callable[[], None] | None,
               ring: int | None = None) -> None:
@@ -424,9 +450,25 @@ class MPITransport:
                 raise ProtocolError(f"message from rank {src} on the header channel is too "
                                     "large", rank=self._rank, expected=f"<= "
                                     f"{self._max_header_message} bytes", got=f"{count} bytes")
+            n += 1
+            if plans is not None and count <= _SMALL_HEADER:
+                # a bytearray: half np.empty's cost, and the plan's views of it are cheaper
+                small = bytearray(count)
+                req = m.Irecv(small)
+                done = req.Test()
+                if done:
+                    msg = plans.message(small, src)
+                    if msg is not None:  # a layout seen before (wire_plans.py)
+                        self._hand_over(msg)
+                        continue
+                buf = np.frombuffer(small, np.uint8)  # the general path reads numpy
+                if done:
+                    self._route_header(src, seq, buf)
+                else:
+                    self._track(req, partial(self._on_header, src, seq, buf), False)
+                continue
             buf = np.empty(count, np.uint8)
             req = m.Irecv(buf)
-            n += 1
             # matched in the peer's send order: the NCCL plane needs its headers in that order
             ticket = None if self._order is None else self._order.ticket(src)
             if req.Test():
@@ -597,6 +639,10 @@ _PATHS = {"mpi": ("device", "device buffers straight to MPI"),
           "staged": ("staged", "through pooled pinned host buffers"),
           "nccl": ("nccl", "payloads over NCCL communicators made with CuPy, headers over MPI"),
           "custom": ("custom", "payloads over the byte plane given, headers over MPI")}
+
+
+def _keep(*_: Any) -> None:
+    """A send's `release` that only holds its arguments (memory MPI reads) until it is sent."""
 
 
 def _doorbell(MPI: Any, comm: Any) -> Doorbell | None:

@@ -80,32 +80,41 @@ class LayoutPlans:
 class SendPlans:
     """The Struct that writes the whole inline message of a lone CPU tensor, per layout."""
 
-    def __init__(self, codec: WireCodec, inline_bytes: int) -> None:
+    def __init__(self, codec: WireCodec, inline_bytes: int, zero_copy: int = 0) -> None:
         self._inline_bytes = inline_bytes
+        self._zero_copy = zero_copy  # payload bytes from which `encode` gives parts (0: never)
         self._plans = LayoutPlans(codec, self._build)
 
-    def encode(self, msg: Message) -> bytes | None:
+    def encode(self, msg: Message) -> bytes | tuple[bytes, Any, int, int] | None:
         """The header and inline payload of `msg`, or None (LayoutPlans.lookup, or too large to
-        travel inline): the caller takes the general path."""
+        travel inline): the caller takes the general path. From `ZERO_COPY` payload bytes, the
+        parts instead: (header with its padding, the tensor, its bytes, zero bytes after it),
+        for a send straight from the tensor's memory (the MPI transport's vectored send)."""
         found = self._plans.lookup(msg)
         if found is None:
             return None
-        t, (pack, desc, n) = found
+        t, (pack, desc, n, tail) = found
+        if tail is None:
+            return pack(HEADER_MAGIC, _VERSION, msg.kind, msg.step, msg.stage, msg.microbatch,
+                        msg.tag, 1, desc, _string_at(t.data_ptr(), n))
         return pack(HEADER_MAGIC, _VERSION, msg.kind, msg.step, msg.stage, msg.microbatch,
-                    msg.tag, 1, desc, _string_at(t.data_ptr(), n))
+                    msg.tag, 1, desc), t, n, tail
 
-    def _build(self, desc: bytes, n: int) -> tuple[Any, bytes, int] | None:
+    def _build(self, desc: bytes, n: int) -> tuple[Any, bytes, int, int | None] | None:
         if n > self._inline_bytes:
             return None
         head = _FIXED.size + len(desc)
-        return (struct.Struct(f"<{_FIXED.format[1:]}{len(desc)}s{align(head) - head}x"
-                              f"{n}s{align(n) - n}x").pack, desc, n)
+        fixed = f"<{_FIXED.format[1:]}{len(desc)}s{align(head) - head}x"
+        if self._zero_copy and n >= self._zero_copy:  # the header alone, with its padding
+            return struct.Struct(fixed).pack, desc, n, align(n) - n
+        return struct.Struct(f"{fixed}{n}s{align(n) - n}x").pack, desc, n, None
 
 
 class _ReceivePlan:
-    __slots__ = ("unpack_from", "desc", "n", "views", "one")
+    __slots__ = ("unpack_from", "desc", "n", "views", "one", "from_numpy")
 
     def __init__(self, desc: bytes, layout: Layout) -> None:
+        self.from_numpy = torch_module().from_numpy  # (a call less per message)
         self.unpack_from = struct.Struct(f"<{_FIXED.format[1:]}{len(desc)}s").unpack_from
         self.desc = desc
         self.n = len(layout.specs)
@@ -141,8 +150,9 @@ class ReceivePlans:
         if plan.views is not None:
             self._by_len[size] = plan
 
-    def message(self, buf: np.ndarray, source: int) -> Message | None:
-        """The message in `buf` if a plan takes it (see the module note), else None."""
+    def message(self, buf: np.ndarray | bytearray, source: int) -> Message | None:
+        """The message in `buf` if a plan takes it (see the module note), else None; its
+        tensors view `buf` (a numpy array or a bytearray, both writable)."""
         plan = self._by_len.get(len(buf))
         if plan is None:
             return None
@@ -152,10 +162,9 @@ class ReceivePlans:
             return None
         one = plan.one
         if one is not None:
-            tensors: tuple[Any, ...] = (
-                torch_module().from_numpy(np.ndarray(one[0], one[1], buf, one[2])),)
+            tensors: tuple[Any, ...] = (plan.from_numpy(np.ndarray(one[0], one[1], buf, one[2])),)
         elif plan.views:
-            from_numpy = torch_module().from_numpy
+            from_numpy = plan.from_numpy
             tensors = tuple([from_numpy(np.ndarray(shape, npdt, buf, off))
                              for shape, npdt, off in plan.views])
         else:  # header only
