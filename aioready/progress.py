@@ -104,7 +104,7 @@ class ProgressConfig:
     bell_backstop_s: float = 50e-3  # AIOREADY_BELL_BACKSTOP_MS: longest park on a doorbell
     busy_sleep: bool = False  # AIOREADY_BUSY_SLEEP=1: sleep through tasks (_park_through_task)
     task_lead_s: float = 0.0  # AIOREADY_TASK_LEAD_US: one poll this long before a known end
-    inline_disarm: bool = True  # AIOREADY_INLINE_DISARM=0: rings through a loop-thread task
+    inline_disarm: bool = False  # AIOREADY_INLINE_DISARM=1: no rings into a loop-thread task
     yield_every: int = 0  # AIOREADY_YIELD_EVERY: hot passes between sched_yield() (0: never)
     timer: str = "auto"  # AIOREADY_TIMER: auto | timerfd | call_later
 
@@ -485,7 +485,8 @@ class ProgressEngine:
         nobody, where it cost the sender a datagram and this rank, after the task, a reader
         callback whose poll found the message gone (the task's-end poll had delivered it), a
         wake-up of the engine's task and its grace parks (docs/hot_path.md "The quiet path's
-        doorbells"). The park itself goes on. Switch: `AIOREADY_INLINE_DISARM=0`."""
+        doorbells"). The park itself goes on. Off by default (`AIOREADY_INLINE_DISARM=1`):
+        less CPU a task, but bench.e2e's steps were 2-8 % longer (docs/hot_path.md)."""
         if self._armed and self.config.inline_disarm:
             for src in self._armed:
                 src.disarm_doorbell()

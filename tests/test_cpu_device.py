@@ -177,13 +177,13 @@ def test_by_default_quiet_only_on_a_loop_aioready_made(monkeypatch: pytest.Monke
 
 
 async def test_a_quiet_task_computes_with_the_engines_doorbells_disarmed() -> None:
-    """A task that starts while the engine is parked on its doorbells computes with them
-    disarmed (a peer's message meanwhile rings nobody: the loop could not answer it), and the
+    """With `inline_disarm`, a task that starts while the engine is parked on its doorbells
+    computes with them disarmed (a peer's message meanwhile rings nobody: the loop could not answer it), and the
     park is armed again when the task ends, with the task's-end poll after it."""
     loop = asyncio.get_running_loop()
     engine = ProgressEngine.for_loop(loop)
     config = engine.config
-    engine.reconfigure(ProgressConfig(spin_s=0.0))  # straight to the doorbells when waiting
+    engine.reconfigure(ProgressConfig(spin_s=0.0, inline_disarm=True))  # no spin window
     source = BellSource()
     engine.add_source(source)
     device = cpu.CPUDevice("bell", quiet_inline=True)

@@ -650,7 +650,8 @@ def test_a_park_through_loop_thread_tasks_keeps_its_backstop_back_and_yields_to_
     now tracks needs polling) ends the park: the engine's task wakes and parks on a timer."""
     async def main() -> tuple[int, int, int, bool, int]:
         loop = asyncio.get_running_loop()
-        engine = ProgressEngine(loop, ProgressConfig(spin_s=0.0, bell_backstop_s=50e-3))
+        engine = ProgressEngine(loop, ProgressConfig(spin_s=0.0, bell_backstop_s=50e-3,
+                                                     inline_disarm=True))
         src = BellSource(loop, engine)
         engine.add_source(src)
         engine.set_waiting(True)
@@ -702,7 +703,8 @@ def test_a_loop_thread_tasks_end_polls_until_dry() -> None:
     waited for the 50 ms backstop: bench.e2e 1f1b/ready steps 0.83 -> 1.07 s before)."""
     async def main() -> tuple[bool, int]:
         loop = asyncio.get_running_loop()
-        engine = ProgressEngine(loop, ProgressConfig(spin_s=0.0, bell_backstop_s=50e-3))
+        engine = ProgressEngine(loop, ProgressConfig(spin_s=0.0, bell_backstop_s=50e-3,
+                                                     inline_disarm=True))
         src = OneAtATime(loop, engine)
         engine.add_source(src)
         engine.set_waiting(True)
