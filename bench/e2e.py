@@ -332,21 +332,31 @@ SAME_SCHEDULE = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B",
                  "interleaved-zb": "ScheduleInterleavedZeroBubble", "zbv": "ScheduleZBVZeroBubble"}
 
 
-def cpu_us_per_task(row: dict[str, Any], microbatches: int, ranks: int = 4) -> float:
+def cpu_us_per_task(row: dict[str, Any], microbatches: int, ranks: int = 4,
+                    beyond_compute: bool = False) -> float:
     """A rank's process CPU per step divided by the tasks it runs in a step (F, B and, split,
     W, for each chunk it holds): the runtime's CPU per task, on top of the same model compute
-    on both sides (docs/hot_path.md)."""
+    on both sides (docs/hot_path.md). `beyond_compute`: less that compute as measured on the
+    rank (bench/e2e_compute.py); NaN for a record without it."""
     tasks = microbatches * (3 if row["split_backward"] else 2) * row["num_stages"] // ranks
-    return _mean(row.get("cpu_s_per_step", [])) / tasks * 1e6
+    cpu = _mean(row.get("cpu_s_per_step", []))
+    if beyond_compute:
+        compute = row.get("compute_s_per_step")
+        cpu = cpu - _mean(compute) if compute else float("nan")
+    return cpu / tasks * 1e6
 
 
 def _per_task(summaries: list[dict[str, Any]], microbatches: int) -> list[str]:
     """CPU per task, aioready against torch.distributed.pipelining on the same schedule."""
     lines = ["## CPU per task on the same schedule", "",
              "A rank's CPU per step / its tasks per step, in us (both sides run the same model "
-             "compute, so the difference is the runtime's).", "",
+             "compute, so the difference is the runtime's). Beyond compute: the same less the "
+             "thread CPU measured inside the stage modules' forward, autograd's backward and "
+             "grad and the loss, alike on both sides (bench/e2e_compute.py): what each runtime "
+             "spends per task beyond the model.", "",
              "| scenario | schedule | aioready config | aioready us/task | torch us/task | "
-             "aioready / torch |", "|---|---|---|---|---|---|"]
+             "aioready / torch | aioready beyond compute | torch beyond compute | "
+             "aioready / torch beyond compute |", "|---|---|---|---|---|---|---|---|---|"]
     for s in summaries:
         torch_rows = {r["name"]: r for r in s["rows"] if r["side"] == "torch"}
         for r in sorted(s["rows"], key=lambda r: r["name"]):
@@ -355,9 +365,11 @@ def _per_task(summaries: list[dict[str, Any]], microbatches: int) -> list[str]:
             if r["side"] != "aioready" or other is None or "@" in r["name"]:
                 continue
             a, t = cpu_us_per_task(r, microbatches), cpu_us_per_task(other, microbatches)
+            ab = cpu_us_per_task(r, microbatches, beyond_compute=True)
+            tb = cpu_us_per_task(other, microbatches, beyond_compute=True)
             if t:
                 lines.append(f"| `{s['scenario']}` | {hint} | {r['name']} | {a:.0f} | "
-                             f"{t:.0f} | {a / t:.2f} |")
+                             f"{t:.0f} | {a / t:.2f} | {ab:.0f} | {tb:.0f} | {ab / tb:.2f} |")
     return lines + [""]
 
 

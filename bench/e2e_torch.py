@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 from aioready.placement import Placement
 
+from .e2e_compute import METER
 from .e2e_worker import (
     TORCH_SCHEDULES,
     RunShape,
@@ -55,6 +56,7 @@ def run_torch(args: argparse.Namespace, trace: Any, configs: list[str],
         dist.init_process_group("gloo")
     rank, size = dist.get_rank(), dist.get_world_size()
     torch.set_num_threads(1)
+    METER.install()
     x, y, tags = _data(args)
     M = args.microbatches
     straggler = parse_straggler(args.straggler)
@@ -68,33 +70,36 @@ def run_torch(args: argparse.Namespace, trace: Any, configs: list[str],
                                            *_static_meta(args, s, S))
                   for m, s in zip(modules, mine)]
         cls = getattr(pipelining, name)
-        schedule = cls(stages if chunks > 1 else stages[0], n_microbatches=M, loss_fn=lm_loss,
-                       scale_grads=True)
+        schedule = cls(stages if chunks > 1 else stages[0], n_microbatches=M,
+                       loss_fn=METER.wrap(lm_loss), scale_grads=True)
         has_first, has_last = 0 in mine, S - 1 in mine
-        times, cpu, loss = [], [], 0.0
+        times, cpu, compute, loss = [], [], [], 0.0
         for step in range(args.warmup + args.steps):
             _begin_step(modules, injector, step, args.warmup)
             losses: list[Any] = []
             call_args = (x, tags) if has_first else ()
             kwargs: dict[str, Any] = {"target": y, "losses": losses} if has_last else {}
             dist.barrier()
-            c0, t0 = time.process_time(), time.perf_counter()
+            m0, c0, t0 = METER.seconds, time.process_time(), time.perf_counter()
             schedule.step(*call_args, **kwargs)
             times.append(time.perf_counter() - t0)
             cpu.append(time.process_time() - c0)
+            compute.append(METER.seconds - m0)
             if has_last:
                 loss = float(sum(float(v.detach()) for v in losses) / M)
         gathered: list[Any] = [None] * size
         dist.all_gather_object(gathered, (times[args.warmup:], loss if has_last else None,
                                           _grad_sq(modules), list(injector.slept),
                                           list(injector.count), _per_step(cpu, args.warmup),
-                                          injector.peak_activations()))
+                                          injector.peak_activations(),
+                                          _per_step(compute, args.warmup)))
         if rank == 0:
             all_times = [g[0] for g in gathered]
             the_loss = next(g[1] for g in gathered if g[1] is not None)
             emit(_record(name, shape, all_times, the_loss, sum(g[2] for g in gathered),
                          [g[3] for g in gathered], [g[4] for g in gathered],
-                         [g[5] for g in gathered], [g[6] for g in gathered]))
+                         [g[5] for g in gathered], [g[6] for g in gathered],
+                         [g[7] for g in gathered]))
         dist.barrier()
     dist.destroy_process_group()
 

@@ -25,6 +25,8 @@ from aioready.placement import Placement
 from aioready.runtime.rank import POLICIES
 from aioready.tasks import Kind
 
+from .e2e_compute import METER
+
 __all__ = ["RunShape", "stage_seconds", "AIOREADY_SPLIT", "TORCH_SCHEDULES", "parse_straggler",
            "parse_config", "DEFAULT", "default_start"]
 
@@ -60,8 +62,11 @@ class RunShape:
 
 
 # aioready's device for the stage compute: 'cpu' (worker thread, the default) or 'inline';
-# AIOREADY_E2E_PROFILE=DIR writes a cProfile of each aioready rank's loop thread to DIR/rankN.prof
+# AIOREADY_E2E_PROFILE=DIR writes a cProfile of each aioready rank's loop thread to DIR/rankN.prof:
+# the measured steps only, timed by the thread's CPU time (a wall-clock profile of a loop that
+# mostly waits reads the wait as the loop's own time)
 DEVICE = os.environ.get("AIOREADY_E2E_DEVICE", "cpu")
+PROFILE_DIR = os.environ.get("AIOREADY_E2E_PROFILE")
 
 
 def parse_straggler(text: str | None) -> tuple[int, float] | None:
@@ -159,12 +164,12 @@ def _per_step(cpu: list[float], warmup: int) -> float:
 
 def _record(name: str, shape: RunShape, times: list[list[float]], loss: float,
             grad_sq: float, slept: list[list[float]], counts: list[list[int]],
-            cpu: list[float], peak: list[float]) -> dict[str, Any]:
+            cpu: list[float], peak: list[float], compute: list[float]) -> dict[str, Any]:
     return {"name": name, "style": shape.placement.style,
             "num_stages": shape.placement.num_stages, "split_backward": shape.split_backward,
             "step_s": [max(per_rank) for per_rank in zip(*times)], "loss": loss,
             "grad_sq": grad_sq, "slept_s": slept, "sleep_counts": counts,
-            "cpu_s_per_step": cpu, "peak_activations": peak}
+            "cpu_s_per_step": cpu, "compute_s_per_step": compute, "peak_activations": peak}
 
 
 def default_start(groups: int, ranks: int, microbatches: int, trace: Any,
@@ -277,17 +282,23 @@ def run_aioready(args: argparse.Namespace, trace: Any, configs: list[str],
         mine = shape.placement.stages_of(rank)
         stages, injector = _build(args, shape, mine, trace, straggler)
         transport = TorchDistTransport() if gloo else MPITransport(comm)
-        pipe = Pipeline(stages, lm_loss, microbatches=M, mode=mode, policy=policy, hint=auto,
-                        transport=transport, split_backward=split, device=DEVICE,
+        pipe = Pipeline(stages, METER.wrap(lm_loss), microbatches=M, mode=mode, policy=policy,
+                        hint=auto, transport=transport, split_backward=split, device=DEVICE,
                         num_stages=shape.placement.num_stages, cap=cap)
-        times, cpu, loss = [], [], None
+        times, cpu, compute, loss = [], [], [], None
         for step in range(args.warmup + args.steps):
             _begin_step(stages, injector, step, args.warmup)
             comm.Barrier()
-            c0, t0 = time.process_time(), time.perf_counter()
+            measured = profiler is not None and step >= args.warmup
+            if measured:
+                profiler.enable()
+            m0, c0, t0 = METER.seconds, time.process_time(), time.perf_counter()
             out = await pipe.step(inputs, targets)
             times.append(time.perf_counter() - t0)
             cpu.append(time.process_time() - c0)
+            compute.append(METER.seconds - m0)
+            if measured:
+                profiler.disable()
             if SPANS_DIR:
                 _dump_spans(pipe.last_step.spans, f"{hint}-{mode}", rank, step)
             if out is not None:
@@ -301,13 +312,15 @@ def run_aioready(args: argparse.Namespace, trace: Any, configs: list[str],
         counts = comm.gather(list(injector.count), root=0)
         cpus = comm.gather(_per_step(cpu, args.warmup), root=0)
         peaks = comm.gather(injector.peak_activations(), root=0)
+        computes = comm.gather(_per_step(compute, args.warmup), root=0)
         if rank != 0:
             return {}
         the_loss = next(v for v in losses if v is not None)
         name = (DEFAULT if start is not None else f"{hint}/{mode}"
                 + (f":{policy}" if policy != "reserve" else "") + (f"@{cap}" if cap else "")
                 ) + ("+gloo" if gloo else "")
-        record = _record(name, shape, all_times, the_loss, grad_sq, slept, counts, cpus, peaks)
+        record = _record(name, shape, all_times, the_loss, grad_sq, slept, counts, cpus, peaks,
+                         computes)
         if start is not None:  # what the simulator's twin starts from (e2e_scale_report.py)
             record["start"] = {"hint": start.choice.hint, "label": start.label,
                                "budget": start.budget, "budget_unit": "activations"}
@@ -324,17 +337,15 @@ def run_aioready(args: argparse.Namespace, trace: Any, configs: list[str],
                 emit(record)
 
     torch.set_num_threads(1)
-    profile_dir = os.environ.get("AIOREADY_E2E_PROFILE")  # DIR: cProfile each rank's loop thread
+    METER.install()
     profiler = None
-    if profile_dir:
+    if PROFILE_DIR:
         import cProfile
-        profiler = cProfile.Profile()
-        profiler.enable()
+        profiler = cProfile.Profile(time.thread_time)
     run_loop(all_configs())  # aioready.run's loop (uvloop), as a launched job has
     if profiler is not None:
-        profiler.disable()
-        Path(profile_dir).mkdir(parents=True, exist_ok=True)
-        profiler.dump_stats(str(Path(profile_dir) / f"rank{rank}.prof"))
+        Path(PROFILE_DIR).mkdir(parents=True, exist_ok=True)
+        profiler.dump_stats(str(Path(PROFILE_DIR) / f"rank{rank}.prof"))
 
 
 def _rank() -> int:

@@ -45,6 +45,9 @@ def test_e2e_harness_smallest(tmp_path: Path) -> None:
         assert 0 < row["efficiency"] <= 1.05, (name, row["efficiency"])
         assert len(row["cpu_s_per_step"]) == RANKS and all(
             math.isfinite(c) and c > 0 for c in row["cpu_s_per_step"]), name
+        # the model compute is measured on both sides, inside each rank's CPU (e2e_compute.py)
+        assert len(row["compute_s_per_step"]) == RANKS and all(
+            0 < m < c for m, c in zip(row["compute_s_per_step"], row["cpu_s_per_step"])), name
         shape = RunShape(Placement(row["num_stages"], RANKS, row["style"]), GROUPS,
                          row["split_backward"])
         for rank in range(RANKS):  # what each rank slept is what the trace gives its stages

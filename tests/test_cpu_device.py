@@ -16,7 +16,7 @@ from aioready.devices import cpu
 from aioready.devices.base import TaskInfo
 from aioready.errors import ConfigError
 from aioready.launch import run_loop
-from aioready.progress import ProgressEngine
+from aioready.progress import ProgressConfig, ProgressEngine
 from aioready.tasks import Kind
 
 pytestmark = pytest.mark.timeout(60)
@@ -46,6 +46,21 @@ class HotSource:
 
     def wants_hot(self) -> bool:
         return self.hot
+
+
+class BellSource(HotSource):
+    """A quiet source with a doorbell (as the MPI transport has on one host)."""
+
+    def __init__(self) -> None:
+        super().__init__(False)
+        self.armed = False
+
+    def arm_doorbell(self) -> bool:
+        self.armed = True
+        return True
+
+    def disarm_doorbell(self) -> None:
+        self.armed = False
 
 
 async def _thread_of(device: cpu.CPUDevice) -> int:
@@ -158,4 +173,33 @@ def test_by_default_quiet_only_on_a_loop_aioready_made(monkeypatch: pytest.Monke
     try:
         assert asyncio.run(_thread_of(device)) == threading.get_ident()
     finally:
+        device.close()
+
+
+async def test_a_quiet_task_computes_with_the_engines_doorbells_disarmed() -> None:
+    """With `inline_disarm`, a task that starts while the engine is parked on its doorbells
+    computes with them disarmed (a peer's message meanwhile rings nobody: the loop could not answer it), and the
+    park is armed again when the task ends, with the task's-end poll after it."""
+    loop = asyncio.get_running_loop()
+    engine = ProgressEngine.for_loop(loop)
+    config = engine.config
+    engine.reconfigure(ProgressConfig(spin_s=0.0, inline_disarm=True))  # no spin window
+    source = BellSource()
+    engine.add_source(source)
+    device = cpu.CPUDevice("bell", quiet_inline=True)
+    try:
+        engine.set_waiting(True)
+        for _ in range(1000):
+            if source.armed:
+                break
+            await asyncio.sleep(0.001)
+        assert source.armed
+        engine.set_waiting(False)
+        polls = source.polls
+        armed_during = await device.run(INFO, lambda: source.armed)
+        assert device.num_quiet == 1 and not armed_during
+        assert source.armed and source.polls == polls + 1
+    finally:
+        engine.remove_source(source)
+        engine.reconfigure(config)
         device.close()

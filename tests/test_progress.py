@@ -599,3 +599,128 @@ def test_a_paced_task_gets_one_poll_before_its_end(lead_s: float, from_doorbell:
     else:
         assert 0.010 < took <= 0.015 + 1e-9 and src.num_rung == 0, took
         assert 4 <= parks <= 5, parks
+
+
+@pytest.mark.parametrize("disarm", [True, False], ids=["disarmed", "switch-off"])
+def test_a_task_on_the_loop_thread_is_not_rung_and_its_park_goes_on(disarm: bool) -> None:
+    """A task computes on the loop thread (devices/cpu.py's quiet path) while the engine is
+    parked on its doorbells: nothing can answer a ring then, so the doorbells are disarmed for
+    the task and a message that arrives meanwhile rings nobody; at the task's end they are
+    re-armed, one poll delivers the message, and the park goes on (no new doorbell park, no
+    ring counted, no wake-up of the engine's task). With the switch off the message rings the
+    rank during the task: the end's poll delivers it all the same, and the ring then ends the
+    park for nothing (a ring counted, and the grace parks after it)."""
+    async def main() -> tuple[bool, bool, int, int, bool, BellSource, ProgressEngine]:
+        loop = asyncio.get_running_loop()
+        engine = ProgressEngine(loop, ProgressConfig(spin_s=0.0, bell_backstop_s=50e-3,
+                                                     inline_disarm=disarm))
+        src = BellSource(loop, engine)
+        engine.add_source(src)
+        engine.set_waiting(True)
+        src.add(1e9)  # always something pending: the engine parks, never idles
+        fut = src.add(100.0)
+        await asyncio.sleep(0.002)  # parked on the doorbell
+        assert src.armed
+        parks, polls = engine.num_doorbell_parks, src.num_polls
+        engine.set_waiting(False)  # a task starts, on the loop thread
+        engine.inline_task_begins()
+        src.arrive()  # its message comes during the task
+        armed_during = src.armed
+        engine.inline_task_ends()
+        delivered = fut.done()
+        await asyncio.sleep(0.001)
+        parks, polls = engine.num_doorbell_parks - parks, src.num_polls - polls
+        armed_after = src.armed
+        engine.close()
+        return armed_during, delivered, parks, polls, armed_after, src, engine
+
+    armed_during, delivered, parks, polls, armed_after, src, engine = run_virtual(main())
+    assert delivered  # the task's-end poll, either way
+    if disarm:
+        assert not armed_during and src.num_rung == 0 and engine.num_rings == 0
+        assert armed_after and parks == 0 and polls == 2, (parks, polls)  # and a dry one
+    else:
+        assert armed_during and src.num_rung == 1 and engine.num_rings == 1
+
+
+def test_a_park_through_loop_thread_tasks_keeps_its_backstop_back_and_yields_to_polling() -> None:
+    """Tasks on the loop thread every 20 ms keep a doorbell park going: each end's poll pushes
+    its 50 ms backstop back (no poll of the engine's own, no new park), and the backstop still
+    ends it 50 ms after the last. A source that refuses to re-arm at a task's end (a request it
+    now tracks needs polling) ends the park: the engine's task wakes and parks on a timer."""
+    async def main() -> tuple[int, int, int, bool, int]:
+        loop = asyncio.get_running_loop()
+        engine = ProgressEngine(loop, ProgressConfig(spin_s=0.0, bell_backstop_s=50e-3,
+                                                     inline_disarm=True))
+        src = BellSource(loop, engine)
+        engine.add_source(src)
+        engine.set_waiting(True)
+        src.add(1e9)
+        await asyncio.sleep(0.0103)
+        parks, polls = engine.num_doorbell_parks, src.num_polls
+        for _ in range(10):
+            engine.set_waiting(False)
+            engine.inline_task_begins()
+            engine.inline_task_ends()
+            engine.set_waiting(True)
+            await asyncio.sleep(0.020)
+        parks, polls = engine.num_doorbell_parks - parks, src.num_polls - polls
+        later = engine.num_doorbell_parks
+        await asyncio.sleep(0.060)  # no task: the backstop ends the park, a new one begins
+        later = engine.num_doorbell_parks - later
+        engine.set_waiting(False)
+        engine.inline_task_begins()
+        src.can_arm = False
+        engine.inline_task_ends()
+        await asyncio.sleep(0.001)
+        woke = not src.armed and engine.num_parks
+        engine.close()
+        return parks, polls, later, bool(woke), engine.num_inline_disarms
+
+    parks, polls, later, woke, disarms = run_virtual(main())
+    assert parks == 0 and polls == 10, (parks, polls)
+    assert later == 1 and woke and disarms == 11, (later, disarms)
+
+
+class OneAtATime(BellSource):
+    """A BellSource whose poll completes one due item (a poll that matched an older message and
+    missed the one that came since MPI's last call, as MPICH may)."""
+
+    def poll(self) -> int:
+        self.num_polls += 1
+        now = self.loop.time()
+        for i, (t, f) in enumerate(self.items):
+            if t <= now:
+                del self.items[i]
+                f.set_result(now)
+                return 1
+        return 0
+
+
+def test_a_loop_thread_tasks_end_polls_until_dry() -> None:
+    """Messages that came during a task on the loop thread rang nobody: the task's end polls
+    until a poll completes nothing, so none is left waiting for a ring that will not come (it
+    waited for the 50 ms backstop: bench.e2e 1f1b/ready steps 0.83 -> 1.07 s before)."""
+    async def main() -> tuple[bool, int]:
+        loop = asyncio.get_running_loop()
+        engine = ProgressEngine(loop, ProgressConfig(spin_s=0.0, bell_backstop_s=50e-3,
+                                                     inline_disarm=True))
+        src = OneAtATime(loop, engine)
+        engine.add_source(src)
+        engine.set_waiting(True)
+        src.add(1e9)
+        futs = [src.add(100.0) for _ in range(3)]
+        await asyncio.sleep(0.002)
+        engine.set_waiting(False)
+        engine.inline_task_begins()
+        src.arrive()
+        polls = src.num_polls
+        engine.inline_task_ends()
+        done = all(f.done() for f in futs)
+        polls = src.num_polls - polls
+        engine.close()
+        return done, polls
+
+    done, polls = run_virtual(main())
+    # four items come (arrive() makes every one due), one a poll, then a dry poll
+    assert done and polls == 5, polls

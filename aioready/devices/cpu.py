@@ -105,11 +105,13 @@ class CPUDevice:
             engine = ProgressEngine.existing(loop)
             if _quiet(engine) and _grad_enabled():
                 self.num_quiet += 1
+                if engine is None:
+                    return self._timed((info.stage, info.kind), fn)
+                engine.inline_task_begins()  # no rings into a loop that cannot answer them
                 try:
                     return self._timed((info.stage, info.kind), fn)
-                finally:
-                    if engine is not None:  # what arrived meanwhile, before the next decision
-                        engine.poll()
+                finally:  # what arrived meanwhile, before the next decision
+                    engine.inline_task_ends()
         if not self.inline_below_s:
             return await loop.run_in_executor(self._pool, fn)
         key = (info.stage, info.kind)

@@ -19,6 +19,7 @@ import torch
 from mpi4py import MPI
 
 from aioready.launch import run, say
+from aioready.progress import ProgressEngine
 from aioready.runtime.pipeline import Pipeline
 from aioready.schedulers import HINTS, make_hint
 from aioready.testing.helpers import make_mlp_stages, mse_loss, reference_step
@@ -75,6 +76,7 @@ async def one_case(comm, case: str, seed: int) -> None:
     await transport.close()
     pipe.close()
     quiet = comm.allreduce(sum(getattr(rt.device, "num_quiet", 0) for rt in pipe.runtimes))
+    disarms = comm.allreduce(ProgressEngine.for_loop().num_inline_disarms)  # since the start
     ref_loss, ref = reference_step(make_mlp_stages(S, width=WIDTH, seed=seed), mse_loss, xs, ys)
     gdiff = 0.0
     for s in mine:
@@ -85,7 +87,7 @@ async def one_case(comm, case: str, seed: int) -> None:
     gdiff, ldiff = max_all(comm, gdiff), max_all(comm, ldiff)
     if rank == 0:
         say(f"RESULT {case} loss_diff={ldiff:.3e} grad_diff={gdiff:.3e} "
-            f"loss_seen={int(has_loss)} quiet={quiet}")
+            f"loss_seen={int(has_loss)} quiet={quiet} disarms={disarms}")
 
 
 async def out_of_order(comm, seed: int) -> None:
