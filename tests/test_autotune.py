@@ -391,6 +391,7 @@ def test_cli_train_auto_prints_its_choice(capsys: pytest.CaptureFixture[str]) ->
                  "--split-backward", "--hint", "auto", "--cap", "2x", "--sleep-only",
                  "--task-ms", "2", "--jitter", "multimodal:0.5:2", "--no-progress"]) == 0
     out = capsys.readouterr().out
-    assert re.search(r"^hint=auto: \S+ (ready|strict) from step 1, caps \[\d+, \d+\]$", out,
-                     re.M)
+    # the choice follows measured (sleep) durations, so any policy may win on a loaded host
+    assert re.search(r"^hint=auto: \S+ (ready(/(greedy|light))?|strict) from step 1, "
+                     r"caps \[\d+, \d+\]$", out, re.M)
     assert "budget per rank: [4, 2]; chosen:" in out
