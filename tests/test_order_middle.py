@@ -57,3 +57,18 @@ def test_auto_tries_middle_and_it_wins_where_the_drain_waits() -> None:
     assert fixed.step_time == run.step_time  # the row is the run
     assert max(fixed.peak_in_flight) <= 16
     assert run.efficiency > 0.98
+
+
+def test_the_light_tail_shortens_the_drain() -> None:
+    """bench.drain's reading of the same case: the time ranks wait after their last forward
+    is what the light tail wins back; every idle share is a real stretch of time."""
+    from bench.drain import _run, idle_split
+    S, caps = 8, [16] * 8
+    shares = {}
+    for how in ("ascending", "middle"):
+        result, report = _run(S, 0, caps, how)
+        shares[how] = idle_split(report, S)
+        busy = sum(s.end - s.start for s in report.spans) / S
+        assert all(x >= -1e-9 for x in shares[how])
+        assert sum(shares[how]) + busy == pytest.approx(report.end - report.start)
+    assert shares["middle"][2] < 0.5 * shares["ascending"][2]
