@@ -33,7 +33,7 @@ def test_cost_order_shapes() -> None:
     assert cost_order(costs, "given") == tuple(range(6))
     assert cost_order([2.0] * 5, "ascending") == tuple(range(5))  # equal costs: identity
     for how in ORDERS:
-        assert sorted(cost_order(costs, how)) == list(range(6))
+        assert sorted(cost_order(costs, how, stages=2)) == list(range(6))
     with pytest.raises(ConfigError):
         cost_order(costs, "random")
 
@@ -101,7 +101,7 @@ def test_reordered_steps_never_deadlock(case: tuple[str, int, bool], M: int, how
         M = 2 * -(-M // 2)
     rng = random.Random(seed)
     costs = [rng.choice([1.0, 1.0, 3.0, 0.5]) for _ in range(M)]
-    slots = cost_order(costs, how)
+    slots = cost_order(costs, how, S)
     noise: dict[tuple[int, int, int], float] = {}
 
     def duration(info: object) -> float:
@@ -128,7 +128,7 @@ def test_reordered_steps_never_deadlock(case: tuple[str, int, bool], M: int, how
 
 @pytest.mark.parametrize("mode", ["strict", "ready"])
 @pytest.mark.parametrize("hint,split", [("1f1b", False), ("zbv", True), ("interleaved-zb", True)])
-@pytest.mark.parametrize("how", ["ascending", "descending"])
+@pytest.mark.parametrize("how", ["ascending", "descending", "middle"])
 def test_gradients_stay_exact(hint: str, split: bool, mode: str, how: str) -> None:
     """Microbatches of different sizes, ordered by their bytes (the default cost): loss and
     gradients match the unsplit model, last_losses come back in the caller's order."""

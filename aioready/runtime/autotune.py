@@ -151,13 +151,14 @@ class AutoTuning:
         return every > 0 and (steps_done - first) % every == 0
 
     def step_order(self, how: str, num_microbatches: int, inputs: list[Any] | None,
-                   costs: Sequence[float] | None, *, one_process: bool
-                   ) -> tuple[int, ...] | None:
+                   costs: Sequence[float] | None, *, one_process: bool,
+                   stages: int | None = None) -> tuple[int, ...] | None:
         """A step's slot order (mb_order.step_order), its costs kept where auto chooses it."""
         if self.orders is None:
-            return step_order(how, num_microbatches, inputs, costs, one_process=one_process)
+            return step_order(how, num_microbatches, inputs, costs, one_process=one_process,
+                              stages=stages)
         return self.orders.step_slots(how, num_microbatches, inputs, costs,
-                                      one_process=one_process)
+                                      one_process=one_process, stages=stages)
 
     async def after_step(self, pipe: Any) -> None:
         if self.reference is None:

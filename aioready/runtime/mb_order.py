@@ -1,6 +1,6 @@
 """A Pipeline's microbatch order per step: which microbatch runs in which slot of the hint.
 
-`Pipeline(microbatch_order="ascending" | "descending")` runs each step's microbatches in
+`Pipeline(microbatch_order="ascending" | "descending" | "middle")` runs each step's microbatches in
 `schedulers.order.cost_order` of a cost known before the step (docs/policy.md "The microbatch
 order"). The cost is `step(costs=...)`, one number per microbatch in the caller's order (tokens,
 images: what the job knows its microbatches by), or by default each microbatch's input bytes,
@@ -42,8 +42,10 @@ def input_bytes(value: Any) -> float:
 
 
 def step_order(how: str, num_microbatches: int, inputs: list[Any] | None,
-               costs: Sequence[float] | None, *, one_process: bool) -> tuple[int, ...] | None:
-    """Slot -> the caller's microbatch index for one step, or None to keep the given order."""
+               costs: Sequence[float] | None, *, one_process: bool,
+               stages: int | None = None) -> tuple[int, ...] | None:
+    """Slot -> the caller's microbatch index for one step, or None to keep the given order.
+    `stages`: the pipeline's number of stages (the "middle" order's tail follows it)."""
     if how == "given":
         if costs is not None:
             raise ConfigError("step(costs=...) orders microbatches only under a microbatch "
@@ -60,5 +62,5 @@ def step_order(how: str, num_microbatches: int, inputs: list[Any] | None,
             raise ConfigError(f"microbatch_order={how!r} without costs= orders by the inputs' "
                               "bytes", expected="inputs, or step(costs=...)", got="inputs=None")
         costs = [input_bytes(mb) for mb in inputs]
-    order = cost_order(check_costs(costs, num_microbatches), how)
+    order = cost_order(check_costs(costs, num_microbatches), how, stages)
     return None if order == tuple(range(num_microbatches)) else order

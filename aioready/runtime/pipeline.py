@@ -334,7 +334,8 @@ class Pipeline:
         tgts = split_microbatches(targets, M, name="targets")
         slots = (step_order if self.auto is None else self.auto.step_order)(
             self.microbatch_order, M, mbs, costs,
-            one_process=self.transport is None or self.transport.world_size == 1)
+            one_process=self.transport is None or self.transport.world_size == 1,
+            stages=self.hint.placement.num_stages)
         if slots is not None:
             mbs = None if mbs is None else [mbs[m] for m in slots]
             tgts = None if tgts is None else [tgts[m] for m in slots]

@@ -15,8 +15,15 @@ microbatch last (the drain runs backward pieces, the longer ones) and a light on
 - "descending": the next lightest first, then the others heaviest first: a heavy microbatch's
   long round trip overlaps the others' work. It wins where microbatches are few per stage
   (S=4, M=16 unsplit), "ascending" where they are many (S >= 8, 2S in flight).
+- "middle": the heavy ones in the middle, between two runs of light ones: the 3S/2 lightest
+  (S stages) last, lightest at the very end, the rest before them lightest first. It is
+  "ascending" with a longer light tail: after the last heavy microbatch enters, enough light
+  ones follow it to keep every stage busy while its long round trip (S stages down, S back up)
+  drains, instead of the drain waiting on it. The optimum's schedules have this shape too.
+  The tail's length is the one measured shape parameter (S, 3S/2, 2S tried; docs/policy.md
+  "The microbatch order"), so it needs the number of stages.
 
-Neither wins everywhere, so `hint="auto"` simulates both next to the given order.
+None wins everywhere, so `hint="auto"` simulates each next to the given order.
 
 The cost is what the caller knows before running the microbatch (its size: tokens, images,
 bytes), never a measured duration of this step. Equal costs keep their given order, so
@@ -32,8 +39,12 @@ from ..errors import ConfigError
 
 __all__ = ["ORDERS", "cost_order", "check_costs"]
 
-ORDERS = ("given", "ascending", "descending")
-"""Microbatch orders: as given, or `cost_order` of the known costs in one of two shapes."""
+ORDERS = ("given", "ascending", "descending", "middle")
+"""Microbatch orders: as given, or `cost_order` of the known costs in one of three shapes
+(new ones go last: a choice crosses MPI as an index into this tuple)."""
+
+TAIL = 1.5
+""""middle": light microbatches after the heavy ones, per stage (chosen on seeds 0-4)."""
 
 
 def check_costs(costs: Sequence[float], num_microbatches: int) -> list[float]:
@@ -56,16 +67,21 @@ def check_costs(costs: Sequence[float], num_microbatches: int) -> list[float]:
     return out
 
 
-def cost_order(costs: Sequence[float], how: str = "ascending") -> tuple[int, ...]:
-    """Slot i runs microbatch `cost_order(costs)[i]` (module note for `how`). Ties keep the
-    given order; equal costs give the identity."""
+def cost_order(costs: Sequence[float], how: str = "ascending",
+               stages: int | None = None) -> tuple[int, ...]:
+    """Slot i runs microbatch `cost_order(costs)[i]` (module note for `how`; "middle" needs the
+    pipeline's number of `stages`). Ties keep the given order; equal costs give the identity."""
     if how not in ORDERS:
         raise ConfigError("microbatch order", expected=" | ".join(ORDERS), got=repr(how))
+    if how == "middle" and not (isinstance(stages, int) and stages >= 1):
+        raise ConfigError("microbatch order 'middle' needs the number of stages",
+                          expected="stages: an int >= 1", got=repr(stages))
     n = len(costs)
     if how == "given" or n < 3 or max(costs) == min(costs):
         return tuple(range(n))
     light = sorted(range(n), key=lambda m: (costs[m], m))
-    if how == "ascending":
-        return (*light[1:], light[0])
+    if how in ("ascending", "middle"):
+        tail = 1 if how == "ascending" else min(n - 1, math.ceil(TAIL * stages))  # type: ignore[operator]
+        return (*light[tail:], *reversed(light[:tail]))
     middle = sorted(light[2:], key=lambda m: (-costs[m], m))
     return (light[1], *middle, light[0])

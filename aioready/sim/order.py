@@ -18,7 +18,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..schedulers.order import cost_order
+from ..schedulers.order import ORDERS, cost_order
 from ..transports.base import Message, MessageKind
 from .durations import Durations
 from .variability import JitterModel, StepTables
@@ -67,11 +67,13 @@ def reordered(durations: Durations, model: JitterModel, how: str) -> Reordered |
     """`durations` in `cost_order(..., how)` of their known costs, or None where that changes
     nothing (the given order, or durations without sizes)."""
     memo: dict[int, tuple[int, ...]] = {}
+    stages = durations.placement.num_stages
 
     def perm(step: int) -> tuple[int, ...]:
         if step not in memo:
             costs = known_costs(durations, step)
-            memo[step] = cost_order(costs, how) if costs else tuple(range(durations.num_microbatches))
+            memo[step] = (cost_order(costs, how, stages) if costs
+                          else tuple(range(durations.num_microbatches)))
         return memo[step]
     if how == "given" or known_costs(durations, 0) is None:
         return None
@@ -82,9 +84,11 @@ def orders_differ(durations: object, steps: int) -> bool:
     """Whether a cost order would move any microbatch in the first `steps` steps (known sizes
     that are not all equal): only then are reordered candidates worth simulating."""
     n = getattr(durations, "num_microbatches", 0)
+    placement = getattr(durations, "placement", None)
+    stages = placement.num_stages if placement is not None else 1
     for step in range(steps):
         costs = known_costs(durations, step)
-        if costs and any(cost_order(costs, how) != tuple(range(n))
-                         for how in ("ascending", "descending")):
+        if costs and any(cost_order(costs, how, stages) != tuple(range(n))
+                         for how in ORDERS[1:]):
             return True
     return False
