@@ -56,6 +56,7 @@ from aioready.runtime.pipeline import Pipeline
 from aioready.schedulers import HINTS, make_hint
 from aioready.schedulers.order import cost_order
 from aioready.sim.choice import choose_auto
+from aioready.sim.cutoff import Exceeded
 from aioready.sim.durations import device_duration
 from aioready.sim.order import known_costs
 from aioready.sim.simulator import simulate
@@ -195,12 +196,9 @@ def _simulate(cfg: Config, S: int, M: int, jitter: str, seed: int, extra: dict[s
     kwargs = dict(cfg.kwargs)
     policy = kwargs.pop("policy", "reserve")
     caps = resolve_caps(extra.get("cap"), order)
-    key = _memo_key(order, cfg.mode, caps, policy)
-    if key not in memo:
-        memo[key] = simulate(stages=S, microbatches=M, hint=order, mode=cfg.mode, jitter=jitter,
-                             seed=seed, split_backward=split, policy=policy, cap=list(caps),
-                             **kwargs)
-    return memo[key]
+    return _reuse(memo, _memo_key(order, cfg.mode, caps, policy), None, lambda: simulate(
+        stages=S, microbatches=M, hint=order, mode=cfg.mode, jitter=jitter, seed=seed,
+        split_backward=split, policy=policy, cap=list(caps), **kwargs))
 
 
 def _auto_budget(cfg: Config, S: int, M: int, extra: dict[str, Any]) -> Any:
@@ -222,25 +220,50 @@ def _auto(cfg: Config, S: int, M: int, jitter: str, seed: int, extra: dict[str, 
             bound: float | None = None, **how: str) -> Any:
         mb_order = how.get("microbatch_order", "given")
         key = _memo_key(order, mode, caps, policy) + ((mb_order,) if how else ())
-        if key in memo:
-            return memo[key]
-        result = simulate(stages=S, microbatches=M, hint=order, mode=mode, jitter=jitter,
-                          seed=seed, split_backward=split, policy=policy, cap=list(caps),
-                          stop_after=bound, order=mb_order)
-        memo[key] = result
-        return result
+        return _reuse(memo, key, bound, lambda: simulate(
+            stages=S, microbatches=M, hint=order, mode=mode, jitter=jitter, seed=seed,
+            split_backward=split, policy=policy, cap=list(caps), stop_after=bound,
+            order=mb_order))
     sized = known_costs(JitterModel(jitter, seed=seed, placement=Placement.linear(S),
                                     num_microbatches=M), 0) is not None
     reorder = None if dict(cfg.kwargs).get("order") == "given" or not sized else (
         lambda order: True)
-    tuning = choose_auto(run, cfg.hint, num_stages=S, num_ranks=None, num_microbatches=M,
-                         split_backward=split, budget=_auto_budget(cfg, S, M, extra),
-                         reorder=reorder)
-    best = tuning.best
-    return {"t": best.step_time, "eff": best.efficiency, "peak": max(best.peak_in_flight),
+    budget = _auto_budget(cfg, S, M, extra)
+    # what decides the choice (the unit's S, jitter and seed fix the durations): rows that
+    # differ only in their label ("auto split" and "auto split, given order" where the
+    # durations carry no sizes) are one choice
+    row_key = ("auto", cfg.hint, split, str(budget), reorder is not None)
+    if row_key not in memo:
+        tuning = choose_auto(run, cfg.hint, num_stages=S, num_ranks=None, num_microbatches=M,
+                             split_backward=split, budget=budget, reorder=reorder)
+        best = tuning.best
+        memo[row_key] = {
+            "t": best.step_time, "eff": best.efficiency, "peak": max(best.peak_in_flight),
             "cap0": best.candidate.choice.cap[0], "ranks": len(best.candidate.choice.cap),
             "chosen": f"auto:{best.candidate.label}", "hint": best.candidate.choice.hint,
             "stopped": sum(r.stopped for r in tuning.rows), "candidates": len(tuning.rows)}
+    return dict(memo[row_key])
+
+
+def _reuse(memo: dict[tuple[object, ...], Any], key: tuple[object, ...], bound: float | None,
+           simulate_it: Any) -> Any:
+    """One candidate's run, simulated at most once per unit where the answer is known: a
+    finished run is its own answer under any bound (the tuner reads a step time over its bound
+    as slower than the best, as a stopped one), and a run stopped past bound b1 exceeds any
+    bound b <= b1 too (the tuner reads only "stopped" of it; its `at_least` stays a true lower
+    bound). Otherwise it runs, and what it gave is kept."""
+    known = memo.get(key)
+    if isinstance(known, Exceeded):
+        if bound is not None and bound <= known.bound:
+            raise Exceeded(bound, known.at_least)
+    elif known is not None:
+        return known
+    try:
+        memo[key] = simulate_it()
+    except Exceeded as stop:
+        memo[key] = stop
+        raise
+    return memo[key]
 
 
 def _pipeline_run(cfg: Config, S: int, M: int, trace: Any, extra: dict[str, Any]) -> Any:
