@@ -32,7 +32,13 @@ Timing (2-core machine): `python -m bench.policy --seeds 10` and `python -m benc
 are sized to run in under 25 minutes together on two free cores; the report's last line gives
 the wall time and the CPU seconds the simulations took.
 
+Some rows only, into the page: `--rows 'auto*' --update` reruns the rows whose label matches
+and replaces exactly those rows in every table of policy.md and policy.json, its header naming
+the command and commit they came from (bench/policy_page.py); `--merge NAME` does the same from
+a rows page made earlier (`--rows ... --out NAME`).
+
 Run: python -m bench.policy [--quick] [--seeds N] [--time-limit S] [--jobs N] [--opt-cases 4x8,..]
+     [--rows LABEL[*],.. [--update | --out NAME]] [--rows .. --merge NAME,..]
 """
 
 from __future__ import annotations
@@ -65,6 +71,7 @@ from aioready.telemetry.bounds import in_order_bound
 
 from .common import RESULTS, lean_gc, median, write_result
 from .optimum import Instance, instance, schedule_of, solve
+from .policy_page import matches, update
 
 
 @dataclass(frozen=True)
@@ -458,15 +465,29 @@ def main(argv: list[str] | None = None) -> str:
     ap.add_argument("--rows", default=None,
                     help="only these rows, by label, comma-separated; 'auto*' all whose label "
                     "starts with 'auto'; results then go to policy_rows.md/.json")
+    ap.add_argument("--update", action="store_true",
+                    help="with --rows: then put those rows into bench/results/policy.md and "
+                    ".json in place of their old figures, the header saying which command and "
+                    "commit they came from (bench/policy_page.py)")
+    ap.add_argument("--merge", default=None, metavar="NAME[,NAME]",
+                    help="with --rows: put the rows of pages made earlier with --rows --out "
+                    "NAME into policy.md and .json, without running anything")
     ap.add_argument("--seed-from", type=int, default=0,
                     help="the first seed (say 5: held-out seeds 5.. when 0-4 tuned a change)")
     ap.add_argument("--out", default=None, help="bench/results/OUT.md and .json (default "
                     "policy, or policy_rows with --rows)")
     args = ap.parse_args(argv)
+    if (args.update or args.merge) and not args.rows:
+        ap.error("--update and --merge replace the rows named by --rows")
+    wanted = args.rows.split(",") if args.rows else []
+    order = [c.name for c in CONFIGS] + [c.name for c in sorted(
+        {_strict(c.baseline or c.hint) for c in CONFIGS}, key=lambda c: c.hint)]
+    if args.merge:
+        notes = [update(RESULTS, name, wanted, order) for name in args.merge.split(",")]
+        print("\n".join(notes))
+        return "\n".join(notes)
     if args.rows:  # before the pool forks: the workers read CONFIGS
-        wanted = args.rows.split(",")
-        CONFIGS[:] = [c for c in CONFIGS if any(
-            c.name == w or (w.endswith("*") and c.name.startswith(w[:-1])) for w in wanted)]
+        CONFIGS[:] = [c for c in CONFIGS if matches(c.name, wanted)]
     out = args.out or ("policy_rows" if args.rows else "policy")
     stages = (tuple(int(s) for s in args.stages.split(",")) if args.stages
               else QUICK["stages"] if args.quick else STAGES)
@@ -527,6 +548,8 @@ def main(argv: list[str] | None = None) -> str:
          "opt_s": opt_s}, indent=1) + "\n")
     write_result(out, body, cmd)
     print(body)
+    if args.update:
+        print(update(RESULTS, out, wanted, order))
     return body
 
 
