@@ -18,19 +18,17 @@ S, M = 4, 16
 
 
 @pytest.mark.parametrize("jitter", ["lognormal:0.5", "multimodal:0.3:3"])
-def test_auto_rows_with_the_memo_choose_what_simulate_chooses(jitter: str) -> None:
-    memo: dict[tuple[object, ...], object] = {}
-    extra = policy.BUDGETS["2x"]
-    for hint, kwargs in (("zb-h2", ()), ("1f1b", (("policy", "greedy"),))):
-        for split in (False, True):  # fixed rows first, as in sim_unit: finished runs reused
-            if hint == "zb-h2" and not split:
-                continue
-            policy._simulate(policy.Config(hint, split=split, kwargs=kwargs), S, M, jitter, 0,
-                             extra, memo)
+def test_auto_rows_with_the_memo_choose_what_simulate_chooses(jitter: str, monkeypatch) -> None:
     autos = [c for c in policy.CONFIGS if c.hint == "auto"]
     assert len({c.name for c in autos}) >= 4
+    fixed = [policy.Config("zb-h2"), policy.Config("1f1b", split=True, label="greedy 1f1b",
+                                                   kwargs=(("policy", "greedy"),))]
+    # fixed rows first, as in the bench: their finished runs are reused by auto's candidates
+    monkeypatch.setattr(policy, "CONFIGS", [*fixed, *autos])
+    unit = policy.sim_unit(S, jitter, 0)
+    extra = policy.BUDGETS["2x"]
     for cfg in autos:
-        row = policy._auto(cfg, S, M, jitter, 0, extra, memo)
+        row = unit["rows"][f"{cfg.name}|2x"]
         given = dict(cfg.kwargs).get("order") == "given"
         fresh = simulate(stages=S, microbatches=M, hint="auto", jitter=jitter, seed=0,
                          split_backward=cfg.split_backward,
