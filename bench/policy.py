@@ -25,12 +25,15 @@ A row is one line in CONFIGS (a new policy: `Config("auto", hint="auto", baselin
 budget is one entry of BUDGETS (keyword arguments to simulate and Pipeline). Within one (S,
 jitter, seed) each distinct configuration is simulated once: the auto rows (sim/choice.py, with
 its exact pruning) reuse the fixed rows' runs, since a run is a pure function of its
-configuration. The points, then the optimum instances, run in a pool of `--jobs` processes (one
-CP-SAT worker each when there are two).
+configuration; a candidate stopped past a bound is reused under any lower bound; auto rows that
+differ only in their label (the given order where the durations carry no sizes) are one choice;
+and the given-order auto rows run first, so the rows that also reorder reuse their candidates
+(docs/policy.md "What a choice costs"). The points, then the optimum instances, run in a pool of
+`--jobs` processes (one CP-SAT worker each when there are two).
 
-Timing (2-core machine): `python -m bench.policy --seeds 10` and `python -m bench.policy_large`
-are sized to run in under 25 minutes together on two free cores; the report's last line gives
-the wall time and the CPU seconds the simulations took.
+Timing (2-core machine): the whole grid, `--seeds 10`, takes about an hour of two free cores,
+most of it in the auto rows at S=32; the report's last line gives the wall time and the CPU
+seconds the simulations took.
 
 Some rows only, into the page: `--rows 'auto*' --update` reruns the rows whose label matches
 and replaces exactly those rows in every table of policy.md and policy.json, its header naming
