@@ -75,15 +75,13 @@ def merge_page(page: str, rows: str, patterns: list[str], order: list[str], note
     for table, idx in new.items():
         if table not in old:
             raise ValueError(f"the page has no table {table!r}: regenerate the whole page")
-        fresh = [new_lines[i] for i in idx]
+        # only the rows asked for: a rows run also has the strict baselines of its optimum
+        # table, which the page already holds
+        fresh = [new_lines[i] for i in idx if matches(_split(table, new_lines[i])[1], patterns)]
         groups = {_split(table, line)[0] for line in fresh}
         kept = [old_lines[i] for i in old[table]
                 if not (_split(table, old_lines[i])[0] in groups
                         and matches(_split(table, old_lines[i])[1], patterns))]
-        kept_keys = {_split(table, line) for line in kept}
-        clash = [line for line in fresh if _split(table, line) in kept_keys]
-        if clash:
-            raise ValueError(f"rows {clash[:2]} are in the page and not matched by {patterns}")
         firsts = list(dict.fromkeys(_split(table, line)[0] for line in kept + fresh))
         rank = {name: i for i, name in enumerate(order)}
 
@@ -138,11 +136,17 @@ def note_of(rows_page: str, patterns: list[str]) -> str:
     field: Callable[[str], str] = lambda name: next(
         (line.split(":", 1)[1].strip().rstrip() for line in rows_page.split("\n")
          if line.startswith(name + ":")), "?")
-    jitters = [t.split("\n")[0].lstrip("# ") for t in _tables(rows_page)[1]
-               if t.startswith("### ")]
+    lines, tables = _tables(rows_page)
+    where = []
+    for table, idx in tables.items():
+        name = table.split("\n")[0].lstrip("# ").split(" (")[0]
+        groups = dict.fromkeys(_split(table, lines[i])[0] for i in idx
+                               if matches(_split(table, lines[i])[1], patterns))
+        head = _cells(table.split("\n")[1])[0]
+        where.append(f"{name}: {head} = {'; '.join(groups)}")
     timing = re.search(r"^Running time: (.*)$", rows_page, re.M)
-    return (f"Rows {', '.join(f'`{p}`' for p in patterns)} of {', '.join(jitters)} "
-            f"(and of the optimum's table for those jitters){CAME}{field('Command')}, "
+    return (f"Rows {', '.join(f'`{p}`' for p in patterns)} ({'; '.join(where)})"
+            f"{CAME}{field('Command')}, "
             f"{field('Date')}; {field('Machine').split('; ', 1)[-1]}; "
             f"{timing.group(1) if timing else 'running time unknown'}")
 

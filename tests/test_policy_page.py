@@ -37,7 +37,8 @@ NEW = _page("python -m bench.policy --rows 'auto*' --stages 8 --jitters lognorma
             {"lognormal:0.5": ["| 8 | auto | 5.1 |", "| 8 | auto split | 5.2 |",
                                "| 8 | auto, given order | 5.3 |"]},
             ["| 4, 8 | lognormal:0.5 | auto | 0.95 |",
-             "| 4, 8 | lognormal:0.5 | auto, given order | 0.96 |"],
+             "| 4, 8 | lognormal:0.5 | auto, given order | 0.96 |",
+             "| 4, 8 | lognormal:0.5 | strict 1f1b | 0.5 |"],  # a baseline: not asked for
             "simulations 12 s (20 points, 2 processes, 24 s of CPU), optimum 3 s")
 
 
@@ -58,19 +59,22 @@ def test_only_matching_rows_of_the_groups_run_are_replaced_in_order() -> None:
         "| 4, 8 | multimodal:0.3:3 | auto | 0.7 |"]
     head = out.split("\n\n", 1)[0].split("\n")
     assert head[0] == "Command: `python -m bench.policy --seeds 10`  "
-    assert head[-1] == note and note.startswith("Rows `auto*` of lognormal:0.5 ")
+    assert head[-1] == note and note.startswith(
+        "Rows `auto*` (lognormal:0.5: S = 8; Against the offline optimum: S, M = 4, 8 | "
+        "lognormal:0.5) came from: ")
     assert "--rows 'auto*' --stages 8" in note and "24 s of CPU" in note
     assert "Running time: simulations 984 s" in out
     again = merge_page(out, NEW, ["auto*"], ORDER, note)  # a rerun replaces its own note
     assert again == out
 
 
-def test_a_table_the_page_lacks_or_a_row_it_keeps_is_refused() -> None:
+def test_a_table_the_page_lacks_is_refused_and_rows_not_asked_for_stay() -> None:
     other = NEW.replace("| S | configuration | 2x: speedup |", "| S | configuration | eff |")
     with pytest.raises(ValueError, match="no table"):
         merge_page(OLD, other, ["auto*"], ORDER, "n")
-    with pytest.raises(ValueError, match="not matched"):
-        merge_page(OLD, NEW, ["auto split"], ORDER, "n")  # 'auto' rows would be doubled
+    only = merge_page(OLD, NEW, ["auto split"], ORDER, "n")  # the other rows stay old
+    assert "| 8 | auto | 2.1 |" in only and "| 8 | auto split | 5.2 |" in only
+    assert "| 8 | auto | 5.1 |" not in only and "auto, given order" not in only
 
 
 def test_update_merges_the_json_and_names_the_source(tmp_path) -> None:
