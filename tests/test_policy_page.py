@@ -96,3 +96,17 @@ def test_update_merges_the_json_and_names_the_source(tmp_path) -> None:
     assert data["updates"] == [note] and CAME in note
     assert merge_json(data, {}, note)["updates"] == [note]
     assert (tmp_path / "policy.md").read_text().split("\n\n", 1)[0].endswith(note)
+
+
+def test_the_bench_merges_a_rows_page_by_its_flags(tmp_path, monkeypatch) -> None:
+    import bench.policy as policy
+    monkeypatch.setattr(policy, "RESULTS", tmp_path)
+    (tmp_path / "policy.md").write_text(OLD)
+    (tmp_path / "policy.json").write_text("{}")
+    (tmp_path / "rows.md").write_text(NEW)
+    (tmp_path / "rows.json").write_text("{}")
+    policy.main(["--rows", "auto*", "--merge", "rows"])
+    page = (tmp_path / "policy.md").read_text()
+    assert "| 8 | auto | 5.1 |" in page and "| 4 | auto | 1.1 |" in page
+    with pytest.raises(SystemExit):
+        policy.main(["--update"])  # which rows: --rows is needed
