@@ -465,7 +465,8 @@ def main(argv: list[str] | None = None) -> str:
     ap.add_argument("--jobs", type=int, default=2, help="worker processes (at most 2)")
     ap.add_argument("--stages", default=None, help=f"comma-separated S values ({STAGES})")
     ap.add_argument("--opt-cases", default=None,
-                    help="optimum cases as SxM, comma-separated (default 4x8,4x16,8x16)")
+                    help="optimum cases as SxM, comma-separated (default 4x8,4x16,8x16); "
+                    "'none': no optimum (say, for rows at an S it is not computed at)")
     ap.add_argument("--jitters", default=None,
                     help=f"comma-separated jitter specs (default {','.join(JITTERS)})")
     ap.add_argument("--rows", default=None,
@@ -498,7 +499,8 @@ def main(argv: list[str] | None = None) -> str:
     stages = (tuple(int(s) for s in args.stages.split(",")) if args.stages
               else QUICK["stages"] if args.quick else STAGES)
     seeds = args.seeds or (QUICK["seeds"] if args.quick else 10)
-    cases = (tuple(tuple(int(v) for v in c.split("x")) for c in args.opt_cases.split(","))
+    cases = (() if args.opt_cases == "none" else
+             tuple(tuple(int(v) for v in c.split("x")) for c in args.opt_cases.split(","))
              if args.opt_cases else QUICK["opt_cases"] if args.quick else OPT_CASES)
     opt_seeds = args.opt_seeds or (QUICK["opt_seeds"] if args.quick else 2)
     cmd = shlex.join(["python", "-m", "bench.policy",
@@ -520,7 +522,7 @@ def main(argv: list[str] | None = None) -> str:
         opt_points = [(S, M, j, seed) for S, M in cases for j in jitters
                       for seed in range(opt_seeds)]
         found = list(pool.map(opt_unit, *zip(*opt_points), [args.time_limit] * len(opt_points),
-                              [2 if jobs == 1 else 1] * len(opt_points)))
+                              [2 if jobs == 1 else 1] * len(opt_points))) if opt_points else []
     optimum: dict[str, list[dict[str, Any]]] = {}
     for (S, M, jitter, _), unit in zip(opt_points, found):
         optimum.setdefault(f"{S}@{M}@{jitter}", []).append(unit)
