@@ -143,7 +143,8 @@ def note_of(rows_page: str, patterns: list[str]) -> str:
         groups = dict.fromkeys(_split(table, lines[i])[0] for i in idx
                                if matches(_split(table, lines[i])[1], patterns))
         head = _cells(table.split("\n")[1])[0]
-        where.append(f"{name}: {head} = {'; '.join(groups)}")
+        if groups:  # a table the run left empty (say, --opt-cases none) got no rows
+            where.append(f"{name}: {head} = {'; '.join(groups)}")
     timing = re.search(r"^Running time: (.*)$", rows_page, re.M)
     return (f"Rows {', '.join(f'`{p}`' for p in patterns)} ({'; '.join(where)})"
             f"{CAME}{field('Command')}, "

@@ -110,3 +110,12 @@ def test_the_bench_merges_a_rows_page_by_its_flags(tmp_path, monkeypatch) -> Non
     assert "| 8 | auto | 5.1 |" in page and "| 4 | auto | 1.1 |" in page
     with pytest.raises(SystemExit):
         policy.main(["--update"])  # which rows: --rows is needed
+
+
+def test_an_empty_table_of_the_run_changes_nothing_there() -> None:
+    bare = NEW.split("## Against")[0] + "## Against the offline optimum (bench/optimum.py)\n\n" \
+        + OPT + "\n\nRunning time: simulations 1 s\n"
+    note = note_of(bare, ["auto*"])
+    assert "optimum" not in note.split(CAME)[0]
+    out = merge_page(OLD, bare, ["auto*"], ORDER, note)
+    assert out.split("## Against")[1] == OLD.split("## Against")[1]
