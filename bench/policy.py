@@ -274,7 +274,9 @@ def _reuse(memo: dict[tuple[object, ...], Any], key: tuple[object, ...], bound: 
     try:
         memo[key] = simulate_it()
     except Exceeded as stop:
-        memo[key] = stop
+        # a fresh one: the raised one's traceback holds the stopped run's every frame (the
+        # runtimes, the loop), about 10 GB over an S=32 multimodal unit
+        memo[key] = Exceeded(stop.bound, stop.at_least)
         raise
     return memo[key]
 

@@ -55,5 +55,6 @@ def test_a_stopped_run_is_reused_only_under_a_bound_it_exceeds() -> None:
             policy._reuse(memo, ("k",), bound, stopped(bound))
         assert caught.value.bound == bound and caught.value.at_least >= bound
     assert calls == [10.0, 11.0]  # 9 <= 10: known to exceed; 11 > 10: run again
+    assert memo[("k",)].__traceback__ is None  # kept without the stopped run's frames
     assert policy._reuse(memo, ("k",), None, lambda: "done") == "done"  # no bound: runs
     assert policy._reuse(memo, ("k",), 1.0, lambda: "again") == "done"  # finished: reused
