@@ -17,6 +17,7 @@ from __future__ import annotations
 import enum
 import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Iterator, Sequence
 
 from .errors import HintError
@@ -130,7 +131,17 @@ class StepNeeds:
 def step_needs(
     stages: Sequence[int], num_stages: int, num_microbatches: int, split_backward: bool
 ) -> StepNeeds:
-    """Tabulate `needs` for every task of a rank whose chunk c holds stage `stages[c]`."""
+    """Tabulate `needs` for every task of a rank whose chunk c holds stage `stages[c]`.
+
+    Shared, so read only: a pipeline shape's tables are built once per process, where every
+    candidate of the tuner (sim/choice.py) builds a runtime per rank (at S=32, a tenth of its
+    time went here)."""
+    return _step_needs(tuple(stages), num_stages, num_microbatches, split_backward)
+
+
+@lru_cache(maxsize=512)
+def _step_needs(stages: tuple[int, ...], num_stages: int, num_microbatches: int,
+                split_backward: bool) -> StepNeeds:
     last = num_stages - 1
     out = StepNeeds({}, {}, {})
     for task in all_tasks(len(stages), num_microbatches, split_backward):

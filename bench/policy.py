@@ -25,14 +25,23 @@ A row is one line in CONFIGS (a new policy: `Config("auto", hint="auto", baselin
 budget is one entry of BUDGETS (keyword arguments to simulate and Pipeline). Within one (S,
 jitter, seed) each distinct configuration is simulated once: the auto rows (sim/choice.py, with
 its exact pruning) reuse the fixed rows' runs, since a run is a pure function of its
-configuration. The points, then the optimum instances, run in a pool of `--jobs` processes (one
-CP-SAT worker each when there are two).
+configuration; a candidate stopped past a bound is reused under any lower bound; auto rows that
+differ only in their label (the given order where the durations carry no sizes) are one choice;
+and the given-order auto rows run first, so the rows that also reorder reuse their candidates
+(docs/policy.md "What a choice costs"). The points, then the optimum instances, run in a pool of
+`--jobs` processes (one CP-SAT worker each when there are two).
 
-Timing (2-core machine): `python -m bench.policy --seeds 10` and `python -m bench.policy_large`
-are sized to run in under 25 minutes together on two free cores; the report's last line gives
-the wall time and the CPU seconds the simulations took.
+Timing (2-core machine): the whole grid, `--seeds 10`, takes about an hour of two free cores,
+most of it in the auto rows at S=32; the report's last line gives the wall time and the CPU
+seconds the simulations took.
+
+Some rows only, into the page: `--rows 'auto*' --update` reruns the rows whose label matches
+and replaces exactly those rows in every table of policy.md and policy.json, its header naming
+the command and commit they came from (bench/policy_page.py); `--merge NAME` does the same from
+a rows page made earlier (`--rows ... --out NAME`).
 
 Run: python -m bench.policy [--quick] [--seeds N] [--time-limit S] [--jobs N] [--opt-cases 4x8,..]
+     [--rows LABEL[*],.. [--update | --out NAME]] [--rows .. --merge NAME,..]
 """
 
 from __future__ import annotations
@@ -56,6 +65,7 @@ from aioready.runtime.pipeline import Pipeline
 from aioready.schedulers import HINTS, make_hint
 from aioready.schedulers.order import cost_order
 from aioready.sim.choice import choose_auto
+from aioready.sim.cutoff import Exceeded
 from aioready.sim.durations import device_duration
 from aioready.sim.order import known_costs
 from aioready.sim.simulator import simulate
@@ -64,6 +74,7 @@ from aioready.telemetry.bounds import in_order_bound
 
 from .common import RESULTS, lean_gc, median, write_result
 from .optimum import Instance, instance, schedule_of, solve
+from .policy_page import matches, update
 
 
 @dataclass(frozen=True)
@@ -156,7 +167,10 @@ def sim_unit(S: int, jitter: str, seed: int) -> dict[str, Any]:
     strict: dict[str, float] = {}
     memo: dict[tuple[object, ...], Any] = {}  # one simulation per distinct configuration
     began = time.process_time()
-    for cfg in CONFIGS:
+    # auto rows in the given order first: their runs (finished, or stopped past a bound the
+    # search over every order only lowers) are then reused by the rows that also reorder
+    for cfg in sorted(CONFIGS, key=lambda c: c.hint not in HINTS
+                      and dict(c.kwargs).get("order") != "given"):
         for budget, extra in BUDGETS.items():
             if not cfg.runs(budget, S):
                 continue
@@ -195,12 +209,9 @@ def _simulate(cfg: Config, S: int, M: int, jitter: str, seed: int, extra: dict[s
     kwargs = dict(cfg.kwargs)
     policy = kwargs.pop("policy", "reserve")
     caps = resolve_caps(extra.get("cap"), order)
-    key = _memo_key(order, cfg.mode, caps, policy)
-    if key not in memo:
-        memo[key] = simulate(stages=S, microbatches=M, hint=order, mode=cfg.mode, jitter=jitter,
-                             seed=seed, split_backward=split, policy=policy, cap=list(caps),
-                             **kwargs)
-    return memo[key]
+    return _reuse(memo, _memo_key(order, cfg.mode, caps, policy), None, lambda: simulate(
+        stages=S, microbatches=M, hint=order, mode=cfg.mode, jitter=jitter, seed=seed,
+        split_backward=split, policy=policy, cap=list(caps), **kwargs))
 
 
 def _auto_budget(cfg: Config, S: int, M: int, extra: dict[str, Any]) -> Any:
@@ -222,25 +233,52 @@ def _auto(cfg: Config, S: int, M: int, jitter: str, seed: int, extra: dict[str, 
             bound: float | None = None, **how: str) -> Any:
         mb_order = how.get("microbatch_order", "given")
         key = _memo_key(order, mode, caps, policy) + ((mb_order,) if how else ())
-        if key in memo:
-            return memo[key]
-        result = simulate(stages=S, microbatches=M, hint=order, mode=mode, jitter=jitter,
-                          seed=seed, split_backward=split, policy=policy, cap=list(caps),
-                          stop_after=bound, order=mb_order)
-        memo[key] = result
-        return result
+        return _reuse(memo, key, bound, lambda: simulate(
+            stages=S, microbatches=M, hint=order, mode=mode, jitter=jitter, seed=seed,
+            split_backward=split, policy=policy, cap=list(caps), stop_after=bound,
+            order=mb_order))
     sized = known_costs(JitterModel(jitter, seed=seed, placement=Placement.linear(S),
                                     num_microbatches=M), 0) is not None
     reorder = None if dict(cfg.kwargs).get("order") == "given" or not sized else (
         lambda order: True)
-    tuning = choose_auto(run, cfg.hint, num_stages=S, num_ranks=None, num_microbatches=M,
-                         split_backward=split, budget=_auto_budget(cfg, S, M, extra),
-                         reorder=reorder)
-    best = tuning.best
-    return {"t": best.step_time, "eff": best.efficiency, "peak": max(best.peak_in_flight),
+    budget = _auto_budget(cfg, S, M, extra)
+    # what decides the choice (the unit's S, jitter and seed fix the durations): rows that
+    # differ only in their label ("auto split" and "auto split, given order" where the
+    # durations carry no sizes) are one choice
+    row_key = ("auto", cfg.hint, split, str(budget), reorder is not None)
+    if row_key not in memo:
+        tuning = choose_auto(run, cfg.hint, num_stages=S, num_ranks=None, num_microbatches=M,
+                             split_backward=split, budget=budget, reorder=reorder)
+        best = tuning.best
+        memo[row_key] = {
+            "t": best.step_time, "eff": best.efficiency, "peak": max(best.peak_in_flight),
             "cap0": best.candidate.choice.cap[0], "ranks": len(best.candidate.choice.cap),
             "chosen": f"auto:{best.candidate.label}", "hint": best.candidate.choice.hint,
             "stopped": sum(r.stopped for r in tuning.rows), "candidates": len(tuning.rows)}
+    return dict(memo[row_key])
+
+
+def _reuse(memo: dict[tuple[object, ...], Any], key: tuple[object, ...], bound: float | None,
+           simulate_it: Any) -> Any:
+    """One candidate's run, simulated at most once per unit where the answer is known: a
+    finished run is its own answer under any bound (the tuner reads a step time over its bound
+    as slower than the best, as a stopped one), and a run stopped past bound b1 exceeds any
+    bound b <= b1 too (the tuner reads only "stopped" of it; its `at_least` stays a true lower
+    bound). Otherwise it runs, and what it gave is kept."""
+    known = memo.get(key)
+    if isinstance(known, Exceeded):
+        if bound is not None and bound <= known.bound:
+            raise Exceeded(bound, known.at_least)
+    elif known is not None:
+        return known
+    try:
+        memo[key] = simulate_it()
+    except Exceeded as stop:
+        # a fresh one: the raised one's traceback holds the stopped run's every frame (the
+        # runtimes, the loop), about 10 GB over an S=32 multimodal unit
+        memo[key] = Exceeded(stop.bound, stop.at_least)
+        raise
+    return memo[key]
 
 
 def _pipeline_run(cfg: Config, S: int, M: int, trace: Any, extra: dict[str, Any]) -> Any:
@@ -429,26 +467,42 @@ def main(argv: list[str] | None = None) -> str:
     ap.add_argument("--jobs", type=int, default=2, help="worker processes (at most 2)")
     ap.add_argument("--stages", default=None, help=f"comma-separated S values ({STAGES})")
     ap.add_argument("--opt-cases", default=None,
-                    help="optimum cases as SxM, comma-separated (default 4x8,4x16,8x16)")
+                    help="optimum cases as SxM, comma-separated (default 4x8,4x16,8x16); "
+                    "'none': no optimum (say, for rows at an S it is not computed at)")
     ap.add_argument("--jitters", default=None,
                     help=f"comma-separated jitter specs (default {','.join(JITTERS)})")
     ap.add_argument("--rows", default=None,
                     help="only these rows, by label, comma-separated; 'auto*' all whose label "
                     "starts with 'auto'; results then go to policy_rows.md/.json")
+    ap.add_argument("--update", action="store_true",
+                    help="with --rows: then put those rows into bench/results/policy.md and "
+                    ".json in place of their old figures, the header saying which command and "
+                    "commit they came from (bench/policy_page.py)")
+    ap.add_argument("--merge", default=None, metavar="NAME[,NAME]",
+                    help="with --rows: put the rows of pages made earlier with --rows --out "
+                    "NAME into policy.md and .json, without running anything")
     ap.add_argument("--seed-from", type=int, default=0,
                     help="the first seed (say 5: held-out seeds 5.. when 0-4 tuned a change)")
     ap.add_argument("--out", default=None, help="bench/results/OUT.md and .json (default "
                     "policy, or policy_rows with --rows)")
     args = ap.parse_args(argv)
+    if (args.update or args.merge) and not args.rows:
+        ap.error("--update and --merge replace the rows named by --rows")
+    wanted = args.rows.split(",") if args.rows else []
+    order = [c.name for c in CONFIGS] + [c.name for c in sorted(
+        {_strict(c.baseline or c.hint) for c in CONFIGS}, key=lambda c: c.hint)]
+    if args.merge:
+        notes = [update(RESULTS, name, wanted, order) for name in args.merge.split(",")]
+        print("\n".join(notes))
+        return "\n".join(notes)
     if args.rows:  # before the pool forks: the workers read CONFIGS
-        wanted = args.rows.split(",")
-        CONFIGS[:] = [c for c in CONFIGS if any(
-            c.name == w or (w.endswith("*") and c.name.startswith(w[:-1])) for w in wanted)]
+        CONFIGS[:] = [c for c in CONFIGS if matches(c.name, wanted)]
     out = args.out or ("policy_rows" if args.rows else "policy")
     stages = (tuple(int(s) for s in args.stages.split(",")) if args.stages
               else QUICK["stages"] if args.quick else STAGES)
     seeds = args.seeds or (QUICK["seeds"] if args.quick else 10)
-    cases = (tuple(tuple(int(v) for v in c.split("x")) for c in args.opt_cases.split(","))
+    cases = (() if args.opt_cases == "none" else
+             tuple(tuple(int(v) for v in c.split("x")) for c in args.opt_cases.split(","))
              if args.opt_cases else QUICK["opt_cases"] if args.quick else OPT_CASES)
     opt_seeds = args.opt_seeds or (QUICK["opt_seeds"] if args.quick else 2)
     cmd = shlex.join(["python", "-m", "bench.policy",
@@ -470,7 +524,7 @@ def main(argv: list[str] | None = None) -> str:
         opt_points = [(S, M, j, seed) for S, M in cases for j in jitters
                       for seed in range(opt_seeds)]
         found = list(pool.map(opt_unit, *zip(*opt_points), [args.time_limit] * len(opt_points),
-                              [2 if jobs == 1 else 1] * len(opt_points)))
+                              [2 if jobs == 1 else 1] * len(opt_points))) if opt_points else []
     optimum: dict[str, list[dict[str, Any]]] = {}
     for (S, M, jitter, _), unit in zip(opt_points, found):
         optimum.setdefault(f"{S}@{M}@{jitter}", []).append(unit)
@@ -504,6 +558,8 @@ def main(argv: list[str] | None = None) -> str:
          "opt_s": opt_s}, indent=1) + "\n")
     write_result(out, body, cmd)
     print(body)
+    if args.update:
+        print(update(RESULTS, out, wanted, order))
     return body
 
 
