@@ -103,11 +103,38 @@ def merge_page(page: str, rows: str, patterns: list[str], order: list[str], note
     return _with_note("\n".join(out), note)
 
 
+def _covered(line: str, note: str) -> bool:
+    """`line` is an update note whose rows `note`'s update replaced everywhere: the same
+    patterns, and every group of every table it names is named by `note` too (a rerun of the
+    same rows over more sizes leaves nothing on the page from the earlier run)."""
+    if CAME not in line:
+        return False
+    old, new = _lead(line.split(CAME, 1)[0]), _lead(note.split(CAME, 1)[0])
+    return old is not None and new is not None and old[0] == new[0] and old[1] <= new[1]
+
+
+def _lead(lead: str) -> tuple[str, set[tuple[str, str]]] | None:
+    """A note's lead ("Rows `p` (table: head = g; g; table: head = g)") as its patterns and
+    its (table, group) pairs; None for a lead of another form."""
+    found = re.fullmatch(r"Rows (.*?) \((.*)\)", lead)
+    if found is None:
+        return None
+    pairs, table = set(), None
+    for item in found.group(2).split("; "):
+        if ": " in item and " = " in item:  # a table starts: "name: head = first group"
+            table, _, rest = item.rpartition(" = ")
+            item = rest
+        if table is None:
+            return None
+        pairs.add((table, item))
+    return found.group(1), pairs
+
+
 def _with_note(page: str, note: str) -> str:
-    """The page with `note` among the header lines (before the first blank line)."""
+    """The page with `note` among the header lines (before the first blank line), in place of
+    the notes whose rows it replaced (`_covered`)."""
     head, _, body = page.partition("\n\n")
-    lead = note.split(CAME, 1)[0]
-    lines = [line for line in head.split("\n") if line.split(CAME, 1)[0] != lead]
+    lines = [line for line in head.split("\n") if not _covered(line.rstrip(), note)]
     lines = [line if line.endswith("  ") else line + "  " for line in lines]
     return "\n".join([*lines, note]) + "\n\n" + body
 
@@ -125,8 +152,7 @@ def merge_json(data: dict[str, Any], rows: dict[str, Any], note: str) -> dict[st
                 mine[i]["optima"].update(unit["optima"])
             else:
                 mine.append(unit)
-    data["updates"] = [u for u in data.get("updates", [])
-                       if u.split(CAME, 1)[0] != note.split(CAME, 1)[0]] + [note]
+    data["updates"] = [u for u in data.get("updates", []) if not _covered(u, note)] + [note]
     return data
 
 

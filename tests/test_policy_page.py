@@ -119,3 +119,22 @@ def test_an_empty_table_of_the_run_changes_nothing_there() -> None:
     assert "optimum" not in note.split(CAME)[0]
     out = merge_page(OLD, bare, ["auto*"], ORDER, note)
     assert out.split("## Against")[1] == OLD.split("## Against")[1]
+
+
+def test_a_rerun_over_more_groups_replaces_the_earlier_note_and_keeps_others() -> None:
+    """The earlier update's rows (S=8) are all among the later one's (S=4 and 8): its note
+    would name figures the page no longer holds. A note of other rows stays."""
+    wider = NEW.replace("| 8 | auto | 5.1 |", "| 4 | auto | 4.1 |\n| 8 | auto | 5.1 |")
+    first, second = note_of(NEW, ["auto*"]), note_of(wider, ["auto*"])
+    other = note_of(NEW, ["ready*"])  # no rows matched, but a note of its own patterns
+    assert first != second
+    page = merge_page(OLD, NEW, ["auto*"], ORDER, first)
+    page = merge_page(page, NEW, ["ready*"], ORDER, other)
+    page = merge_page(page, wider, ["auto*"], ORDER, second)
+    head = page.split("\n\n", 1)[0]
+    assert first not in head and second in head and other in head
+    assert head.count(CAME) == 2
+    data = merge_json(merge_json({"updates": []}, {}, first), {}, second)
+    assert data["updates"] == [second]
+    narrower = merge_page(page, NEW, ["auto*"], ORDER, first)  # S=4's rows still from `second`
+    assert second in narrower.split("\n\n", 1)[0]
