@@ -127,7 +127,7 @@ def main() -> None:
              f"budget: {_budget_text(args.budget)}"
              + (", microbatches in the given order only." if args.given_order else
                 "; its candidates include the microbatch orders of schedulers/order.py "
-                "where the jitter carries known sizes ('+ascending', '+descending').") + "",
+                "where the jitter carries known sizes ('+ascending', '+descending', '+middle').") + "",
              "",
              "| jitter | configuration | step | vs unsplit 1F1B | vs split 1F1B | efficiency "
              "| in-order | peak |", "|---|---|---|---|---|---|---|---|"]
