@@ -18,9 +18,11 @@ wait in gloo/NCCL teardown for peers that are themselves waiting, and torchrun e
 ranks as soon as one exits with an error. The runtime has already sent the error to every peer
 (runtime/faults.py), so each of them fails with it too rather than with a transport timeout.
 
-A rank that failed because it saw a peer die (a PeerLostError of its own, not one relayed from
-a peer) leaves LOST_PEER_LINGER_S later: its exit closes its own links, and a survivor that saw
-that closure before the dead peer's would name this rank instead of the one that died.
+A failing rank leaves LEAVE_LINGER_S later: its exit closes its own links, and a survivor that
+saw that closure before the error itself would name this rank instead of the cause: the rank
+that died (for a rank that saw a peer die), or the stage that raised (for a rank that received
+its error: on 4 ranks under torchrun, rank 0 once reported rank 1's closed link instead of the
+StageError rank 2 had sent it, rank 1 having left at once).
 
 `launcher()` says how this process was started (from the environment only, importing nothing);
 `aioready.transports.select.job_transport` builds the matching transport from it.
@@ -38,8 +40,6 @@ import weakref
 from contextlib import contextmanager
 from typing import Any, Awaitable, Iterator, Mapping, TypeVar
 
-from .errors import PeerLostError
-
 __all__ = ["abort_on_error", "launcher", "owns_loop", "run", "run_loop", "say", "world",
            "TORCHRUN_VARS", "MPI_VARS"]
 
@@ -47,8 +47,8 @@ TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR")
 MPI_VARS = ("PMI_SIZE", "PMI_RANK", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK")
 
 T = TypeVar("T")
-LOST_PEER_LINGER_S = 0.5
-"""How long a rank that saw a peer die waits before leaving a torchrun job (module note)."""
+LEAVE_LINGER_S = 0.5
+"""How long a failing rank waits before leaving a torchrun job (module note)."""
 
 
 def say(*parts: object) -> None:
@@ -103,10 +103,9 @@ def abort_on_error(exit_code: int = 1) -> Iterator[None]:
         mpi = sys.modules.get("mpi4py.MPI")
         if mpi is None:
             sys.stdout.flush()
-            if isinstance(exc, PeerLostError) and not exc.remote:
-                # this rank saw a peer die; its own exit closes its links too, and a survivor
-                # that sees that closure first would blame this rank: leave a moment later
-                time.sleep(LOST_PEER_LINGER_S)
+            # its own exit closes its links too, and a survivor that sees that closure before
+            # the error would blame this rank: leave a moment later (the module note)
+            time.sleep(LEAVE_LINGER_S)
             os._exit(exit_code)
         mpi.COMM_WORLD.Abort(exit_code)  # type: ignore[attr-defined]
         raise
