@@ -451,42 +451,32 @@ class MPITransport:
                                     "large", rank=self._rank, expected=f"<= "
                                     f"{self._max_header_message} bytes", got=f"{count} bytes")
             n += 1
-            if plans is not None and count <= _SMALL_HEADER:
-                # a bytearray: half np.empty's cost, and the plan's views of it are cheaper
-                small = bytearray(count)
-                req = m.Irecv(small)
-                done = req.Test()
-                if done:
-                    msg = plans.message(small, src)
-                    if msg is not None:  # a layout seen before (wire_plans.py)
-                        self._hand_over(msg)
-                        continue
-                buf = np.frombuffer(small, np.uint8)  # the general path reads numpy
-                if done:
-                    self._route_header(src, seq, buf)
-                else:
-                    self._track(req, partial(self._on_header, src, seq, buf), False)
-                continue
-            buf = np.empty(count, np.uint8)
-            req = m.Irecv(buf)
+            # up to _SMALL_HEADER where plans read it, a bytearray: half np.empty's cost, and
+            # the plan's views of it are cheaper (the general path reads a numpy view of it)
+            raw = bytearray(count) if plans is not None and count <= _SMALL_HEADER else \
+                np.empty(count, np.uint8)
+            req = m.Irecv(raw)
             # matched in the peer's send order: the NCCL plane needs its headers in that order
             ticket = None if self._order is None else self._order.ticket(src)
             if req.Test():
-                msg = None if plans is None else plans.message(buf, src)
+                msg = None if plans is None else plans.message(raw, src)
                 if msg is not None:  # a layout seen before (wire_plans.py)
                     self._hand_over(msg)
                     continue
-                self._on_header(src, seq, buf, ticket)
+                self._on_header(src, seq, _as_numpy(raw), ticket, planned=True)
             else:  # a large inline message may need a rendezvous: poll it hot
-                self._track(req, partial(self._on_header, src, seq, buf, ticket),
-                            len(buf) >= self.hot_bytes)
+                self._track(req, partial(self._on_header, src, seq, _as_numpy(raw), ticket),
+                            count >= self.hot_bytes)
         self._rung = False
         return n
 
-    def _on_header(self, src: int, seq: int, buf: np.ndarray, ticket: int | None = None) -> None:
+    def _on_header(self, src: int, seq: int, buf: np.ndarray, ticket: int | None = None, *,
+                   planned: bool = False) -> None:
+        """A header message received (`planned`: the receive plans already declined it)."""
         try:
             if ticket is None:
-                msg = None if self._recv_plans is None else self._recv_plans.message(buf, src)
+                msg = None if self._recv_plans is None or planned else \
+                    self._recv_plans.message(buf, src)
                 if msg is None:
                     self._route_header(src, seq, buf)
                 else:  # a layout seen before (wire_plans.py), received after a wait
@@ -639,6 +629,11 @@ _PATHS = {"mpi": ("device", "device buffers straight to MPI"),
           "staged": ("staged", "through pooled pinned host buffers"),
           "nccl": ("nccl", "payloads over NCCL communicators made with CuPy, headers over MPI"),
           "custom": ("custom", "payloads over the byte plane given, headers over MPI")}
+
+
+def _as_numpy(buf: np.ndarray | bytearray) -> np.ndarray:
+    """The general receive path's view of a header message: it reads numpy."""
+    return buf if type(buf) is np.ndarray else np.frombuffer(buf, np.uint8)
 
 
 def _keep(*_: Any) -> None:
