@@ -278,7 +278,7 @@ class ProgressEngine:
         engine's task wakes and polls, with grace parks after it; with a spin window, it wakes
         to spin after the message as it did."""
         if source is not None and self._waiting is not False and source in self._armed:
-            if self._poll_one(source) and source.arm_doorbell():  # type: ignore[attr-defined]
+            if self.poll(source) and source.arm_doorbell():  # type: ignore[attr-defined]
                 self.num_ring_polls += 1
                 self._ring_polled_at = self.loop.time()  # the backstop counts from here
                 if self.config.spin_s:
@@ -322,27 +322,16 @@ class ProgressEngine:
         self._hot_until = max(self._hot_until, self.loop.time() + seconds)
         self.kick()
 
-    def poll(self) -> int:
-        """Poll every source once, now (the arbiter may call this between task launches)."""
+    def poll(self, only: CompletionSource | None = None) -> int:
+        """Poll every source once, now (the arbiter may call this between task launches);
+        `only`: that one source (the one whose doorbell rang, `ring()`)."""
         done = 0
-        for src in self._sources:
+        for src in self._sources if only is None else (only,):
             try:
                 done += src.poll()
             except Exception:  # a source must report its own errors; never kill the poller
                 log.exception("completion source %r raised in poll(); removing it", src)
                 self.remove_source(src)
-        if done:
-            self._progressed(done)
-        return done
-
-    def _poll_one(self, src: CompletionSource) -> int:
-        """`poll()` of one source (the one whose doorbell rang)."""
-        try:
-            done = src.poll()
-        except Exception:
-            log.exception("completion source %r raised in poll(); removing it", src)
-            self.remove_source(src)
-            return 0
         if done:
             self._progressed(done)
         return done
