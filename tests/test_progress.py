@@ -243,6 +243,15 @@ class BellSource(FakeSource):
             self.engine.ring(self if named else None)
 
 
+def _bell_engine(loop: asyncio.AbstractEventLoop, **config: object
+                 ) -> tuple[ProgressEngine, BellSource]:
+    """An engine of `config` (ProgressConfig's fields) with one BellSource added."""
+    engine = ProgressEngine(loop, ProgressConfig(**config))  # type: ignore[arg-type]
+    src = BellSource(loop, engine)
+    engine.add_source(src)
+    return engine, src
+
+
 @pytest.mark.parametrize("can_arm", [True, False], ids=["doorbell", "timer-only"])
 def test_a_parked_engine_wakes_on_the_doorbell_not_the_timer(can_arm: bool) -> None:
     """In a long bubble (8 ms parks, and an 8 ms backstop on the doorbell) a source that can arm
@@ -281,10 +290,8 @@ def test_a_busy_engine_sleeps_through_the_task_and_polls_when_it_ends(busy_sleep
     runtime says its task ended (`task_ended()` polls), by default at the next timer park."""
     async def main() -> tuple[float, int, ProgressEngine, BellSource]:
         loop = asyncio.get_running_loop()
-        engine = ProgressEngine(loop, ProgressConfig(busy_park_s=5e-3, bell_backstop_s=50e-3,
-                                                     busy_sleep=busy_sleep))
-        src = BellSource(loop, engine)
-        engine.add_source(src)
+        engine, src = _bell_engine(loop, busy_park_s=5e-3, bell_backstop_s=50e-3,
+                                         busy_sleep=busy_sleep)
         engine.set_waiting(False)
         fut = src.add(100.0)
         await asyncio.sleep(0.0003)
@@ -318,9 +325,7 @@ def test_a_missed_ring_is_found_by_the_backstop_and_counted() -> None:
     backstop, and the engine counts the miss (bench/oversub reports it)."""
     async def main() -> tuple[float, ProgressEngine]:
         loop = asyncio.get_running_loop()
-        engine = ProgressEngine(loop, ProgressConfig(bell_backstop_s=50e-3))
-        src = BellSource(loop, engine)
-        engine.add_source(src)
+        engine, src = _bell_engine(loop, bell_backstop_s=50e-3)
         engine.set_waiting(True)
         fut = src.add(100.0)
         await asyncio.sleep(0.1)
@@ -346,9 +351,7 @@ def test_starting_to_wait_leaves_a_doorbell_park_alone_without_a_spin_window(
     window the kick still ends the park (the engine polls again; hot polls on a real clock)."""
     async def main() -> tuple[float, int, int, ProgressEngine]:
         loop = asyncio.get_running_loop()
-        engine = ProgressEngine(loop, ProgressConfig(spin_s=spin_s, bell_backstop_s=50e-3))
-        src = BellSource(loop, engine)
-        engine.add_source(src)
+        engine, src = _bell_engine(loop, spin_s=spin_s, bell_backstop_s=50e-3)
         engine.set_waiting(True)
         fut = src.add(100.0)
         await asyncio.sleep(0.0203)  # parked on the doorbell by now (after any spin window)
@@ -383,9 +386,7 @@ def test_a_ring_that_names_its_source_delivers_in_the_callback_and_the_park_goes
     spin, as before). A ring that names no source wakes the engine's task, which polls."""
     async def main() -> tuple[list[bool], int, int, bool, ProgressEngine]:
         loop = asyncio.get_running_loop()
-        engine = ProgressEngine(loop, ProgressConfig(spin_s=spin_s, bell_backstop_s=50e-3))
-        src = BellSource(loop, engine)
-        engine.add_source(src)
+        engine, src = _bell_engine(loop, spin_s=spin_s, bell_backstop_s=50e-3)
         engine.set_waiting(True)
         at_once = []
         for _ in range(2):
@@ -420,9 +421,7 @@ def test_rings_answered_in_the_callback_push_the_backstop_back() -> None:
     the backstop still ends it 50 ms after the last one."""
     async def main() -> tuple[int, int, int, int, ProgressEngine]:
         loop = asyncio.get_running_loop()
-        engine = ProgressEngine(loop, ProgressConfig(spin_s=0.0, bell_backstop_s=50e-3))
-        src = BellSource(loop, engine)
-        engine.add_source(src)
+        engine, src = _bell_engine(loop, spin_s=0.0, bell_backstop_s=50e-3)
         engine.set_waiting(True)
         src.add(1e9)  # always something pending: the engine parks, never idles
         await asyncio.sleep(0.0103)
@@ -453,10 +452,7 @@ def test_a_wait_starts_with_one_poll_after_arming(spin_s: float) -> None:
     spin window the wait starts hot, as before (several polls)."""
     async def main() -> tuple[int, bool, bool]:
         loop = asyncio.get_running_loop()
-        engine = ProgressEngine(loop, ProgressConfig(spin_s=spin_s, busy_park_s=5e-3,
-                                                     bell_backstop_s=50e-3))
-        src = BellSource(loop, engine)
-        engine.add_source(src)
+        engine, src = _bell_engine(loop, spin_s=spin_s, busy_park_s=5e-3, bell_backstop_s=50e-3)
         engine.set_waiting(False)
         src.add(1e9)
         await asyncio.sleep(0.0023)  # in a busy timer park
@@ -478,9 +474,7 @@ def test_a_named_ring_falls_back_to_waking_the_task() -> None:
     the engine is busy (a task runs), the engine's task wakes and polls as for any ring."""
     async def main() -> list[tuple[bool, int, int]]:
         loop = asyncio.get_running_loop()
-        engine = ProgressEngine(loop, ProgressConfig(spin_s=0.0, bell_backstop_s=50e-3))
-        src = BellSource(loop, engine)
-        engine.add_source(src)
+        engine, src = _bell_engine(loop, spin_s=0.0, bell_backstop_s=50e-3)
         seen = []
         for case in ("nothing-yet", "needs-polling", "busy"):
             engine.set_waiting(case != "busy")
@@ -524,10 +518,7 @@ def test_a_task_that_starts_in_a_doorbell_park_is_not_rung_with_busy_sleep(
     armed and the first message rings the busy rank (the default's behaviour, unchanged)."""
     async def main() -> tuple[int, int, bool, BellSource, ProgressEngine]:
         loop = asyncio.get_running_loop()
-        engine = ProgressEngine(loop, ProgressConfig(spin_s=0.0, bell_backstop_s=50e-3,
-                                                     busy_sleep=busy_sleep))
-        src = BellSource(loop, engine)
-        engine.add_source(src)
+        engine, src = _bell_engine(loop, spin_s=0.0, bell_backstop_s=50e-3, busy_sleep=busy_sleep)
         engine.set_waiting(True)
         fut = src.add(100.0)
         await asyncio.sleep(0.002)  # parked on the doorbell
@@ -565,10 +556,8 @@ def test_a_paced_task_gets_one_poll_before_its_end(lead_s: float, from_doorbell:
     it. Without the knob the hint changes nothing."""
     async def main() -> tuple[float, int, BellSource, ProgressEngine]:
         loop = asyncio.get_running_loop()
-        engine = ProgressEngine(loop, ProgressConfig(spin_s=0.0, busy_park_s=5e-3,
-                                                     bell_backstop_s=50e-3, task_lead_s=lead_s))
-        src = BellSource(loop, engine)
-        engine.add_source(src)
+        engine, src = _bell_engine(loop, spin_s=0.0, busy_park_s=5e-3, bell_backstop_s=50e-3,
+                                         task_lead_s=lead_s)
         keep = BellSource(loop, engine)  # the next header, always awaited (as MPI's is)
         engine.add_source(keep)
         keep.add(1000.0)
@@ -612,10 +601,7 @@ def test_a_task_on_the_loop_thread_is_not_rung_and_its_park_goes_on(disarm: bool
     park for nothing (a ring counted, and the grace parks after it)."""
     async def main() -> tuple[bool, bool, int, int, bool, BellSource, ProgressEngine]:
         loop = asyncio.get_running_loop()
-        engine = ProgressEngine(loop, ProgressConfig(spin_s=0.0, bell_backstop_s=50e-3,
-                                                     inline_disarm=disarm))
-        src = BellSource(loop, engine)
-        engine.add_source(src)
+        engine, src = _bell_engine(loop, spin_s=0.0, bell_backstop_s=50e-3, inline_disarm=disarm)
         engine.set_waiting(True)
         src.add(1e9)  # always something pending: the engine parks, never idles
         fut = src.add(100.0)
@@ -650,10 +636,7 @@ def test_a_park_through_loop_thread_tasks_keeps_its_backstop_back_and_yields_to_
     now tracks needs polling) ends the park: the engine's task wakes and parks on a timer."""
     async def main() -> tuple[int, int, int, bool, int]:
         loop = asyncio.get_running_loop()
-        engine = ProgressEngine(loop, ProgressConfig(spin_s=0.0, bell_backstop_s=50e-3,
-                                                     inline_disarm=True))
-        src = BellSource(loop, engine)
-        engine.add_source(src)
+        engine, src = _bell_engine(loop, spin_s=0.0, bell_backstop_s=50e-3, inline_disarm=True)
         engine.set_waiting(True)
         src.add(1e9)
         await asyncio.sleep(0.0103)
