@@ -8,8 +8,9 @@ import os
 import platform
 import statistics
 import subprocess
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Iterable, Iterator
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -69,3 +70,22 @@ def lean_gc() -> None:
     objects and few cycles), about 6 % less CPU per simulation on the benches' sizes."""
     gc.freeze()
     gc.set_threshold(50_000, 50, 100)
+
+
+@contextmanager
+def step_reports() -> Iterator[list[Any]]:
+    """Every rank's StepReport of each step simulated inside the block, in order (a step's ranks
+    together): the simulator's per-step statistics hook, wrapped and then restored. SimResult
+    keeps only statistics, so the benches that draw or dissect a step's spans read them here."""
+    import aioready.sim.simulator as simulator
+    seen: list[Any] = []
+    stats = simulator._step_stats
+
+    def keep(reports: Any, table: Any, hint: Any) -> Any:
+        seen.extend(reports)
+        return stats(reports, table, hint)
+    simulator._step_stats = keep  # type: ignore[assignment]
+    try:
+        yield seen
+    finally:
+        simulator._step_stats = stats  # type: ignore[assignment]

@@ -15,30 +15,22 @@ import argparse
 import statistics
 from typing import Any
 
-import aioready.sim.simulator as simulator
 from aioready.placement import Placement
 from aioready.sim.simulator import simulate
 from aioready.sim.variability import JitterModel
 from aioready.telemetry.bounds import in_order_bound, lower_bound_table
 
+from .common import step_reports
+
 JITTER = "multimodal:0.3:3"
 
 
 def _spans(S: int, seed: int, caps: list[int], jitter: str = JITTER) -> tuple[Any, list[Any]]:
-    """One step and its spans (the simulator's per-step statistics hook, wrapped)."""
-    seen: list[Any] = []
-    stats = simulator._step_stats
-
-    def keep(reports: Any, table: Any, hint: Any) -> Any:
-        seen.extend(s for rep in reports for s in rep.spans)
-        return stats(reports, table, hint)
-    simulator._step_stats = keep  # type: ignore[assignment]
-    try:
+    """One step and its spans."""
+    with step_reports() as reports:
         r = simulate(stages=S, microbatches=4 * S, hint="bfw", jitter=jitter, seed=seed,
                      split_backward=True, policy="greedy", cap=caps)
-    finally:
-        simulator._step_stats = stats  # type: ignore[assignment]
-    return r, seen
+    return r, [s for rep in reports for s in rep.spans]
 
 
 def idle(spans: list[Any], rank: int, start: float, end: float) -> tuple[float, float, float]:

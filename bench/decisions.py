@@ -24,6 +24,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from .common import step_reports
 from .oversub import ROOT, baseline_tree
 
 S = 4
@@ -64,14 +65,7 @@ def fingerprints(quick: bool, cases: list[dict[str, Any]] | None = None) -> dict
     from aioready.transports.inproc import InprocTransport
 
     log: list[str] = []
-    reports: list[Any] = []
     runtimes: list[Any] = []
-
-    step_stats = simulator._step_stats
-
-    def spy_stats(rs: list[Any], table: Any, hint: Any) -> Any:
-        reports.extend(rs)
-        return step_stats(rs, table, hint)
 
     send = InprocTransport.send_nowait
 
@@ -97,15 +91,14 @@ def fingerprints(quick: bool, cases: list[dict[str, Any]] | None = None) -> dict
         runtime_init(self, *args, **kwargs)
         runtimes.append(self)
 
-    simulator._step_stats = spy_stats  # type: ignore[assignment]
     InprocTransport.send_nowait = spy_send  # type: ignore[method-assign]
     ReadySet.__init__ = spy_init  # type: ignore[method-assign]
     simulator.RankRuntime.__init__ = spy_runtime  # type: ignore[method-assign]
     try:
-        return _fingerprint_each(_cases(quick) if cases is None else cases, log, reports,
-                                 runtimes)
+        with step_reports() as reports:
+            return _fingerprint_each(_cases(quick) if cases is None else cases, log, reports,
+                                     runtimes)
     finally:
-        simulator._step_stats = step_stats  # type: ignore[assignment]
         InprocTransport.send_nowait = send  # type: ignore[method-assign]
         ReadySet.__init__ = init  # type: ignore[method-assign]
         simulator.RankRuntime.__init__ = runtime_init  # type: ignore[method-assign]

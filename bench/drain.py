@@ -19,7 +19,6 @@ import argparse
 import statistics
 from typing import Any
 
-import aioready.sim.simulator as simulator
 from aioready.caps import resolve_caps
 from aioready.schedulers import make_hint
 from aioready.schedulers.order import ORDERS
@@ -28,26 +27,17 @@ from aioready.telemetry.export import write_chrome_trace
 from aioready.telemetry.plots import plot_compare
 from aioready.telemetry.spans import StepReport, merge_reports
 
-from .common import RESULTS, write_result
+from .common import RESULTS, step_reports, write_result
 
 JITTER, HINT, POLICY = "multimodal:0.3:3", "zb-h2", "greedy"
 
 
 def _run(S: int, seed: int, caps: list[int], order: str) -> tuple[Any, StepReport]:
-    """One step and its merged report (the simulator's per-step statistics hook, wrapped)."""
-    seen: list[StepReport] = []
-    stats = simulator._step_stats
-
-    def keep(reports: Any, table: Any, hint: Any) -> Any:
-        seen.append(merge_reports(list(reports)))
-        return stats(reports, table, hint)
-    simulator._step_stats = keep  # type: ignore[assignment]
-    try:
+    """One step and its merged report."""
+    with step_reports() as reports:
         r = simulate(stages=S, microbatches=4 * S, hint=HINT, jitter=JITTER, seed=seed,
                      split_backward=True, policy=POLICY, cap=caps, order=order)
-    finally:
-        simulator._step_stats = stats  # type: ignore[assignment]
-    return r, seen[0]
+    return r, merge_reports(reports)
 
 
 def idle_split(report: StepReport, num_ranks: int) -> tuple[float, float, float]:
