@@ -189,12 +189,11 @@ def default_start(groups: int, ranks: int, microbatches: int, trace: Any,
 
 def _agreed_start(args: argparse.Namespace, trace: Any, straggler: Any, comm: Any) -> Any:
     """Rank 0 chooses the default's start; the others get it as integers (no pickle)."""
-    from aioready.runtime.choosers import Choice
     from aioready.sim.start import Start
     size = comm.Get_size()
     start = (default_start(args.groups, size, args.microbatches, trace, straggler)
              if comm.Get_rank() == 0 else None)
-    buf = np.array(start.encode() if start is not None else [0] * (2 + Choice.width(size)),
+    buf = np.array(start.encode() if start is not None else [0] * Start.width(size),
                    dtype=np.int64)
     request = comm.Ibcast(buf, root=0)
     while not request.Test():  # not a blocking Bcast: its busy wait would starve rank 0

@@ -140,6 +140,7 @@ def test_the_start_is_the_fastest_simulated_or_unsplit_without_durations() -> No
     times = [float(line.rsplit(":", 1)[1].split()[0]) for line in start.table.splitlines()]
     assert len(times) == 4  # interleaved and v, unsplit and split
     assert start.step_ms == pytest.approx(min(times), rel=1e-3)
+    assert len(start.encode()) == type(start).width(4)  # what the other ranks receive into
     again = type(start).decode(start.encode())
     assert (again.choice, again.split_backward, again.budget) == (
         start.choice, start.split_backward, start.budget)

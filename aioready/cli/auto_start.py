@@ -25,7 +25,6 @@ from ..caps import CapSpec
 from ..errors import ConfigError
 from ..placement import Placement
 from ..runtime.autotune import parse_auto
-from ..runtime.choosers import Choice
 from ..sim.durations import base_durations
 from ..sim.start import Start, choose_start, default_budget, unmodelled_start
 from ..sim.tune import SimChooser
@@ -105,6 +104,6 @@ async def agreed_start(cfg: Any, *, num_ranks: int | None, comm: Any) -> Start |
     async def decide() -> Start:  # in a thread: the loop keeps serving the transport meanwhile
         return await asyncio.to_thread(choose)
     return await root_decides(comm, decide if comm.Get_rank() == 0 else None,
-                              2 + Choice.width(num_ranks or cfg.stages),  # split, budget, Choice
+                              Start.width(num_ranks or cfg.stages),
                               encode=Start.encode, decode=Start.decode,
                               what="schedule to start from")

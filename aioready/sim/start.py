@@ -63,6 +63,11 @@ class Start:
         """Integers that cross ranks (no pickle): split, budget, then Choice.encode."""
         return [int(self.split_backward), self.budget, *self.choice.encode()]
 
+    @staticmethod
+    def width(num_ranks: int) -> int:
+        """How many integers `encode` gives for a pipeline of `num_ranks` ranks."""
+        return 2 + Choice.width(num_ranks)
+
     @classmethod
     def decode(cls, values: Sequence[int]) -> Start:
         return cls(Choice.decode(values[2:]), bool(values[0]), int(values[1]), float("nan"))
