@@ -22,8 +22,9 @@ microbatch last (the drain runs backward pieces, the longer ones) and a light on
   drains, instead of the drain waiting on it. The optimum's schedules have this shape too.
   The tail's length is the one measured shape parameter (S, 3S/2, 2S tried; docs/policy.md
   "The microbatch order"), so it needs the number of stages, and whether the backward is
-  split: an unsplit backward (B = F + W, nothing to defer) drains each microbatch through a
-  longer chain, and its best tail is 7S/4 ("An unsplit backward's tail" there).
+  split: an unsplit backward (its weight gradient runs with it, nothing to defer into the
+  drain) sends each microbatch back up through a longer chain, and its best tail is 7S/4
+  ("An unsplit backward's tail" there).
 
 None wins everywhere, so `hint="auto"` simulates each next to the given order.
 
