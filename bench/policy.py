@@ -327,7 +327,7 @@ def _as_chosen(cfg: Config, S: int, M: int, probe: Instance, extra: dict[str, An
                     order=order).tuning.best.candidate
     chosen = best.choice
     slots = (None if best.order == "given" or probe.sizes is None
-             else cost_order(list(probe.sizes), best.order, S))
+             else cost_order(list(probe.sizes), best.order, S, cfg.split_backward))
     return (Config(chosen.hint, mode=chosen.mode, split=cfg.split_backward,
                    kwargs=(("policy", chosen.policy),)), {"cap": list(chosen.cap)}, slots)
 

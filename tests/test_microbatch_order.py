@@ -101,7 +101,7 @@ def test_reordered_steps_never_deadlock(case: tuple[str, int, bool], M: int, how
         M = 2 * -(-M // 2)
     rng = random.Random(seed)
     costs = [rng.choice([1.0, 1.0, 3.0, 0.5]) for _ in range(M)]
-    slots = cost_order(costs, how, S)
+    slots = cost_order(costs, how, S, split)  # the order the pipeline runs
     noise: dict[tuple[int, int, int], float] = {}
 
     def duration(info: object) -> float:

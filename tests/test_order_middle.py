@@ -1,15 +1,20 @@
 """The "middle" microbatch order: heavy microbatches between two runs of light ones, the light
-tail 3S/2 long (schedulers/order.py), and hint="auto" simulating it beside the other orders."""
+tail 3S/2 long with a split backward and 7S/4 with an unsplit one (schedulers/order.py), and
+hint="auto" simulating it beside the other orders."""
 
 from __future__ import annotations
 
 import math
 
 import pytest
+import torch
 
 import aioready
+from aioready.clock import run_virtual
+from aioready.devices.sim import SimDevice
 from aioready.errors import ConfigError
-from aioready.schedulers.order import ORDERS, TAIL, cost_order
+from aioready.schedulers.order import ORDERS, TAIL, TAIL_UNSPLIT, cost_order
+from aioready.testing.helpers import make_mlp_stages, max_grad_diff, mse_loss, reference_step
 
 
 def test_heavy_ones_sit_between_two_light_runs() -> None:
@@ -72,3 +77,44 @@ def test_the_light_tail_shortens_the_drain() -> None:
         assert all(x >= -1e-9 for x in shares[how])
         assert sum(shares[how]) + busy == pytest.approx(report.end - report.start)
     assert shares["middle"][2] < 0.5 * shares["ascending"][2]
+
+
+def test_an_unsplit_backward_gets_the_longer_tail() -> None:
+    costs = [3.0 if m % 4 == 1 else 1.0 for m in range(48)]  # 12 heavy, 36 light
+    S = 8
+    split, unsplit = cost_order(costs, "middle", S), cost_order(costs, "middle", S, False)
+    assert split == cost_order(costs, "middle", S, True)  # the default is the split tail
+    for slots, per_stage in ((split, TAIL), (unsplit, TAIL_UNSPLIT)):
+        tail = math.ceil(per_stage * S)
+        heavy = [i for i, m in enumerate(slots) if costs[m] == 3.0]
+        assert heavy == list(range(48 - tail - 12, 48 - tail))
+        assert sorted(slots) == list(range(48))
+    assert math.ceil(TAIL_UNSPLIT * S) > math.ceil(TAIL * S)  # 14 light after them, not 12
+    assert cost_order(costs, "ascending", S, False) == cost_order(costs, "ascending", S)
+
+
+def test_an_unsplit_pipeline_runs_the_unsplit_tail_exactly() -> None:
+    """Pipeline(microbatch_order="middle") with an unsplit backward runs the 7S/4 tail (the
+    order its simulated choice was made in) and loss and gradients match the unsplit model."""
+    S, M = 4, 16
+    gen = torch.Generator().manual_seed(4)
+    rows = [3 if m % 3 == 0 else 1 for m in range(M)]  # 6 heavy microbatches, 10 light
+    xs = [torch.randn(n, 8, generator=gen, dtype=torch.float64) for n in rows]
+    ys = [torch.randn(n, 8, generator=gen, dtype=torch.float64) for n in rows]
+    stages = make_mlp_stages(S, width=8, hidden=8, blocks_per_stage=1)
+    ref_loss, ref = reference_step(stages, mse_loss, xs, ys)
+
+    async def main() -> tuple[torch.Tensor, tuple[int, ...] | None]:
+        pipe = aioready.Pipeline(stages, mse_loss, microbatches=M, hint="1f1b", mode="ready",
+                                 split_backward=False, cap="2x", microbatch_order="middle",
+                                 device=SimDevice(lambda info: 1.0, run_compute=True))
+        try:
+            loss = await pipe.step(xs, ys, costs=rows)
+            return loss, pipe.microbatch_slots
+        finally:
+            pipe.close()
+    loss, slots = run_virtual(main())
+    assert slots == cost_order(rows, "middle", S, False) != cost_order(rows, "middle", S)
+    assert [rows[m] for m in slots[-7:]] == [1] * 7  # ceil(7/4 * 4) light ones end the step
+    assert abs(float(loss) - float(ref_loss)) <= 1e-10
+    assert max_grad_diff(stages, ref) <= 1e-10

@@ -53,7 +53,8 @@ class OrderChoice:
 
     def step_slots(self, how: str, num_microbatches: int, inputs: list[Any] | None,
                    costs: Sequence[float] | None, *, one_process: bool,
-                   stages: int | None = None) -> tuple[int, ...] | None:
+                   stages: int | None = None, split_backward: bool = True
+                   ) -> tuple[int, ...] | None:
         """`mb_order.step_order` for a step whose order auto may change: `costs=` is accepted
         under the given order too, and the step's costs are kept for the next choice."""
         known: tuple[float, ...] | None = None
@@ -63,7 +64,7 @@ class OrderChoice:
             known = tuple(input_bytes(mb) for mb in inputs)
         slots = None if how == "given" else step_order(
             how, num_microbatches, inputs, known if known is not None else costs,
-            one_process=one_process, stages=stages)
+            one_process=one_process, stages=stages, split_backward=split_backward)
         self._pending = (known, slots)
         return slots
 

@@ -152,13 +152,15 @@ class AutoTuning:
 
     def step_order(self, how: str, num_microbatches: int, inputs: list[Any] | None,
                    costs: Sequence[float] | None, *, one_process: bool,
-                   stages: int | None = None) -> tuple[int, ...] | None:
+                   stages: int | None = None, split_backward: bool = True
+                   ) -> tuple[int, ...] | None:
         """A step's slot order (mb_order.step_order), its costs kept where auto chooses it."""
         if self.orders is None:
             return step_order(how, num_microbatches, inputs, costs, one_process=one_process,
-                              stages=stages)
+                              stages=stages, split_backward=split_backward)
         return self.orders.step_slots(how, num_microbatches, inputs, costs,
-                                      one_process=one_process, stages=stages)
+                                      one_process=one_process, stages=stages,
+                                      split_backward=split_backward)
 
     async def after_step(self, pipe: Any) -> None:
         if self.reference is None:

@@ -43,9 +43,10 @@ def input_bytes(value: Any) -> float:
 
 def step_order(how: str, num_microbatches: int, inputs: list[Any] | None,
                costs: Sequence[float] | None, *, one_process: bool,
-               stages: int | None = None) -> tuple[int, ...] | None:
+               stages: int | None = None, split_backward: bool = True
+               ) -> tuple[int, ...] | None:
     """Slot -> the caller's microbatch index for one step, or None to keep the given order.
-    `stages`: the pipeline's number of stages (the "middle" order's tail follows it)."""
+    `stages`, `split_backward`: the pipeline's (the "middle" order's tail follows them)."""
     if how == "given":
         if costs is not None:
             raise ConfigError("step(costs=...) orders microbatches only under a microbatch "
@@ -62,5 +63,5 @@ def step_order(how: str, num_microbatches: int, inputs: list[Any] | None,
             raise ConfigError(f"microbatch_order={how!r} without costs= orders by the inputs' "
                               "bytes", expected="inputs, or step(costs=...)", got="inputs=None")
         costs = [input_bytes(mb) for mb in inputs]
-    order = cost_order(check_costs(costs, num_microbatches), how, stages)
+    order = cost_order(check_costs(costs, num_microbatches), how, stages, split_backward)
     return None if order == tuple(range(num_microbatches)) else order

@@ -335,7 +335,7 @@ class Pipeline:
         slots = (step_order if self.auto is None else self.auto.step_order)(
             self.microbatch_order, M, mbs, costs,
             one_process=self.transport is None or self.transport.world_size == 1,
-            stages=self.hint.placement.num_stages)
+            stages=self.hint.placement.num_stages, split_backward=self.hint.split_backward)
         if slots is not None:
             mbs = None if mbs is None else [mbs[m] for m in slots]
             tgts = None if tgts is None else [tgts[m] for m in slots]

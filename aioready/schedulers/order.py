@@ -21,7 +21,10 @@ microbatch last (the drain runs backward pieces, the longer ones) and a light on
   ones follow it to keep every stage busy while its long round trip (S stages down, S back up)
   drains, instead of the drain waiting on it. The optimum's schedules have this shape too.
   The tail's length is the one measured shape parameter (S, 3S/2, 2S tried; docs/policy.md
-  "The microbatch order"), so it needs the number of stages.
+  "The microbatch order"), so it needs the number of stages, and whether the backward is
+  split: an unsplit backward (its weight gradient runs with it, nothing to defer into the
+  drain) sends each microbatch back up through a longer chain, and its best tail is 7S/4
+  ("An unsplit backward's tail" there).
 
 None wins everywhere, so `hint="auto"` simulates each next to the given order.
 
@@ -37,14 +40,18 @@ from typing import Sequence
 
 from ..errors import ConfigError
 
-__all__ = ["ORDERS", "cost_order", "check_costs"]
+__all__ = ["ORDERS", "TAIL", "TAIL_UNSPLIT", "cost_order", "check_costs"]
 
 ORDERS = ("given", "ascending", "descending", "middle")
 """Microbatch orders: as given, or `cost_order` of the known costs in one of three shapes
 (new ones go last: a choice crosses MPI as an index into this tuple)."""
 
 TAIL = 1.5
-""""middle": light microbatches after the heavy ones, per stage (chosen on seeds 0-4)."""
+""""middle": light microbatches after the heavy ones, per stage, with a split backward
+(chosen on seeds 0-4)."""
+
+TAIL_UNSPLIT = 1.75
+"""The same with an unsplit backward (chosen on seeds 0-4, S = 4, 8, 16)."""
 
 
 def check_costs(costs: Sequence[float], num_microbatches: int) -> list[float]:
@@ -68,9 +75,10 @@ def check_costs(costs: Sequence[float], num_microbatches: int) -> list[float]:
 
 
 def cost_order(costs: Sequence[float], how: str = "ascending",
-               stages: int | None = None) -> tuple[int, ...]:
+               stages: int | None = None, split_backward: bool = True) -> tuple[int, ...]:
     """Slot i runs microbatch `cost_order(costs)[i]` (module note for `how`; "middle" needs the
-    pipeline's number of `stages`). Ties keep the given order; equal costs give the identity."""
+    pipeline's number of `stages`, and its tail follows `split_backward`). Ties keep the given
+    order; equal costs give the identity."""
     if how not in ORDERS:
         raise ConfigError("microbatch order", expected=" | ".join(ORDERS), got=repr(how))
     if how == "middle" and not (isinstance(stages, int) and stages >= 1):
@@ -81,7 +89,8 @@ def cost_order(costs: Sequence[float], how: str = "ascending",
         return tuple(range(n))
     light = sorted(range(n), key=lambda m: (costs[m], m))
     if how in ("ascending", "middle"):
-        tail = 1 if how == "ascending" else min(n - 1, math.ceil(TAIL * stages))  # type: ignore[operator]
+        per_stage = TAIL if split_backward else TAIL_UNSPLIT
+        tail = 1 if how == "ascending" else min(n - 1, math.ceil(per_stage * stages))  # type: ignore[operator]
         return (*light[tail:], *reversed(light[:tail]))
     middle = sorted(light[2:], key=lambda m: (-costs[m], m))
     return (light[1], *middle, light[0])

@@ -67,12 +67,12 @@ def reordered(durations: Durations, model: JitterModel, how: str) -> Reordered |
     """`durations` in `cost_order(..., how)` of their known costs, or None where that changes
     nothing (the given order, or durations without sizes)."""
     memo: dict[int, tuple[int, ...]] = {}
-    stages = durations.placement.num_stages
+    stages, split = durations.placement.num_stages, durations.split_backward
 
     def perm(step: int) -> tuple[int, ...]:
         if step not in memo:
             costs = known_costs(durations, step)
-            memo[step] = (cost_order(costs, how, stages) if costs
+            memo[step] = (cost_order(costs, how, stages, split) if costs
                           else tuple(range(durations.num_microbatches)))
         return memo[step]
     if how == "given" or known_costs(durations, 0) is None:
@@ -86,9 +86,10 @@ def orders_differ(durations: object, steps: int) -> bool:
     n = getattr(durations, "num_microbatches", 0)
     placement = getattr(durations, "placement", None)
     stages = placement.num_stages if placement is not None else 1
+    split = getattr(durations, "split_backward", True)
     for step in range(steps):
         costs = known_costs(durations, step)
-        if costs and any(cost_order(costs, how, stages) != tuple(range(n))
+        if costs and any(cost_order(costs, how, stages, split) != tuple(range(n))
                          for how in ORDERS[1:]):
             return True
     return False
