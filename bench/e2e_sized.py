@@ -1,0 +1,232 @@
+"""Sized microbatches on real ranks: `python -m bench.e2e --sized`.
+
+bench.e2e's multimodal scenario makes some microbatches FACTOR x heavier in every task (the
+trace's sleeps), but no runtime was told which, so readiness could not place them: the
+simulator's large multimodal gains come from ordering by a cost known before the step
+(docs/policy.md "The microbatch order"). Here each step's sizes are written next to the trace
+(`JitterModel.sizes`: FACTOR for a heavy microbatch, 1 otherwise, the same draw as the sleeps),
+and every aioready rank passes them as `step(costs=...)`, as a data loader that knows its
+microbatches' tokens or images would; the rows that can use them are a cost order
+(`hint/mode+middle`) and hint="auto", which may choose one. The sleeps are the same on both
+sides: the microbatch id travels with the data (aioready/testing/inject.py), so a reordered
+microbatch sleeps its own durations, and torch's Schedule1F1B runs them in the given order.
+
+The rows are side by side in each launch (one mpiexec for aioready, one torchrun for torch),
+at 1F1B's memory and at twice it; `--launches` repeats the whole run for the median and the
+spread. Writes bench/results/e2e_sized.md and .json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Sequence
+
+from .common import RESULTS, median, write_result
+
+__all__ = ["SIZED_AIOREADY", "SIZED_TORCH", "split_order", "write_sizes", "read_sizes",
+           "uses_costs", "step_costs", "main"]
+
+# at 1F1B's memory (its own caps), then at twice it; "+ORDER": the pipeline's microbatch_order
+SIZED_AIOREADY = ["1f1b/strict", "1f1b/strict+middle", "1f1b/ready", "1f1b/ready+middle",
+                  "1f1b/ready@2x", "1f1b/ready@2x+middle", "auto/ready@2x"]
+SIZED_TORCH = ["Schedule1F1B"]
+
+
+def split_order(config: str) -> tuple[str, str | None]:
+    """'hint/mode[...]+ORDER' -> ('hint/mode[...]', ORDER); no suffix: None (the pipeline's
+    default: the given order, or for hint auto an order it may choose)."""
+    from aioready.schedulers.order import ORDERS
+
+    rest, plus, order = config.partition("+")
+    if not plus:
+        return config, None
+    if order not in ORDERS or rest.startswith("auto/"):
+        raise SystemExit(f"bad aioready config {config!r}: expected hint/mode[...]+ORDER with "
+                         f"ORDER one of {', '.join(ORDERS)} (auto chooses its own)")
+    return rest, order
+
+
+def write_sizes(spec: str, *, seed: int, groups: int, microbatches: int, steps: int,
+                path: Path) -> bool:
+    """Write each step's microbatch sizes of `spec` as JSON; False (nothing written) where the
+    spec has no per-microbatch term."""
+    from aioready.placement import Placement
+    from aioready.sim.variability import JitterModel
+
+    from .e2e import split_spec
+    model = JitterModel(split_spec(spec)[0], seed=seed, num_microbatches=microbatches,
+                        placement=Placement(groups, groups, "linear"))
+    if model.sizes(0) is None:
+        return False
+    path.write_text(json.dumps({"spec": spec, "seed": seed, "sizes": [
+        [float(v) for v in model.sizes(step)] for step in range(steps)]}))
+    return True
+
+
+def read_sizes(path: str | Path) -> list[list[float]]:
+    return [list(map(float, row)) for row in json.loads(Path(path).read_text())["sizes"]]
+
+
+def uses_costs(pipe: Any) -> bool:
+    """Whether `pipe` orders microbatches by step(costs=): a cost order, or hint auto choosing
+    the order. Under the given order a Pipeline refuses costs (runtime/mb_order.py)."""
+    return pipe.microbatch_order != "given" or (pipe.auto is not None and
+                                                pipe.auto.orders is not None)
+
+
+def step_costs(sizes: Sequence[Sequence[float]] | None, step: int, pipe: Any
+               ) -> list[float] | None:
+    """The costs a rank passes to `pipe.step` in `step`: that step's sizes in the caller's
+    microbatch order, where the pipeline uses them; else None."""
+    if sizes is None or not uses_costs(pipe):
+        return None
+    return list(sizes[step])
+
+
+# -- the run and its page -----------------------------------------------------------------------
+def _aggregate(summaries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per config over the launches: the median of each launch's median step."""
+    by_name: dict[str, list[dict[str, Any]]] = {}
+    for s in summaries:
+        for r in s["rows"]:
+            by_name.setdefault(r["name"], []).append(r)
+    rows = []
+    for name, runs in by_name.items():
+        steps = [r["median_s"] for r in runs]
+        last = runs[-1]
+        rows.append({"name": name, "side": last["side"], "launch_median_s": steps,
+                     "median_s": median(steps), "min_s": min(steps), "max_s": max(steps),
+                     "efficiency": median([r["efficiency"] for r in runs]),
+                     "lower_bound_s": last["lower_bound_s"], "split": last["split_backward"],
+                     "caps": [r.get("caps") for r in runs], "order": [r.get("order")
+                                                                     for r in runs],
+                     "chosen": [r.get("chosen") for r in runs],
+                     "peak": [r["peak_activations"] for r in runs],
+                     "loss": [r["loss"] for r in runs], "grad_sq": [r["grad_sq"] for r in runs]})
+    return rows
+
+
+def _memory(name: str) -> str:
+    return "2x 1F1B" if "@2x" in name else "1F1B's"
+
+
+def _cells(values: list[Any]) -> str:
+    """One value if every launch agrees, else each launch's."""
+    shown = [str(v) for v in values]
+    return shown[0] if len(set(shown)) == 1 else " / ".join(shown)
+
+
+def _loss_note(rows: list[dict[str, Any]]) -> str:
+    losses = [v for r in rows for v in r["loss"]]
+    grads = [v for r in rows for v in r["grad_sq"]]
+    distinct = sorted(set(losses))
+    spread = max(losses) - min(losses)
+    gspread = (max(grads) - min(grads)) / max(abs(g) for g in grads)
+    if len(distinct) == 1:
+        head = f"The loss is bitwise identical on every row and launch ({distinct[0]!r})."
+    else:
+        head = (f"The loss differs in the last bits between rows: {len(distinct)} distinct "
+                f"values, {distinct[0]!r} to {distinct[-1]!r}, largest difference {spread:.3g} "
+                "(a different summation order of the same microbatch losses).")
+    return (head + f" The squared gradient norm (summed over ranks) differs by at most "
+            f"{gspread:.3g} relative across rows and launches.")
+
+
+def _body(rows: list[dict[str, Any]], args: argparse.Namespace, launches: int,
+          sizes: list[list[float]], load: list[list[float]]) -> str:
+    strict = next((r for r in rows if r["name"] == "1f1b/strict"), None)
+    heavy = sum(1 for row in sizes[args.warmup:] for v in row if v > 1)
+    lines = [
+        f"S=4 ranks, M={args.microbatches} microbatches, scenario `{args.scenario}` (seed "
+        f"{args.seed}; {heavy} of {args.microbatches * args.steps} measured microbatches heavy), "
+        f"the GPT-style model of bench.e2e (8 layer groups, dim 32, seq 16, 2 sequences per "
+        f"microbatch, float32). Injected sleeps per linear stage: F = {args.task_ms:g} ms, "
+        f"B = {2 * args.task_ms:g} ms unsplit (B = W = {args.task_ms:g} ms split), times the "
+        "scenario's factor: a heavy microbatch sleeps FACTOR x in every task. Every aioready rank "
+        "passes each step's sizes (FACTOR or 1 per microbatch) as `step(costs=...)` where the "
+        "pipeline orders by them (`+middle` rows and auto); the sleeps follow the microbatch, "
+        "whichever slot it runs in, on both sides. "
+        f"{launches} launch{'es' if launches > 1 else ''}: each runs every aioready row in one "
+        "mpiexec (MPITransport), then torch.distributed.pipelining's Schedule1F1B under torchrun "
+        f"(gloo); per launch the median of {args.steps} measured steps after {args.warmup} "
+        "warm-up steps (auto chooses after step 0 and runs its choice from step 1). Load average "
+        "at each launch's start: " + "; ".join(" ".join(f"{x:.2f}" for x in la) for la in load)
+        + ".", "",
+        "| memory | config | split | caps per rank | peak in flight per rank | median step ms "
+        "| launches (min-max) | vs 1f1b/strict | efficiency | auto chose |",
+        "|---|---|---|---|---|---|---|---|---|---|"]
+    order = {n: i for i, n in enumerate(["1f1b/strict", "1f1b/strict+middle", "1f1b/ready",
+                                         "1f1b/ready+middle", "Schedule1F1B"])}
+    for r in sorted(rows, key=lambda r: ("@2x" in r["name"], order.get(r["name"], 9),
+                                         r["name"])):
+        caps = ("its schedule's" if r["side"] == "torch" else _cells(r["caps"]))
+        peak = _cells([[round(p, 2) for p in per] for per in r["peak"]])
+        vs = f"{strict['median_s'] / r['median_s']:.3f}x" if strict else "-"
+        chose = _cells(r["chosen"]) if any(r["chosen"]) else ""
+        lines.append(f"| {_memory(r['name'])} | {r['name']} ({r['side']}) | "
+                     f"{'yes' if r['split'] else 'no'} | {caps} | {peak} | "
+                     f"{r['median_s'] * 1e3:.1f} | {r['min_s'] * 1e3:.1f}-{r['max_s'] * 1e3:.1f} "
+                     f"| {vs} | {r['efficiency']:.3f} | {chose} |")
+    lines += ["", "vs 1f1b/strict: its median step time / the row's (>1: faster). Peak in flight: "
+              "(stage, microbatch) pairs a rank held at once, counted by the injector where "
+              "both runtimes run them, in linear-stage microbatches (the same count for both "
+              "sides). Efficiency: the trace's lower bound for the row's placement / its step "
+              "time (sleeps only: the model's compute comes on top on both sides).", "",
+              _loss_note(rows), ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    from .e2e import run_scenario, summarize
+
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sized", action="store_true", help="(accepted: `bench.e2e --sized`)")
+    ap.add_argument("--scenario", default="multimodal:0.3:3")
+    ap.add_argument("--aioready", default=",".join(SIZED_AIOREADY))
+    ap.add_argument("--torch", default=",".join(SIZED_TORCH))
+    ap.add_argument("--microbatches", type=int, default=16)
+    ap.add_argument("--task-ms", type=float, default=20.0)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--launches", type=int, default=3)
+    ap.add_argument("--timeout", type=float, default=900.0, help="seconds per launch")
+    ap.add_argument("--name", default="e2e_sized", help="write bench/results/NAME.md and .json")
+    args = ap.parse_args(argv)
+    ranks, groups = 4, 8
+    summaries, loads = [], []
+    with tempfile.TemporaryDirectory(prefix="aioready-e2e-sized-") as tmp:
+        for launch in range(args.launches):
+            loads.append(list(os.getloadavg()))
+            run = run_scenario(args.scenario, workdir=Path(tmp) / str(launch), ranks=ranks,
+                               groups=groups, microbatches=args.microbatches,
+                               task_ms=args.task_ms, warmup=args.warmup, steps=args.steps,
+                               seed=args.seed, aioready_configs=[c for c in args.aioready.split(
+                                   ",") if c], torch_configs=[c for c in args.torch.split(",")
+                                                              if c],
+                               timeout=args.timeout, sized=True)
+            sizes = read_sizes(run["sizes"])
+            summaries.append(summarize(run, groups=groups, microbatches=args.microbatches,
+                                       warmup=args.warmup, ranks=ranks))
+            print(f"[e2e_sized] launch {launch + 1}/{args.launches} done", file=sys.stderr)
+    rows = _aggregate(summaries)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"{args.name}.json").write_text(json.dumps(
+        {"scenario": args.scenario, "seed": args.seed, "microbatches": args.microbatches,
+         "task_ms": args.task_ms, "steps": args.steps, "warmup": args.warmup, "ranks": ranks,
+         "launches": args.launches, "loads": loads, "sizes": sizes, "rows": rows,
+         "summaries": summaries, "cores": os.cpu_count(),
+         "spread_note": "launch_median_s: each launch's median step, seconds"}, indent=1))
+    cmd = " ".join(["python -m bench.e2e --sized", *[a for a in argv or [] if a != "--sized"]])
+    write_result(args.name, _body(rows, args, args.launches, sizes, loads), cmd, load=loads[0])
+    return {"rows": rows}
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
