@@ -122,17 +122,22 @@ def _cells(values: list[Any]) -> str:
 
 
 def _loss_note(rows: list[dict[str, Any]]) -> str:
-    losses = [v for r in rows for v in r["loss"]]
+    """Whether reordering changed the step's loss: bitwise, or by how much and on which rows."""
+    by_value: dict[float, list[str]] = {}
+    for r in rows:
+        for v in sorted(set(r["loss"])):
+            by_value.setdefault(v, []).append(r["name"])
     grads = [v for r in rows for v in r["grad_sq"]]
-    distinct = sorted(set(losses))
-    spread = max(losses) - min(losses)
     gspread = (max(grads) - min(grads)) / max(abs(g) for g in grads)
-    if len(distinct) == 1:
-        head = f"The loss is bitwise identical on every row and launch ({distinct[0]!r})."
+    if len(by_value) == 1:
+        head = f"The loss is bitwise identical on every row and launch ({next(iter(by_value))!r})."
     else:
-        head = (f"The loss differs in the last bits between rows: {len(distinct)} distinct "
-                f"values, {distinct[0]!r} to {distinct[-1]!r}, largest difference {spread:.3g} "
-                "(a different summation order of the same microbatch losses).")
+        values = sorted(by_value)
+        head = ("The loss is not bitwise identical across rows: "
+                + "; ".join(f"{v!r} on {', '.join(by_value[v])}" for v in values)
+                + f" (largest difference {values[-1] - values[0]:.3g}, relative "
+                f"{(values[-1] - values[0]) / abs(values[0]):.2g}: the same microbatch losses "
+                "summed in another order, or by another runtime, in float32).")
     return (head + f" The squared gradient norm (summed over ranks) differs by at most "
             f"{gspread:.3g} relative across rows and launches.")
 

@@ -171,3 +171,21 @@ def test_sized_rows_on_two_mpi_ranks(tmp_path: Path) -> None:
             assert row["slept_s"][rank] == pytest.approx(want, rel=1e-9, abs=1e-12), name
         assert row["loss"] == pytest.approx(rows["1f1b/ready"]["loss"], rel=1e-12), name
         assert row["grad_sq"] == pytest.approx(rows["1f1b/ready"]["grad_sq"], rel=1e-9), name
+
+
+def test_launches_reduce_to_a_median_and_a_spread() -> None:
+    from bench.e2e_sized import _aggregate, _loss_note
+
+    def row(name: str, seconds: float, loss: float) -> dict:
+        return {"name": name, "side": "aioready", "median_s": seconds, "efficiency": 0.5,
+                "lower_bound_s": 1.0, "split_backward": False, "caps": [2, 1],
+                "order": "middle", "chosen": None, "peak_activations": [2.0, 1.0],
+                "loss": loss, "grad_sq": 2.0}
+    launches = [{"rows": [row("a", t, 1.5), row("b", 2 * t, 1.5)]} for t in (3.0, 1.0, 2.0)]
+    rows = {r["name"]: r for r in _aggregate(launches)}
+    assert (rows["a"]["median_s"], rows["a"]["min_s"], rows["a"]["max_s"]) == (2.0, 1.0, 3.0)
+    assert rows["b"]["launch_median_s"] == [6.0, 2.0, 4.0]
+    assert _loss_note(list(rows.values())).startswith("The loss is bitwise identical")
+    launches[1]["rows"][1]["loss"] = 1.5000001
+    note = _loss_note(_aggregate(launches))
+    assert "not bitwise identical" in note and "1.5000001 on b" in note, note
