@@ -29,7 +29,7 @@ from typing import Any, Sequence
 from .common import RESULTS, median, write_result
 
 __all__ = ["SIZED_AIOREADY", "SIZED_TORCH", "split_order", "write_sizes", "read_sizes",
-           "uses_costs", "step_costs", "main"]
+           "uses_costs", "step_costs", "twin", "main"]
 
 # at 1F1B's memory (its own caps), then at twice it; "+ORDER": the pipeline's microbatch_order
 SIZED_AIOREADY = ["1f1b/strict", "1f1b/strict+middle", "1f1b/ready", "1f1b/ready+middle",
@@ -86,6 +86,44 @@ def step_costs(sizes: Sequence[Sequence[float]] | None, step: int, pipe: Any
     if sizes is None or not uses_costs(pipe):
         return None
     return list(sizes[step])
+
+
+def twin(configs: Sequence[str], spec: str, trace_path: str | Path,
+         sizes: Sequence[Sequence[float]], *, groups: int, ranks: int, microbatches: int,
+         warmup: int, steps: int) -> dict[str, tuple[float, str]]:
+    """Each aioready row on the simulator's virtual clock, on the same sleeps of the measured
+    steps and no compute: (median step seconds, what ran). The simulator's auto chooses on the
+    very durations it is scored on (hindsight); the ranks' auto chose on step 0."""
+    import numpy as np
+
+    import aioready
+    from aioready.placement import Placement
+    from aioready.schedulers import HINTS
+    from aioready.sim.traces import Trace, read_trace
+
+    from .e2e import split_spec
+    from .e2e_worker import AIOREADY_SPLIT, RunShape, parse_config, parse_straggler, stage_seconds
+    group = read_trace(trace_path, placement=Placement(groups, groups, "linear"))
+    straggler = parse_straggler(split_spec(spec)[1])
+    measured = range(warmup, warmup + steps)
+    out = {}
+    for config in configs:
+        base, order = split_order(config)
+        hint, mode, policy, cap = parse_config(base)
+        split, spec_ = AIOREADY_SPLIT[hint], HINTS["1f1b" if hint == "auto" else hint]
+        shape = RunShape(Placement(ranks * spec_.chunks, ranks, spec_.style), groups, split)
+        trace = Trace(np.stack([stage_seconds(group.table(s), shape, straggler) * 1e3
+                                for s in measured]), placement=shape.placement,
+                      split_backward=split, sizes=np.array([sizes[s] for s in measured]))
+        r = aioready.simulate(stages=shape.placement.num_stages, ranks=ranks,
+                              microbatches=microbatches, trace=trace, steps=steps,
+                              hint="auto:1f1b" if hint == "auto" else hint, mode=mode,
+                              policy=policy, cap=cap, split_backward=split, order=order)
+        how = r.mode if r.mode == "strict" else f"{r.mode}/{r.policy}"
+        label = r.hint if "+" in r.hint or r.order == "given" else f"{r.hint}+{r.order}"
+        out[config] = (median(s.step_time for s in r.per_step) * 1e-3,
+                       f"{label} {how} caps {list(r.cap)}")
+    return out
 
 
 # -- the run and its page -----------------------------------------------------------------------
@@ -163,8 +201,9 @@ def _body(rows: list[dict[str, Any]], args: argparse.Namespace, launches: int,
         "at each launch's start: " + "; ".join(" ".join(f"{x:.2f}" for x in la) for la in load)
         + ".", "",
         "| memory | config | split | caps per rank | peak in flight per rank | median step ms "
-        "| launches (min-max) | vs 1f1b/strict | efficiency | auto chose |",
-        "|---|---|---|---|---|---|---|---|---|---|"]
+        "| launches (min-max) | vs 1f1b/strict | efficiency | auto chose | simulated ms "
+        "| simulated vs strict |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     order = {n: i for i, n in enumerate(["1f1b/strict", "1f1b/strict+middle", "1f1b/ready",
                                          "1f1b/ready+middle", "Schedule1F1B"])}
     for r in sorted(rows, key=lambda r: ("@2x" in r["name"], order.get(r["name"], 9),
@@ -173,15 +212,25 @@ def _body(rows: list[dict[str, Any]], args: argparse.Namespace, launches: int,
         peak = _cells([[round(p, 2) for p in per] for per in r["peak"]])
         vs = f"{strict['median_s'] / r['median_s']:.3f}x" if strict else "-"
         chose = _cells(r["chosen"]) if any(r["chosen"]) else ""
+        sim = "| - | -"
+        if "twin_s" in r:
+            base = strict["twin_s"] if strict and "twin_s" in strict else None
+            sim = f"| {r['twin_s'] * 1e3:.1f} | " + (f"{base / r['twin_s']:.3f}x" if base
+                                                     else "-")
+            sim += f" ({r['twin_ran']})" if r["name"].startswith("auto") else ""
         lines.append(f"| {_memory(r['name'])} | {r['name']} ({r['side']}) | "
                      f"{'yes' if r['split'] else 'no'} | {caps} | {peak} | "
                      f"{r['median_s'] * 1e3:.1f} | {r['min_s'] * 1e3:.1f}-{r['max_s'] * 1e3:.1f} "
-                     f"| {vs} | {r['efficiency']:.3f} | {chose} |")
+                     f"| {vs} | {r['efficiency']:.3f} | {chose} {sim} |")
     lines += ["", "vs 1f1b/strict: its median step time / the row's (>1: faster). Peak in flight: "
               "(stage, microbatch) pairs a rank held at once, counted by the injector where "
               "both runtimes run them, in linear-stage microbatches (the same count for both "
               "sides). Efficiency: the trace's lower bound for the row's placement / its step "
-              "time (sleeps only: the model's compute comes on top on both sides).", "",
+              "time (sleeps only: the model's compute comes on top on both sides). Simulated: "
+              "the row on the simulator's virtual clock on the same sleeps of the measured "
+              "steps, no compute (`twin`); its auto chooses on those very durations (hindsight, "
+              "and what it ran is in brackets), the ranks' auto chose on the times it measured "
+              "in step 0, compute included.", "",
               _loss_note(rows), ""]
     return "\n".join(lines)
 
@@ -220,7 +269,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             summaries.append(summarize(run, groups=groups, microbatches=args.microbatches,
                                        warmup=args.warmup, ranks=ranks))
             print(f"[e2e_sized] launch {launch + 1}/{args.launches} done", file=sys.stderr)
+        sim = twin([c for c in args.aioready.split(",") if c], args.scenario, run["trace"],
+                   sizes, groups=groups, ranks=ranks, microbatches=args.microbatches,
+                   warmup=args.warmup, steps=args.steps)
     rows = _aggregate(summaries)
+    for r in rows:
+        if r["name"] in sim:
+            r["twin_s"], r["twin_ran"] = sim[r["name"]]
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{args.name}.json").write_text(json.dumps(
         {"scenario": args.scenario, "seed": args.seed, "microbatches": args.microbatches,

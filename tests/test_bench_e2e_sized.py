@@ -189,3 +189,24 @@ def test_launches_reduce_to_a_median_and_a_spread() -> None:
     launches[1]["rows"][1]["loss"] = 1.5000001
     note = _loss_note(_aggregate(launches))
     assert "not bitwise identical" in note and "1.5000001 on b" in note, note
+
+
+def test_the_simulated_twin_runs_each_row_as_configured(tmp_path: Path) -> None:
+    from bench.e2e_sized import twin
+    trace, sizes, m, steps = tmp_path / "trace.csv", tmp_path / "sizes.json", 8, 2
+    generate_trace("none", seed=SEED, groups=GROUPS, microbatches=m, steps=steps + 1,
+                   task_ms=10.0, path=trace)
+    flat = [[1.0] * m for _ in range(steps + 1)]
+    got = twin(["1f1b/strict"], "none", trace, flat, groups=GROUPS, ranks=S, microbatches=m,
+               warmup=1, steps=steps)
+    # uniform durations, F = 10 ms and B = 20 ms per stage: 1F1B takes (M + S - 1)(F + B)
+    assert got["1f1b/strict"][0] == pytest.approx((m + S - 1) * 0.030, rel=1e-9)
+    write_sizes(SPEC, seed=SEED, groups=GROUPS, microbatches=m, steps=steps + 1, path=sizes)
+    generate_trace(SPEC, seed=SEED, groups=GROUPS, microbatches=m, steps=steps + 1,
+                   task_ms=10.0, path=trace)
+    got = twin(["1f1b/strict", "1f1b/strict+middle", "auto/ready@2x"], SPEC, trace,
+               read_sizes(sizes), groups=GROUPS, ranks=S, microbatches=m, warmup=1,
+               steps=steps)
+    assert got["1f1b/strict+middle"][1].startswith("1f1b+middle strict")
+    assert got["1f1b/strict+middle"][0] < got["1f1b/strict"][0]  # the heavy ones placed
+    assert got["auto/ready@2x"][1].startswith("auto:1f1b")  # auto from 1F1B, split
