@@ -29,7 +29,7 @@ from typing import Any, Sequence
 from .common import RESULTS, median, write_result
 
 __all__ = ["SIZED_AIOREADY", "SIZED_TORCH", "split_order", "write_sizes", "read_sizes",
-           "uses_costs", "step_costs", "twin", "main"]
+           "step_costs", "twin", "main"]
 
 # at 1F1B's memory (its own caps), then at twice it; "+ORDER": the pipeline's microbatch_order
 SIZED_AIOREADY = ["1f1b/strict", "1f1b/strict+middle", "1f1b/ready", "1f1b/ready+middle",
@@ -72,18 +72,11 @@ def read_sizes(path: str | Path) -> list[list[float]]:
     return [list(map(float, row)) for row in json.loads(Path(path).read_text())["sizes"]]
 
 
-def uses_costs(pipe: Any) -> bool:
-    """Whether `pipe` orders microbatches by step(costs=): a cost order, or hint auto choosing
-    the order. Under the given order a Pipeline refuses costs (runtime/mb_order.py)."""
-    return pipe.microbatch_order != "given" or (pipe.auto is not None and
-                                                pipe.auto.orders is not None)
-
-
 def step_costs(sizes: Sequence[Sequence[float]] | None, step: int, pipe: Any
                ) -> list[float] | None:
     """The costs a rank passes to `pipe.step` in `step`: that step's sizes in the caller's
     microbatch order, where the pipeline uses them; else None."""
-    if sizes is None or not uses_costs(pipe):
+    if sizes is None or not pipe.takes_costs:
         return None
     return list(sizes[step])
 

@@ -18,13 +18,14 @@ import pytest
 import torch
 from conftest import requires_mpi
 
+from aioready.errors import ConfigError
 from aioready.placement import Placement
 from aioready.runtime.autotune import AutoHint
 from aioready.runtime.pipeline import Pipeline
 from aioready.schedulers.order import cost_order
 from aioready.sim.traces import read_trace
 from aioready.tasks import Kind
-from aioready.testing.helpers import max_grad_diff
+from aioready.testing.helpers import make_mlp_stages, max_grad_diff, mse_loss
 from aioready.testing.models import lm_loss
 from bench.e2e import generate_trace, run_scenario
 from bench.e2e_sized import read_sizes, split_order, step_costs, write_sizes
@@ -123,18 +124,25 @@ def test_sized_costs_reach_the_pipeline_in_the_callers_order(tmp_path: Path) -> 
 
 
 def test_only_pipelines_that_order_get_costs() -> None:
-    stages = [torch.nn.Linear(2, 2) for _ in range(2)]
+    """`Pipeline.takes_costs` says where step(costs=) orders microbatches (and so where the
+    harness passes them): true exactly where a step with costs runs, false where it is refused."""
+    stages = make_mlp_stages(2, width=4, hidden=8)
     sizes = [[1.0, 3.0, 1.0, 1.0]]
-    given = Pipeline(stages, lm_loss, microbatches=4)
-    middle = Pipeline(stages, lm_loss, microbatches=4, microbatch_order="middle")
-    auto = Pipeline(stages, lm_loss, microbatches=4, hint=AutoHint(start="1f1b"), cap="2x")
-    fixed_auto = Pipeline(stages, lm_loss, microbatches=4, hint=AutoHint(start="1f1b"),
+    x, y = torch.randn(8, 4, dtype=torch.float64), torch.randn(8, 4, dtype=torch.float64)
+    given = Pipeline(stages, mse_loss, microbatches=4)
+    middle = Pipeline(stages, mse_loss, microbatches=4, microbatch_order="middle")
+    auto = Pipeline(stages, mse_loss, microbatches=4, hint=AutoHint(start="1f1b"), cap="2x")
+    fixed_auto = Pipeline(stages, mse_loss, microbatches=4, hint=AutoHint(start="1f1b"),
                           cap="2x", microbatch_order="given")
     try:
-        assert step_costs(sizes, 0, given) is None
-        assert step_costs(sizes, 0, fixed_auto) is None  # auto, its order fixed by the caller
-        assert step_costs(sizes, 0, middle) == sizes[0]
-        assert step_costs(sizes, 0, auto) == sizes[0]
+        for pipe, takes in ((given, False), (fixed_auto, False), (middle, True), (auto, True)):
+            assert pipe.takes_costs is takes
+            assert step_costs(sizes, 0, pipe) == (sizes[0] if takes else None)
+            if takes:
+                asyncio.run(pipe.step(x, y, costs=sizes[0]))
+            else:
+                with pytest.raises(ConfigError, match="costs"):
+                    asyncio.run(pipe.step(x, y, costs=sizes[0]))
         assert step_costs(None, 0, middle) is None
     finally:
         for pipe in (given, middle, auto, fixed_auto):
