@@ -18,6 +18,8 @@ bench/results/e2e.md, e2e.json and e2e.png.
 Run: python -m bench.e2e [--quick] [--scenarios none,multimodal:0.3:3] [--steps N]
      python -m bench.e2e --scale ...: S = 4, 8, 16 ranks, thin model, every torch schedule
      (bench/e2e_scale.py)
+     python -m bench.e2e --sized ...: microbatch sizes known before the step, passed as
+     step(costs=), 1F1B rows in the given and the "middle" order, auto (bench/e2e_sized.py)
 
 `AIOREADY_E2E_DEVICE=inline` runs aioready's stage compute on the loop thread (InlineDevice)
 instead of a worker thread. The launched processes inherit the environment, so aioready's
@@ -113,13 +115,14 @@ def run_scenario(spec: str, *, workdir: Path, ranks: int = 4, groups: int = 8,
                  microbatches: int = 8, task_ms: float = 20.0, warmup: int = 1, steps: int = 5,
                  seed: int = 0, aioready_configs: list[str], torch_configs: list[str],
                  model_args: list[str] | None = None, timeout: float = 900.0,
-                 one_launch: bool = False, backends: tuple[str, ...] = ("mpi",)
-                 ) -> dict[str, Any]:
+                 one_launch: bool = False, backends: tuple[str, ...] = ("mpi",),
+                 sized: bool = False) -> dict[str, Any]:
     """Run both sides on one scenario; return the raw records and the trace path.
 
     Normally aioready runs under mpiexec and torch under torchrun, in separate processes;
     `one_launch` runs both, one after the other, in the same mpiexec-launched processes (gloo
-    set up from the MPI ranks): half the start-up cost, for the test.
+    set up from the MPI ranks): half the start-up cost, for the test. `sized`: aioready's
+    ranks are also told each step's microbatch sizes (bench/e2e_sized.py; the run's "sizes").
     """
     workdir.mkdir(parents=True, exist_ok=True)
     tag = spec.replace(":", "_").replace("+", "-")
@@ -131,6 +134,15 @@ def run_scenario(spec: str, *, workdir: Path, ranks: int = 4, groups: int = 8,
               "--microbatches", str(microbatches), "--warmup", str(warmup), "--steps",
               str(steps), "--seed", str(seed), *(model_args or [])]
     out: dict[str, Any] = {"scenario": spec, "trace": str(trace), "records": []}
+    if sized:
+        from .e2e_sized import write_sizes
+        sizes = workdir / f"sizes-{tag}.json"
+        if not write_sizes(spec, seed=seed, groups=groups, microbatches=microbatches,
+                           steps=warmup + steps, path=sizes):
+            raise SystemExit(f"--sized: scenario {spec!r} has no per-microbatch sizes "
+                             "(a multimodal term has)")
+        common += ["--mb-sizes", str(sizes)]
+        out["sizes"] = str(sizes)
     if one_launch:
         dest = workdir / f"both-{tag}.json"
         _launch([mpiexec(), "-n", str(ranks), sys.executable, "-m", "bench.e2e_worker", "both",
@@ -237,6 +249,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if "--scale" in (argv or []):  # the deep-pipeline mode: bench/e2e_scale.py
         from .e2e_scale import main as scale
         return scale(argv)
+    if "--sized" in (argv or []):  # sizes known before the step: bench/e2e_sized.py
+        from .e2e_sized import main as sized
+        return sized(argv)
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true",

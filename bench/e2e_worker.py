@@ -26,6 +26,7 @@ from aioready.runtime.rank import POLICIES
 from aioready.tasks import Kind
 
 from .e2e_compute import METER
+from .e2e_sized import read_sizes, split_order, step_costs
 
 __all__ = ["RunShape", "stage_seconds", "AIOREADY_SPLIT", "TORCH_SCHEDULES", "parse_straggler",
            "parse_config", "DEFAULT", "default_start"]
@@ -261,8 +262,10 @@ def run_aioready(args: argparse.Namespace, trace: Any, configs: list[str],
     inputs = [(x[m * b:(m + 1) * b], tags[m * b:(m + 1) * b]) for m in range(M)]
     targets = list(y.split(b))
     straggler = parse_straggler(args.straggler)
+    sizes = read_sizes(args.mb_sizes) if args.mb_sizes else None  # known before each step
 
-    async def one(hint: str, mode: str, policy: str, cap: int | str | None) -> dict[str, Any]:
+    async def one(hint: str, mode: str, policy: str, cap: int | str | None,
+                  order: str | None = None) -> dict[str, Any]:
         start = _agreed_start(args, trace, straggler, comm) if hint == DEFAULT else None
         if start is not None:  # as `aioready train` starts it: its mode, policy and caps,
             # then choices held to its activation budget (cli/auto_start.py)
@@ -283,7 +286,8 @@ def run_aioready(args: argparse.Namespace, trace: Any, configs: list[str],
         transport = TorchDistTransport() if gloo else MPITransport(comm)
         pipe = Pipeline(stages, METER.wrap(lm_loss), microbatches=M, mode=mode, policy=policy,
                         hint=auto, transport=transport, split_backward=split, device=DEVICE,
-                        num_stages=shape.placement.num_stages, cap=cap)
+                        num_stages=shape.placement.num_stages, cap=cap,
+                        microbatch_order=order)
         times, cpu, compute, loss = [], [], [], None
         for step in range(args.warmup + args.steps):
             _begin_step(stages, injector, step, args.warmup)
@@ -292,7 +296,7 @@ def run_aioready(args: argparse.Namespace, trace: Any, configs: list[str],
             if measured:
                 profiler.enable()
             m0, c0, t0 = METER.seconds, time.process_time(), time.perf_counter()
-            out = await pipe.step(inputs, targets)
+            out = await pipe.step(inputs, targets, costs=step_costs(sizes, step, pipe))
             times.append(time.perf_counter() - t0)
             cpu.append(time.process_time() - c0)
             compute.append(METER.seconds - m0)
@@ -312,26 +316,31 @@ def run_aioready(args: argparse.Namespace, trace: Any, configs: list[str],
         cpus = comm.gather(_per_step(cpu, args.warmup), root=0)
         peaks = comm.gather(injector.peak_activations(), root=0)
         computes = comm.gather(_per_step(compute, args.warmup), root=0)
+        caps = comm.gather([rt.cap for rt in pipe.runtimes], root=0)
         if rank != 0:
             return {}
         the_loss = next(v for v in losses if v is not None)
         name = (DEFAULT if start is not None else f"{hint}/{mode}"
                 + (f":{policy}" if policy != "reserve" else "") + (f"@{cap}" if cap else "")
-                ) + ("+gloo" if gloo else "")
+                + (f"+{order}" if order else "")) + ("+gloo" if gloo else "")
         record = _record(name, shape, all_times, the_loss, grad_sq, slept, counts, cpus, peaks,
                          computes)
+        record.update(caps=[c for per_rank in caps for c in per_rank],
+                      order=pipe.microbatch_order)
         if start is not None:  # what the simulator's twin starts from (e2e_scale_report.py)
             record["start"] = {"hint": start.choice.hint, "label": start.label,
                                "budget": start.budget, "budget_unit": "activations"}
         if pipe.auto is not None and pipe.auto.choices:
             choice = pipe.auto.choices[-1][1]
-            record["chosen"] = f"{choice.label} {choice.how} caps {list(choice.cap)}"
+            suffix = f"+{choice.order}" if choice.order != "given" else ""
+            record["chosen"] = f"{choice.label}{suffix} {choice.how} caps {list(choice.cap)}"
         return record
 
     async def all_configs() -> None:
         for config in configs:
+            config, order = split_order(config)
             record = await one(*((DEFAULT, "ready", "reserve", None) if config == DEFAULT
-                                 else parse_config(config)))
+                                 else parse_config(config)), order)
             if record:
                 emit(record)
 
@@ -394,6 +403,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--mb-sizes", default="",
+                    help="JSON of each step's microbatch sizes (bench/e2e_sized.py)")
     ap.add_argument("--aioready-backend", choices=("mpi", "gloo"), default="mpi",
                     help="aioready's transport: MPITransport, or TorchDistTransport over gloo")
     args = ap.parse_args(argv)

@@ -282,8 +282,7 @@ async def train(cfg: TrainConfig, *, comm: Any = None,
                     cap=auto_budget(cfg, ranks, chosen),
                     memory=cfg.memory, measure_memory=True, microbatch_order=cfg.microbatch_order,
                     device=make_device, num_stages=cfg.stages, grid=grid)
-    ordered = pipe.microbatch_order != "given" or (pipe.auto is not None
-                                                    and pipe.auto.orders is not None)
+    ordered = pipe.takes_costs
     lengths = None if not cfg.sized_microbatches else sequence_lengths(
         cfg.jitter or "none", seed=cfg.seed, seq=cfg.seq, placement=placement,
         num_microbatches=cfg.microbatches, split_backward=split)

@@ -296,6 +296,14 @@ class Pipeline:
         return self._slots
 
     @property
+    def takes_costs(self) -> bool:
+        """Whether `step(costs=...)` orders this pipeline's microbatches: a cost order, or
+        hint="auto" choosing the order. Under the given order costs are refused, so a loop that
+        knows its microbatches' sizes passes them where this is true."""
+        return self.microbatch_order != "given" or (self.auto is not None and
+                                                    self.auto.orders is not None)
+
+    @property
     def step_index(self) -> int:
         """The index of the next step to run."""
         return self._step
