@@ -39,8 +39,9 @@ def test_the_helper_is_built_and_matches_the_python_plans() -> None:
                    timeout=100, env={"AIOREADY_MPI_NATIVE": "1"})
     assert "STATUS on" in proc.stdout, (proc.stdout, proc.stderr[-2000:])
     results = _results(proc)
-    assert int(_field(results["bytes"], "num")) >= 50 and _field(results["bytes"], "bad") == "0", \
-        results["bytes"]
+    sent = results["bytes"]
+    assert int(_field(sent, "num")) >= 100 and _field(sent, "bad") == "0", sent
+    assert int(_field(sent, "parts")) >= 30, sent  # send_parts: from the tensor's memory
     receive = results["receive"]
     assert int(_field(receive, "num")) >= 50 and _field(receive, "bad") == "0", receive
     assert _field(receive, "header_only") == "1", receive

@@ -37,6 +37,7 @@ class NativePath:
                  rung_probes: int) -> None:
         self._tr = tr
         self._send = module.send
+        self._send_parts = module.send_parts
         self._probe = module.probe
         self._comm = tr._hdr.handle
         self._seq_mod = seq_mod
@@ -53,20 +54,26 @@ class NativePath:
         if found is None:
             return False
         t, (_, desc, n, tail, off, total) = found
-        if tail is not None:  # sent from the tensor's own memory (MPITransport._isend_parts)
-            return False
         seq = tr._seq[dest]
-        left = self._send(self._comm, dest, seq, msg.kind, msg.step, msg.stage, msg.microbatch,
-                          msg.tag, desc, t.data_ptr(), n, off, total)
+        big = False
+        if tail is None:
+            left = self._send(self._comm, dest, seq, msg.kind, msg.step, msg.stage,
+                              msg.microbatch, msg.tag, desc, t.data_ptr(), n, off, total)
+        else:  # from the tensor's own memory, as MPITransport._isend_parts sends it
+            big = total >= tr.hot_bytes
+            left = self._send_parts(self._comm, dest, seq, msg.kind, msg.step, msg.stage,
+                                    msg.microbatch, msg.tag, desc, t.data_ptr(), n, off, tail,
+                                    not big)
         if left is NotImplemented:  # a field the header cannot hold: the plan raises it
             return False
         tr._seq[dest] = (seq + 1) % self._seq_mod
         self.num_sent += 1
         bell = tr._bell
-        if left is not None:  # not sent at once: tracked, and rung again once sent
+        if left is not None:  # not sent at once: tracked (its memory kept), rung again once sent
             tr._num_sending += 1
+            keep = left[0] if tail is None else (left[0], t)
             tr._track(self._request(left[1]),
-                      partial(tr._sent, left[0], None, None if bell is None else dest), False)
+                      partial(tr._sent, keep, None, None if bell is None else dest), big)
         elif tr._sent_waiters:
             tr._maybe_idle()
         if bell is not None:

@@ -2,6 +2,8 @@
  *
  * send:  write a lone CPU tensor's inline message (fixed header, the plan's descriptor block,
  *        padding, the tensor's bytes, padding) into one bytes object, MPI_Isend and MPI_Test it.
+ * send_parts: from ZERO_COPY payload bytes, the header alone, and the header, the tensor's own
+ *        memory and the zero padding through one hindexed datatype (MPITransport._isend_parts).
  * probe: MPI_Improbe up to `tries` times; on a match read source, tag and size, receive the
  *        message into a bytearray with MPI_Imrecv + MPI_Test, and if a receive plan of its
  *        length takes it (the very checks of wire_plans.ReceivePlans.message) build its tensor
@@ -118,6 +120,69 @@ static PyObject *send(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     return Py_BuildValue("(NN)", buf, h);
 }
 
+PyDoc_STRVAR(send_parts_doc,
+"send_parts(comm, dest, tag, kind, step, stage, microbatch, msgtag, desc, ptr, n, off, tail,\n"
+"           test)\n"
+"The same message with the payload sent from the tensor's memory: the header (off bytes, with\n"
+"its padding), the n bytes at ptr and tail zero bytes through one hindexed datatype. None if\n"
+"`test` and MPI completed it at once, else (the header's bytes, the request's handle): both,\n"
+"and the tensor, kept until it completes; NotImplemented as `send`.");
+static PyObject *send_parts(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    static const char zeros[16];
+    if (nargs != 14) {
+        PyErr_SetString(PyExc_TypeError, "send_parts takes 14 arguments");
+        return NULL;
+    }
+    MPI_Comm comm = (MPI_Comm)handle_in(args[0]);
+    long dest = bounded(args[1], 0x7fffffffL), tag = bounded(args[2], 0x7fffffffL);
+    long kind = bounded(args[3], 0xff), step = bounded(args[4], 0xffffffffL);
+    long stage = bounded(args[5], 0xffff), mb = bounded(args[6], 0xffffffffL);
+    long msgtag = bounded(args[7], 0xffffffffL);
+    long n = bounded(args[10], 0x7fffffffL), off = bounded(args[11], 0x7fffffffL);
+    long tail = bounded(args[12], sizeof(zeros));
+    int test = PyObject_IsTrue(args[13]);
+    void *ptr = PyLong_AsVoidPtr(args[9]);
+    if (test < 0 || (ptr == NULL && PyErr_Occurred())) return NULL;
+    if (!PyBytes_Check(args[8])) {
+        PyErr_SetString(PyExc_TypeError, "send_parts: desc must be bytes");
+        return NULL;
+    }
+    Py_ssize_t dlen = PyBytes_GET_SIZE(args[8]);
+    if ((dest | tag | kind | step | stage | mb | msgtag | n | off | tail) < 0 || FIXED + dlen > off)
+        Py_RETURN_NOTIMPLEMENTED;
+    PyObject *head = PyBytes_FromStringAndSize(NULL, off);
+    if (head == NULL) return NULL;
+    char *p = PyBytes_AS_STRING(head);
+    put16(p, (unsigned long)g_magic); p[2] = (char)g_version; p[3] = (char)kind;
+    put32(p + 4, step); put16(p + 8, stage); put32(p + 10, mb); put32(p + 14, msgtag);
+    p[18] = 1;
+    memcpy(p + FIXED, PyBytes_AS_STRING(args[8]), dlen);
+    memset(p + FIXED + dlen, 0, off - FIXED - dlen);
+    int lengths[3] = {(int)off, (int)n, (int)tail};
+    MPI_Aint where[3];
+    MPI_Datatype type;
+    MPI_Request req;
+    int flag = 0, rc = MPI_Get_address(p, &where[0]);
+    if (rc == MPI_SUCCESS) rc = MPI_Get_address(ptr, &where[1]);
+    if (rc == MPI_SUCCESS) rc = MPI_Get_address(zeros, &where[2]);
+    if (rc == MPI_SUCCESS) rc = MPI_Type_create_hindexed(tail ? 3 : 2, lengths, where, MPI_BYTE,
+                                                         &type);
+    if (rc != MPI_SUCCESS) { Py_DECREF(head); return mpi_error("MPI_Type_create_hindexed", rc); }
+    rc = MPI_Type_commit(&type);
+    if (rc == MPI_SUCCESS)
+        rc = MPI_Isend(MPI_BOTTOM, 1, type, (int)dest, (int)tag, comm, &req);
+    MPI_Type_free(&type);  /* (a send that uses it still completes) */
+    if (rc != MPI_SUCCESS) { Py_DECREF(head); return mpi_error("MPI_Isend", rc); }
+    if (test) {
+        rc = MPI_Test(&req, &flag, MPI_STATUS_IGNORE);
+        if (rc != MPI_SUCCESS) { Py_DECREF(head); return mpi_error("MPI_Test", rc); }
+        if (flag) { Py_DECREF(head); Py_RETURN_NONE; }
+    }
+    PyObject *h = handle_out(req);
+    if (h == NULL) { Py_DECREF(head); return NULL; }
+    return Py_BuildValue("(NN)", head, h);
+}
+
 /* the Message in buf if the receive plan of its length takes it; Py_None if not; NULL: error */
 static PyObject *planned(PyObject *plans, PyObject *buf, int count, int src) {
     PyObject *key = PyLong_FromLong(count);
@@ -225,6 +290,7 @@ static PyObject *probe(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
 static PyMethodDef methods[] = {
     {"setup", setup, METH_VARARGS, setup_doc},
     {"send", (PyCFunction)(void (*)(void))send, METH_FASTCALL, send_doc},
+    {"send_parts", (PyCFunction)(void (*)(void))send_parts, METH_FASTCALL, send_parts_doc},
     {"probe", (PyCFunction)(void (*)(void))probe, METH_FASTCALL, probe_doc},
     {NULL, NULL, 0, NULL},
 };
