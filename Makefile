@@ -18,7 +18,14 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install -q -e ".[mpi,test,telemetry,examples,secure,bench]"
 	touch $(STAMP)
 
-test: $(STAMP)
+# the MPI transport's compiled helper (aioready/transports/native): the C source against the
+# venv's MPICH; rebuilt when the source changes
+NATIVE := aioready/transports/native/_mpifast.so.stamp
+$(NATIVE): $(STAMP) aioready/transports/native/_mpifast.c aioready/transports/native/__init__.py
+	$(PY) -m aioready.transports.native build
+	touch $(NATIVE)
+
+test: $(STAMP) $(NATIVE)
 	$(PY) -m pytest -q -m "not heavy and not gpu" $(PYTEST_ARGS)
 
 # the dashboard's page in a real headless browser: installs Chromium from the system packages
@@ -28,11 +35,11 @@ test-browser: $(STAMP)
 		(apt-get update -q && apt-get install -y -q chromium)
 	$(PY) -m pytest -q tests/test_dashboard.py -k browser -rs $(PYTEST_ARGS)
 
-demo: $(STAMP)
+demo: $(STAMP) $(NATIVE)
 	$(PY) -m aioready.cli.demo
 
-bench: $(STAMP)
+bench: $(STAMP) $(NATIVE)
 	$(PY) -m bench all $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache out
+	rm -rf $(VENV) .pytest_cache out aioready/transports/native/_mpifast*

@@ -1,5 +1,7 @@
 """Transports: how messages move between ranks. `inproc` always; `mpi` needs the mpi extra;
-`torchdist` (torch.distributed: gloo, NCCL; jobs launched by torchrun) needs only torch."""
+`torchdist` (torch.distributed: gloo, NCCL; jobs launched by torchrun) needs only torch.
+`native` is the MPI transport's optional compiled helper (its build and loader), `mpi_native`
+the transport's hooks into it."""
 
 from __future__ import annotations
 

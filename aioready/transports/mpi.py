@@ -57,7 +57,9 @@ from .base import Deliver, Message, MessageKind, OnFailure, outside_world
 from .device_payloads import receive_payloads, send_payloads
 from .doorbell import Doorbell
 from .header import MAX_TENSORS, TensorSpec
+from .mpi_native import NativePath, header_too_large
 from .mpi_requests import PendingRequests
+from .native import load as load_native
 from .ordered import OrderedArrivals, device_tag, split_tag
 from .receive_pool import ReceivePool
 from .tensor_bytes import host_bytes, torch_module
@@ -138,6 +140,12 @@ class MPITransport:
         # received ones only where nothing follows the decode: CPU delivery, no ordered plane
         self._recv_plans = ReceivePlans() if plans and self._order is None and (
             device is None or str(device) == "cpu") else None
+        # the compiled helper (native/) where both plans are: a planned send, every probe
+        module = load_native() if None not in (self._recv_plans, self._send_plans) else None
+        self._native = None if module is None else NativePath(
+            self, module, seq_mod=_SEQ_MOD, probes=_PROBES_PER_POLL, rung_probes=_RUNG_PROBES)
+        if self._native is not None:
+            self._probe = self._native.probe  # type: ignore[method-assign]
         self._pool = ReceivePool()
         self._host_device = device is None or str(device) == "cpu"
         self._cuda_device = not self._host_device and torch_module().device(device).type == "cuda"
@@ -188,6 +196,8 @@ class MPITransport:
             self._num_local += 1
             asyncio.get_running_loop().call_soon(self._arrive_local, msg)
             return
+        if self._native is not None and self._native.send(dest, msg):
+            return
         tensors = msg.tensors
         plans = self._send_plans
         buf = None if plans is None else plans.encode(msg)
@@ -215,6 +225,9 @@ class MPITransport:
             for i, (t, n) in enumerate(zip(tensors, sizes)):
                 if n and not on_plane:
                     self._send_payload(dest, seq * MAX_TENSORS + i, t, n)
+        self._kick_after_send()
+
+    def _kick_after_send(self) -> None:
         engine = self._engine
         # poll soon and spin for the reply; with a doorbell and no spin window (an
         # oversubscribed host) a send that left at once needs neither: the reply rings
@@ -447,9 +460,7 @@ class MPITransport:
             src, seq = status.Get_source(), status.Get_tag()
             count = status.Get_count(MPI.BYTE)
             if count > self._max_header_message:  # hostile input: bounded before allocation
-                raise ProtocolError(f"message from rank {src} on the header channel is too "
-                                    "large", rank=self._rank, expected=f"<= "
-                                    f"{self._max_header_message} bytes", got=f"{count} bytes")
+                raise header_too_large(self._rank, src, count, self._max_header_message)
             n += 1
             # up to _SMALL_HEADER where plans read it, a bytearray: half np.empty's cost, and
             # the plan's views of it are cheaper (the general path reads a numpy view of it)

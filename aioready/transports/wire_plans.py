@@ -93,21 +93,29 @@ class SendPlans:
         found = self._plans.lookup(msg)
         if found is None:
             return None
-        t, (pack, desc, n, tail) = found
+        t, (pack, desc, n, tail, _, _) = found
         if tail is None:
             return pack(HEADER_MAGIC, _VERSION, msg.kind, msg.step, msg.stage, msg.microbatch,
                         msg.tag, 1, desc, _string_at(t.data_ptr(), n))
         return pack(HEADER_MAGIC, _VERSION, msg.kind, msg.step, msg.stage, msg.microbatch,
                     msg.tag, 1, desc), t, n, tail
 
-    def _build(self, desc: bytes, n: int) -> tuple[Any, bytes, int, int | None] | None:
+    def lookup(self, msg: Message) -> tuple[Any, tuple[Any, bytes, int, Any, int, int]] | None:
+        """(its tensor, its plan) for `msg` or None, as `encode` finds them; a plan is (pack,
+        descriptor block, payload bytes, None or the zero bytes after a zero-copy payload,
+        payload offset, message bytes): what a sender that writes the message itself needs
+        (the compiled helper, transports/native)."""
+        return self._plans.lookup(msg)
+
+    def _build(self, desc: bytes, n: int) -> tuple[Any, bytes, int, Any, int, int] | None:
         if n > self._inline_bytes:
             return None
         head = _FIXED.size + len(desc)
         fixed = f"<{_FIXED.format[1:]}{len(desc)}s{align(head) - head}x"
+        where = align(head), align(head) + align(n)  # the payload's offset, the message's size
         if self._zero_copy and n >= self._zero_copy:  # the header alone, with its padding
-            return struct.Struct(fixed).pack, desc, n, align(n) - n
-        return struct.Struct(f"{fixed}{n}s{align(n) - n}x").pack, desc, n, None
+            return struct.Struct(fixed).pack, desc, n, align(n) - n, *where
+        return struct.Struct(f"{fixed}{n}s{align(n) - n}x").pack, desc, n, None, *where
 
 
 class _ReceivePlan:

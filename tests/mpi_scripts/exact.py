@@ -230,12 +230,18 @@ async def plans(comm) -> None:
         bad = [i for i in range(n) if not (
             got[i].dtype == lone_payload(i).dtype and got[i].shape == lone_payload(i).shape
             and torch.equal(got[i], lone_payload(i).detach()))]
-        taken_all = comm.allreduce(taken[0])
+        # the compiled helper (transports/native) takes them in C, without the Python plan
+        native = transport._native  # None where it is off
+        native_in = 0 if native is None else native.num_received
+        native_out = 0 if native is None else native.num_sent
+        taken_all = comm.allreduce(taken[0] + native_in)
+        native_in, native_out = comm.allreduce(native_in), comm.allreduce(native_out)
     finally:
         wire_plans.ReceivePlans.message = message  # type: ignore[method-assign]
         await transport.close()
     if rank == 0:
-        say(f"RESULT plans bad={len(bad)} first={bad[:3]} taken={taken_all}")
+        say(f"RESULT plans bad={len(bad)} first={bad[:3]} taken={taken_all} "
+            f"native_in={native_in} native_out={native_out}")
 
 
 async def main() -> None:

@@ -1,0 +1,116 @@
+"""The MPI transport's send and receive of a planned message through the compiled helper.
+
+`MPITransport` keeps its Python paths; where `transports.native.load()` gives the compiled
+module (and receive and send plans are on), it sends a planned message with `send` and polls
+its header channel with `probe` below instead of `_probe`. Each does in one C call what the
+Python path does in ten (docs/hot_path.md, "The compiled helper"); what the C call does not
+take (a plan it does not know, a message no plan takes, several tensors, a receive that did not
+complete at once, a message too large) goes back to the very Python code that handled it before,
+so the errors and the bytes are the same. Switch: `AIOREADY_MPI_NATIVE=0`.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from ..errors import ProtocolError
+from .base import Message
+
+__all__ = ["NativePath", "header_too_large"]
+
+
+def header_too_large(rank: int, src: int, count: int, limit: int) -> ProtocolError:
+    """The error for a header-channel message over `limit` bytes (hostile input: bounded
+    before anything is allocated)."""
+    return ProtocolError(f"message from rank {src} on the header channel is too large",
+                         rank=rank, expected=f"<= {limit} bytes", got=f"{count} bytes")
+
+
+class NativePath:
+    """The compiled send and probe bound to one transport (`tr`: an MPITransport)."""
+
+    def __init__(self, tr: Any, module: ModuleType, *, seq_mod: int, probes: int,
+                 rung_probes: int) -> None:
+        self._tr = tr
+        self._send = module.send
+        self._send_parts = module.send_parts
+        self._probe = module.probe
+        self._comm = tr._hdr.handle
+        self._seq_mod = seq_mod
+        self._probes = probes
+        self._rung_probes = rung_probes
+        self._by_len = tr._recv_plans._by_len  # length -> receive plan (wire_plans.py)
+        self._request = tr._MPI.Request.fromhandle
+        self.num_sent = self.num_received = 0  # by the C calls (tests prove they are used)
+
+    def send(self, dest: int, msg: Message) -> bool:
+        """Send `msg` to `dest` if a send plan covers it (else False: the Python path)."""
+        tr = self._tr
+        found = tr._send_plans.lookup(msg)
+        if found is None:
+            return False
+        t, (_, desc, n, tail, off, total) = found
+        seq = tr._seq[dest]
+        big = False
+        if tail is None:
+            left = self._send(self._comm, dest, seq, msg.kind, msg.step, msg.stage,
+                              msg.microbatch, msg.tag, desc, t.data_ptr(), n, off, total)
+        else:  # from the tensor's own memory, as MPITransport._isend_parts sends it
+            big = total >= tr.hot_bytes
+            left = self._send_parts(self._comm, dest, seq, msg.kind, msg.step, msg.stage,
+                                    msg.microbatch, msg.tag, desc, t.data_ptr(), n, off, tail,
+                                    not big)
+        if left is NotImplemented:  # a field the header cannot hold: the plan raises it
+            return False
+        tr._seq[dest] = (seq + 1) % self._seq_mod
+        self.num_sent += 1
+        bell = tr._bell
+        if left is not None:  # not sent at once: tracked (its memory kept), rung again once sent
+            tr._num_sending += 1
+            keep = left[0] if tail is None else (left[0], t)
+            tr._track(self._request(left[1]),
+                      partial(tr._sent, keep, None, None if bell is None else dest), big)
+        elif tr._sent_waiters:
+            tr._maybe_idle()
+        if bell is not None:
+            bell.ring(dest)
+        tr._kick_after_send()
+        return True
+
+    def probe(self) -> int:
+        """`MPITransport._probe` through the helper: the same tries (two, and `rung_probes`
+        more after a ring), the same bound, the same hand-over."""
+        tr = self._tr
+        probe, by_len, comm = self._probe, self._by_len, self._comm
+        limit = tr._max_header_message
+        tries = 2 + self._rung_probes if tr._rung else 2
+        n = 0
+        while n < self._probes:
+            got = probe(comm, tries, limit, by_len)
+            if got is None:
+                break
+            n += 1
+            tries = 1
+            if type(got) is not tuple:  # taken by a receive plan
+                self.num_received += 1
+                tr._hand_over(got)
+                continue
+            src, seq, count, raw, handle = got
+            if raw is None:
+                raise header_too_large(tr._rank, src, count, limit)
+            if handle:  # a large inline message may need a rendezvous: poll it hot
+                tr._track(self._request(handle),
+                          partial(tr._on_header, src, seq, np.frombuffer(raw, np.uint8)),
+                          count >= tr.hot_bytes)
+                continue
+            msg = tr._recv_plans.message(raw, src)  # several tensors: the Python plan's
+            if msg is not None:
+                tr._hand_over(msg)
+            else:
+                tr._on_header(src, seq, np.frombuffer(raw, np.uint8), planned=True)
+        tr._rung = False
+        return n

@@ -1,0 +1,308 @@
+/* The MPI transport's commonest message in one C call each way (see __init__.py).
+ *
+ * send:  write a lone CPU tensor's inline message (fixed header, the plan's descriptor block,
+ *        padding, the tensor's bytes, padding) into one bytes object, MPI_Isend and MPI_Test it.
+ * send_parts: from ZERO_COPY payload bytes, the header alone, and the header, the tensor's own
+ *        memory and the zero padding through one hindexed datatype (MPITransport._isend_parts).
+ * probe: MPI_Improbe up to `tries` times; on a match read source, tag and size, receive the
+ *        message into a bytearray with MPI_Imrecv + MPI_Test, and if a receive plan of its
+ *        length takes it (the very checks of wire_plans.ReceivePlans.message) build its tensor
+ *        and its Message. Anything else goes back to Python as it is, which takes the path it
+ *        took without this helper (and raises what is wrong there).
+ *
+ * The wire format is header.py's `_FIXED` = "<HBBIHIIB" (19 bytes), little-endian.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <mpi.h>
+#include <string.h>
+
+#define FIXED 19
+
+static PyObject *g_kinds, *g_message, *g_ndarray, *g_from_numpy;
+static long g_control, g_magic, g_version;
+static PyObject *s_desc, *s_n, *s_one, *s_views;
+
+static PyObject *mpi_error(const char *call, int code) {
+    char text[MPI_MAX_ERROR_STRING + 1];
+    int len = 0;
+    if (MPI_Error_string(code, text, &len) != MPI_SUCCESS) len = 0;
+    text[len] = 0;
+    PyErr_Format(PyExc_RuntimeError, "%s failed: %s (MPI error %d)", call, text, code);
+    return NULL;
+}
+
+/* mpi4py writes a handle as an unsigned integer (an MPICH int handle sign-extended) */
+static PyObject *handle_out(int h) {
+    return PyLong_FromUnsignedLongLong((unsigned long long)(long long)h);
+}
+
+static int handle_in(PyObject *o) {
+    return (int)PyLong_AsUnsignedLongLongMask(o);
+}
+
+static void put16(char *p, unsigned long v) { p[0] = (char)v; p[1] = (char)(v >> 8); }
+static void put32(char *p, unsigned long v) {
+    p[0] = (char)v; p[1] = (char)(v >> 8); p[2] = (char)(v >> 16); p[3] = (char)(v >> 24);
+}
+static unsigned long get16(const unsigned char *p) { return p[0] | (p[1] << 8); }
+static unsigned long get32(const unsigned char *p) {
+    return p[0] | (p[1] << 8) | (p[2] << 16) | ((unsigned long)p[3] << 24);
+}
+
+/* an integer argument in [0, hi], else -1 (no exception left set) */
+static long bounded(PyObject *o, long hi) {
+    long v = PyLong_AsLong(o);
+    if (v == -1 && PyErr_Occurred()) { PyErr_Clear(); return -1; }
+    return v < 0 || v > hi ? -1 : v;
+}
+
+PyDoc_STRVAR(setup_doc, "setup(kinds, control, Message, ndarray, from_numpy, magic, version)");
+static PyObject *setup(PyObject *self, PyObject *args) {
+    PyObject *kinds, *message, *ndarray, *from_numpy;
+    long control, magic, version;
+    if (!PyArg_ParseTuple(args, "O!lOOOll", &PyTuple_Type, &kinds, &control, &message,
+                          &ndarray, &from_numpy, &magic, &version))
+        return NULL;
+    Py_INCREF(kinds); Py_XSETREF(g_kinds, kinds);
+    Py_INCREF(message); Py_XSETREF(g_message, message);
+    Py_INCREF(ndarray); Py_XSETREF(g_ndarray, ndarray);
+    Py_INCREF(from_numpy); Py_XSETREF(g_from_numpy, from_numpy);
+    g_control = control; g_magic = magic; g_version = version;
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(send_doc,
+"send(comm, dest, tag, kind, step, stage, microbatch, msgtag, desc, ptr, n, off, total)\n"
+"The inline message of the n bytes at ptr, sent: None if MPI completed it at once, else\n"
+"(its bytes, the request's handle) to keep until it completes; NotImplemented if a field\n"
+"does not fit the header (the Python plan raises what it raises).");
+static PyObject *send(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 13) {
+        PyErr_SetString(PyExc_TypeError, "send takes 13 arguments");
+        return NULL;
+    }
+    MPI_Comm comm = (MPI_Comm)handle_in(args[0]);
+    long dest = bounded(args[1], 0x7fffffffL), tag = bounded(args[2], 0x7fffffffL);
+    long kind = bounded(args[3], 0xff), step = bounded(args[4], 0xffffffffL);
+    long stage = bounded(args[5], 0xffff), mb = bounded(args[6], 0xffffffffL);
+    long msgtag = bounded(args[7], 0xffffffffL);
+    long n = bounded(args[10], 0x7fffffffL), off = bounded(args[11], 0x7fffffffL);
+    long total = bounded(args[12], 0x7fffffffL);
+    void *ptr = PyLong_AsVoidPtr(args[9]);
+    if (ptr == NULL && PyErr_Occurred()) return NULL;
+    if (!PyBytes_Check(args[8])) {
+        PyErr_SetString(PyExc_TypeError, "send: desc must be bytes");
+        return NULL;
+    }
+    Py_ssize_t dlen = PyBytes_GET_SIZE(args[8]);
+    if ((dest | tag | kind | step | stage | mb | msgtag | n | off | total) < 0 ||
+            FIXED + dlen > off || off + n > total)
+        Py_RETURN_NOTIMPLEMENTED;
+    PyObject *buf = PyBytes_FromStringAndSize(NULL, total);
+    if (buf == NULL) return NULL;
+    char *p = PyBytes_AS_STRING(buf);
+    put16(p, (unsigned long)g_magic); p[2] = (char)g_version; p[3] = (char)kind;
+    put32(p + 4, step); put16(p + 8, stage); put32(p + 10, mb); put32(p + 14, msgtag);
+    p[18] = 1;
+    memcpy(p + FIXED, PyBytes_AS_STRING(args[8]), dlen);
+    memset(p + FIXED + dlen, 0, off - FIXED - dlen);
+    memcpy(p + off, ptr, n);
+    memset(p + off + n, 0, total - off - n);
+    MPI_Request req;
+    int flag = 0, rc = MPI_Isend(p, (int)total, MPI_BYTE, (int)dest, (int)tag, comm, &req);
+    if (rc != MPI_SUCCESS) { Py_DECREF(buf); return mpi_error("MPI_Isend", rc); }
+    rc = MPI_Test(&req, &flag, MPI_STATUS_IGNORE);
+    if (rc != MPI_SUCCESS) { Py_DECREF(buf); return mpi_error("MPI_Test", rc); }
+    if (flag) { Py_DECREF(buf); Py_RETURN_NONE; }
+    PyObject *h = handle_out(req);
+    if (h == NULL) { Py_DECREF(buf); return NULL; }
+    return Py_BuildValue("(NN)", buf, h);
+}
+
+PyDoc_STRVAR(send_parts_doc,
+"send_parts(comm, dest, tag, kind, step, stage, microbatch, msgtag, desc, ptr, n, off, tail,\n"
+"           test)\n"
+"The same message with the payload sent from the tensor's memory: the header (off bytes, with\n"
+"its padding), the n bytes at ptr and tail zero bytes through one hindexed datatype. None if\n"
+"`test` and MPI completed it at once, else (the header's bytes, the request's handle): both,\n"
+"and the tensor, kept until it completes; NotImplemented as `send`.");
+static PyObject *send_parts(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    static const char zeros[16];
+    if (nargs != 14) {
+        PyErr_SetString(PyExc_TypeError, "send_parts takes 14 arguments");
+        return NULL;
+    }
+    MPI_Comm comm = (MPI_Comm)handle_in(args[0]);
+    long dest = bounded(args[1], 0x7fffffffL), tag = bounded(args[2], 0x7fffffffL);
+    long kind = bounded(args[3], 0xff), step = bounded(args[4], 0xffffffffL);
+    long stage = bounded(args[5], 0xffff), mb = bounded(args[6], 0xffffffffL);
+    long msgtag = bounded(args[7], 0xffffffffL);
+    long n = bounded(args[10], 0x7fffffffL), off = bounded(args[11], 0x7fffffffL);
+    long tail = bounded(args[12], sizeof(zeros));
+    int test = PyObject_IsTrue(args[13]);
+    void *ptr = PyLong_AsVoidPtr(args[9]);
+    if (test < 0 || (ptr == NULL && PyErr_Occurred())) return NULL;
+    if (!PyBytes_Check(args[8])) {
+        PyErr_SetString(PyExc_TypeError, "send_parts: desc must be bytes");
+        return NULL;
+    }
+    Py_ssize_t dlen = PyBytes_GET_SIZE(args[8]);
+    if ((dest | tag | kind | step | stage | mb | msgtag | n | off | tail) < 0 || FIXED + dlen > off)
+        Py_RETURN_NOTIMPLEMENTED;
+    PyObject *head = PyBytes_FromStringAndSize(NULL, off);
+    if (head == NULL) return NULL;
+    char *p = PyBytes_AS_STRING(head);
+    put16(p, (unsigned long)g_magic); p[2] = (char)g_version; p[3] = (char)kind;
+    put32(p + 4, step); put16(p + 8, stage); put32(p + 10, mb); put32(p + 14, msgtag);
+    p[18] = 1;
+    memcpy(p + FIXED, PyBytes_AS_STRING(args[8]), dlen);
+    memset(p + FIXED + dlen, 0, off - FIXED - dlen);
+    int lengths[3] = {(int)off, (int)n, (int)tail};
+    MPI_Aint where[3];
+    MPI_Datatype type;
+    MPI_Request req;
+    int flag = 0, rc = MPI_Get_address(p, &where[0]);
+    if (rc == MPI_SUCCESS) rc = MPI_Get_address(ptr, &where[1]);
+    if (rc == MPI_SUCCESS) rc = MPI_Get_address(zeros, &where[2]);
+    if (rc == MPI_SUCCESS) rc = MPI_Type_create_hindexed(tail ? 3 : 2, lengths, where, MPI_BYTE,
+                                                         &type);
+    if (rc != MPI_SUCCESS) { Py_DECREF(head); return mpi_error("MPI_Type_create_hindexed", rc); }
+    rc = MPI_Type_commit(&type);
+    if (rc == MPI_SUCCESS)
+        rc = MPI_Isend(MPI_BOTTOM, 1, type, (int)dest, (int)tag, comm, &req);
+    MPI_Type_free(&type);  /* (a send that uses it still completes) */
+    if (rc != MPI_SUCCESS) { Py_DECREF(head); return mpi_error("MPI_Isend", rc); }
+    if (test) {
+        rc = MPI_Test(&req, &flag, MPI_STATUS_IGNORE);
+        if (rc != MPI_SUCCESS) { Py_DECREF(head); return mpi_error("MPI_Test", rc); }
+        if (flag) { Py_DECREF(head); Py_RETURN_NONE; }
+    }
+    PyObject *h = handle_out(req);
+    if (h == NULL) { Py_DECREF(head); return NULL; }
+    return Py_BuildValue("(NN)", head, h);
+}
+
+/* the Message in buf if the receive plan of its length takes it; Py_None if not; NULL: error */
+static PyObject *planned(PyObject *plans, PyObject *buf, int count, int src) {
+    PyObject *key = PyLong_FromLong(count);
+    if (key == NULL) return NULL;
+    PyObject *plan = PyDict_GetItemWithError(plans, key);  /* borrowed */
+    Py_DECREF(key);
+    if (plan == NULL) return PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
+    PyObject *desc = PyObject_GetAttr(plan, s_desc), *one = NULL, *views = NULL;
+    PyObject *nobj = PyObject_GetAttr(plan, s_n), *out = NULL, *tensors = NULL;
+    if (desc == NULL || nobj == NULL || !PyBytes_Check(desc)) goto done;
+    const unsigned char *p = (const unsigned char *)PyByteArray_AS_STRING(buf);
+    Py_ssize_t dlen = PyBytes_GET_SIZE(desc);
+    long kind = p[3];
+    if (count < FIXED + dlen || (long)get16(p) != g_magic || p[2] != g_version ||
+            p[18] != PyLong_AsLong(nobj) || kind >= PyTuple_GET_SIZE(g_kinds) ||
+            kind == g_control || memcmp(p + FIXED, PyBytes_AS_STRING(desc), dlen) != 0) {
+        out = Py_NewRef(Py_None);  /* not this plan's: the general path decides */
+        goto done;
+    }
+    one = PyObject_GetAttr(plan, s_one);
+    if (one == NULL) goto done;
+    if (one != Py_None) {  /* (shape, numpy dtype, offset): one view of buf */
+        if (!PyTuple_Check(one) || PyTuple_GET_SIZE(one) != 3) {
+            PyErr_SetString(PyExc_TypeError, "a receive plan's view is (shape, dtype, offset)");
+            goto done;
+        }
+        PyObject *vargs[4] = {PyTuple_GET_ITEM(one, 0), PyTuple_GET_ITEM(one, 1), buf,
+                              PyTuple_GET_ITEM(one, 2)};
+        PyObject *arr = PyObject_Vectorcall(g_ndarray, vargs, 4, NULL);
+        if (arr == NULL) goto done;
+        PyObject *t = PyObject_CallOneArg(g_from_numpy, arr);
+        Py_DECREF(arr);
+        if (t == NULL) goto done;
+        tensors = PyTuple_Pack(1, t);
+        Py_DECREF(t);
+    } else {
+        views = PyObject_GetAttr(plan, s_views);
+        if (views == NULL) goto done;
+        if (!PyList_Check(views) || PyList_GET_SIZE(views) != 0) {
+            out = Py_NewRef(Py_None);  /* several tensors: the Python plan builds them */
+            goto done;
+        }
+        tensors = PyTuple_New(0);  /* header only */
+    }
+    if (tensors == NULL) goto done;
+    PyObject *margs[7] = {PyLong_FromUnsignedLong(get32(p + 4)), PyTuple_GET_ITEM(g_kinds, kind),
+                          PyLong_FromUnsignedLong(get16(p + 8)),
+                          PyLong_FromUnsignedLong(get32(p + 10)), tensors,
+                          PyLong_FromUnsignedLong(get32(p + 14)), PyLong_FromLong(src)};
+    if (margs[0] && margs[2] && margs[3] && margs[5] && margs[6])
+        out = PyObject_Vectorcall(g_message, margs, 7, NULL);
+    Py_XDECREF(margs[0]); Py_XDECREF(margs[2]); Py_XDECREF(margs[3]);
+    Py_XDECREF(margs[5]); Py_XDECREF(margs[6]);
+done:
+    Py_XDECREF(desc); Py_XDECREF(nobj); Py_XDECREF(one); Py_XDECREF(views);
+    Py_XDECREF(tensors);
+    return out;
+}
+
+PyDoc_STRVAR(probe_doc,
+"probe(comm, tries, max_count, plans) -> None | Message | (src, tag, count, buf, handle)\n"
+"None: nothing matched in `tries` MPI_Improbe calls. A Message: received, and a receive plan\n"
+"of `plans` (length -> plan) took it. Else a tuple: buf a bytearray received (handle 0) or\n"
+"being received (handle: its request's); buf None when count > max_count (handle: the matched\n"
+"message's, not received: the caller raises).");
+static PyObject *probe(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4 || !PyDict_Check(args[3])) {
+        PyErr_SetString(PyExc_TypeError, "probe(comm, tries, max_count, plans: dict)");
+        return NULL;
+    }
+    if (g_message == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "probe before setup()");
+        return NULL;
+    }
+    MPI_Comm comm = (MPI_Comm)handle_in(args[0]);
+    long tries = PyLong_AsLong(args[1]), max_count = PyLong_AsLong(args[2]);
+    if (PyErr_Occurred()) return NULL;
+    MPI_Message m;
+    MPI_Status status;
+    int flag = 0, rc = MPI_SUCCESS, count = 0;
+    for (long i = 0; i < tries && !flag; i++) {
+        rc = MPI_Improbe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm, &flag, &m, &status);
+        if (rc != MPI_SUCCESS) return mpi_error("MPI_Improbe", rc);
+    }
+    if (!flag) Py_RETURN_NONE;
+    rc = MPI_Get_count(&status, MPI_BYTE, &count);
+    if (rc != MPI_SUCCESS) return mpi_error("MPI_Get_count", rc);
+    int src = status.MPI_SOURCE, tag = status.MPI_TAG;
+    if (count < 0 || count > max_count)  /* hostile input: bounded before allocation */
+        return Py_BuildValue("(iiiON)", src, tag, count, Py_None, handle_out(m));
+    PyObject *buf = PyByteArray_FromStringAndSize(NULL, count);  /* (not zero-filled) */
+    if (buf == NULL) return NULL;
+    MPI_Request req;
+    rc = MPI_Imrecv(PyByteArray_AS_STRING(buf), count, MPI_BYTE, &m, &req);
+    if (rc == MPI_SUCCESS) rc = MPI_Test(&req, &flag, MPI_STATUS_IGNORE);
+    if (rc != MPI_SUCCESS) { Py_DECREF(buf); return mpi_error("MPI_Imrecv/MPI_Test", rc); }
+    if (!flag)
+        return Py_BuildValue("(iiiNN)", src, tag, count, buf, handle_out(req));
+    PyObject *msg = planned(args[3], buf, count, src);
+    if (msg != Py_None) { Py_DECREF(buf); return msg; }  /* a Message, or NULL: its error */
+    Py_DECREF(msg);
+    return Py_BuildValue("(iiiNi)", src, tag, count, buf, 0);
+}
+
+static PyMethodDef methods[] = {
+    {"setup", setup, METH_VARARGS, setup_doc},
+    {"send", (PyCFunction)(void (*)(void))send, METH_FASTCALL, send_doc},
+    {"send_parts", (PyCFunction)(void (*)(void))send_parts, METH_FASTCALL, send_parts_doc},
+    {"probe", (PyCFunction)(void (*)(void))probe, METH_FASTCALL, probe_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_mpifast",
+    "The MPI transport's plan send and receive in C (aioready.transports.native).", -1, methods};
+
+PyMODINIT_FUNC PyInit__mpifast(void) {
+    s_desc = PyUnicode_InternFromString("desc");
+    s_n = PyUnicode_InternFromString("n");
+    s_one = PyUnicode_InternFromString("one");
+    s_views = PyUnicode_InternFromString("views");
+    if (!s_desc || !s_n || !s_one || !s_views) return NULL;
+    return PyModule_Create(&module);
+}

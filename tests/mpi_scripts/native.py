@@ -1,0 +1,234 @@
+"""The compiled MPI helper (aioready/transports/native) against the Python plans, one process.
+
+Usage: python tests/mpi_scripts/native.py CASE [CASE ...]; prints one RESULT line per case.
+CASE = bytes: every plannable dtype and shape sent by the C `send` (and `send_parts`, from the
+  tensor's memory) to this rank itself arrives as the bytes the Python send plan writes.
+CASE = receive: a message the C `probe` takes through a receive plan equals, tensor bit for bit,
+  the one the Python plan builds from the same bytes.
+CASE = declined: headers that differ from the plan's (magic, version, count, kind, dtype code,
+  shape) are declined by the C probe as by the Python plan; a message over the bound comes back
+  unreceived (its handle still receives it); a field the header cannot hold is NotImplemented.
+CASE = errors: the same bad headers through a whole MPITransport: the error class and message
+  the transport reports (run it with AIOREADY_MPI_NATIVE=0 and =1 and compare).
+"""
+
+import asyncio
+import ctypes
+import sys
+
+import numpy as np
+import torch
+from mpi4py import MPI
+
+from aioready.transports import native
+from aioready.transports.base import Message, MessageKind
+from aioready.transports.header import DTYPE_CODES
+from aioready.transports.mpi import MPITransport
+from aioready.transports.wire import WireCodec
+from aioready.transports.wire_plans import ReceivePlans, SendPlans
+
+SHAPES = [(3, 5), (), (7,), (2, 3, 4), (40, 40), (1, 1, 1, 1, 1, 1, 1, 1)]
+BAD = {"magic": (0, 0x55), "version": (2, 9), "count": (18, 2), "kind-control": (3, 7),
+       "kind-unknown": (3, 99), "dtype": (19, 1), "dtype-unknown": (19, 200), "shape": (21, 4)}
+
+
+def tensors():
+    gen = torch.Generator().manual_seed(0)
+    for name in sorted(DTYPE_CODES):
+        dt = getattr(torch, name)
+        if dt.is_complex:
+            continue  # (no plan: the general path)
+        for shape in SHAPES:
+            base = torch.randn(shape, generator=gen) * 50
+            yield (base > 0) if dt is torch.bool else base.to(dt)
+
+
+def message(t, i=0):
+    return Message(3 + i, MessageKind.ACTIVATION, 1, 7 + i, (t,), tag=11 + i)
+
+
+def c_send(mod, comm, plans, msg, tag):
+    t, (_, desc, n, tail, off, total) = plans.lookup(msg)
+    fields = (comm.handle, 0, tag, msg.kind, msg.step, msg.stage, msg.microbatch, msg.tag, desc,
+              t.data_ptr(), n, off)
+    if tail is None:
+        left = mod.send(*fields, total)
+    else:  # the payload from the tensor's memory
+        left = mod.send_parts(*fields, tail, True)
+    # not sent at once (a send to itself waits for its receive): the caller waits on it later,
+    # the message's bytes kept until then
+    return None if left is None else (MPI.Request.fromhandle(left[1]), left[0])
+
+
+def done(req):
+    if req is not None:
+        req[0].Wait()
+
+
+def c_probe(mod, comm, by_len, limit=1 << 24):
+    got = None
+    for _ in range(100):
+        got = mod.probe(comm.handle, 1, limit, by_len)
+        if got is not None:
+            return got
+    raise AssertionError("the C probe matched nothing")
+
+
+def wire_of(plans, msg):
+    """The bytes the Python send plan puts on the wire (parts: the header, tensor, zeros)."""
+    out = plans.encode(msg)
+    if type(out) is tuple:
+        head, t, n, tail = out
+        return head + ctypes.string_at(t.data_ptr(), n) + bytes(tail)
+    return out
+
+
+def case_bytes(mod, comm):
+    bad = []
+    num = parts = 0
+    for i, t in enumerate(list(tensors()) * 2):
+        # the second round: payloads of 16 bytes or more from the tensor's memory
+        plans = SendPlans(WireCodec(), 1 << 16, zero_copy=16 if num >= 60 else 0)
+        msg = message(t, i)
+        expected = wire_of(plans, msg)
+        parts += plans.lookup(msg)[1][3] is not None
+        req = c_send(mod, comm, plans, msg, i)
+        src, tag, count, raw, handle = c_probe(mod, comm, {})
+        done(req)
+        num += 1
+        if (src, tag, handle) != (0, i, 0) or bytes(raw) != expected:
+            bad.append(f"{t.dtype}{tuple(t.shape)}")
+    print(f"RESULT bytes num={num} parts={parts} bad={len(bad)} first={bad[:3]}", flush=True)
+
+
+def learn(codec, receive, wire):
+    buf = np.frombuffer(wire, np.uint8)
+    _, layout = codec.decode(buf, 0)
+    receive.learn(buf, layout)
+
+
+def case_receive(mod, comm):
+    codec = WireCodec()
+    send = SendPlans(codec, 1 << 16)
+    bad, num = [], 0
+    for i, t in enumerate(tensors()):
+        receive = ReceivePlans()  # (one plan a length: each layout its own)
+        learn(codec, receive, send.encode(message(t, i)))
+        msg = message(t + 1 if t.dtype is not torch.bool else ~t, i + 1)
+        python = receive.message(bytearray(send.encode(msg)), 0)
+        req = c_send(mod, comm, send, msg, i)
+        got = c_probe(mod, comm, receive._by_len)
+        done(req)
+        if python is None:  # no plan here (bfloat16): the C probe declines it too
+            if type(got) is not tuple or bytes(got[3]) != send.encode(msg):
+                bad.append(f"{t.dtype}{tuple(t.shape)}")
+            continue
+        num += 1
+        same = type(got) is Message and all(
+            getattr(got, f) == getattr(python, f)
+            for f in ("step", "kind", "stage", "microbatch", "tag", "source")) and (
+            got.tensors[0].dtype == python.tensors[0].dtype
+            and got.tensors[0].shape == python.tensors[0].shape
+            and got.tensors[0].numpy().tobytes() == python.tensors[0].numpy().tobytes()
+            and got.tensors[0].numpy().tobytes() == msg.tensors[0].numpy().tobytes())
+        if not same:
+            bad.append(f"{t.dtype}{tuple(t.shape)}")
+    receive = ReceivePlans()
+    # a header-only message (the reserving policy's notices) through its plan
+    notice = Message(5, MessageKind.ACTIVATION, 2, 9, (), tag=4)
+    wire = codec.encode_inline(notice, *codec.describe(())[:2])
+    learn(codec, receive, wire)
+    req = comm.Isend(wire, 0, 99)  # (a blocking send to itself waits for its receive)
+    got = c_probe(mod, comm, receive._by_len)
+    req.Wait()
+    header_only = type(got) is Message and got.tensors == () and got.step == 5 and got.tag == 4
+    print(f"RESULT receive num={num} bad={len(bad)} first={bad[:3]} "
+          f"header_only={int(header_only)}", flush=True)
+
+
+def mutated(wire, where, value):
+    out = bytearray(wire)
+    out[where] = value
+    return bytes(out)
+
+
+def case_declined(mod, comm):
+    codec = WireCodec()
+    send, receive = SendPlans(codec, 1 << 16), ReceivePlans()
+    msg = message(torch.arange(6, dtype=torch.float32).reshape(2, 3))
+    wire = send.encode(msg)
+    learn(codec, receive, wire)
+    taken = []
+    for name, (where, value) in BAD.items():
+        bad = mutated(wire, where, value)
+        req = comm.Isend(bad, 0, 1)
+        got = c_probe(mod, comm, receive._by_len)
+        req.Wait()
+        python = receive.message(bytearray(bad), 0)
+        if type(got) is not tuple or bytes(got[3]) != bad or python is not None:
+            taken.append(name)
+    # over the bound: matched, not received; the handle given back receives it
+    req = comm.Isend(wire, 0, 2)
+    src, tag, count, raw, handle = c_probe(mod, comm, receive._by_len, limit=len(wire) - 1)
+    buf = bytearray(count)
+    MPI.Message.fromhandle(handle).Recv(buf)
+    req.Wait()
+    bound = raw is None and count == len(wire) and bytes(buf) == wire
+    t, (_, desc, n, _, off, total) = send.lookup(msg)
+    overflow = mod.send(comm.handle, 0, 3, msg.kind, 1 << 32, 0, 0, 0, desc, t.data_ptr(), n,
+                        off, total)
+    print(f"RESULT declined taken={taken} bound={int(bound)} "
+          f"overflow={int(overflow is NotImplemented)}", flush=True)
+
+
+async def transport_error(wire, bad):
+    """The error an MPITransport on COMM_SELF reports for `bad` after it learned `wire`."""
+    transport = MPITransport(MPI.COMM_SELF)
+    errors, got = [], []
+    transport.open(got.append, on_failure=errors.append)
+    try:
+        for buf in (wire, wire, bad):  # the first teaches the plan, the second takes it
+            req = transport._hdr.Isend(buf, 0, 0)
+            for _ in range(100):
+                if transport.poll() or errors:
+                    break
+            req.Wait()
+    finally:
+        try:
+            await transport.close()
+        except Exception:
+            pass
+    used = transport._native is not None and transport._native.num_received > 0
+    if not errors:
+        return f"none(delivered={len(got)})", used
+    return f"{type(errors[0]).__name__}:{errors[0]}".replace(" ", "_"), used
+
+
+async def case_errors(_mod, _comm):
+    msg = message(torch.arange(6, dtype=torch.float32).reshape(2, 3))
+    wire = SendPlans(WireCodec(), 1 << 16).encode(msg)
+    out, used = [], []
+    for name, (where, value) in BAD.items():
+        if name == "kind-control":
+            continue  # a CONTROL message of its own, valid: delivered, not an error
+        text, native_used = await transport_error(wire, mutated(wire, where, value))
+        out.append(f"{name}={text}")
+        used.append(native_used)
+    print(f"RESULT errors native_used={int(all(used))} " + " ".join(out), flush=True)
+
+
+def main():
+    mod = native.load()
+    comm = MPI.COMM_SELF.Dup()
+    print(f"STATUS {native.status().replace(' ', '_')}", flush=True)
+    for case in sys.argv[1:]:
+        if case == "errors":
+            asyncio.run(case_errors(mod, comm))
+            continue
+        assert mod is not None, native.status()
+        {"bytes": case_bytes, "receive": case_receive, "declined": case_declined}[case](mod, comm)
+    comm.Free()
+
+
+if __name__ == "__main__":
+    main()

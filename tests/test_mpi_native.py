@@ -1,0 +1,96 @@
+"""The compiled MPI helper (aioready/transports/native, docs/hot_path.md "The compiled helper"):
+built by `make test`, used on the MPI path where a plan applies, the same bytes and the same
+tensors as the Python plans, bad headers raising what the Python path raises, and the exactness
+suite's cases equal to the unsplit model with it on and off (`AIOREADY_MPI_NATIVE`)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import requires_mpi, run_mpi
+
+SCRIPTS = Path(__file__).resolve().parent / "mpi_scripts"
+TOL = 1e-10
+
+pytestmark = [pytest.mark.mpi, requires_mpi]
+
+
+def _results(proc: subprocess.CompletedProcess) -> dict[str, str]:
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return dict(line.split(" ", 2)[1:] for line in proc.stdout.splitlines()
+                if line.startswith("RESULT "))
+
+
+def _field(text: str, name: str) -> str:
+    match = re.search(rf"{name}=(\S+)", text)
+    assert match, f"no {name} in {text!r}"
+    return match.group(1)
+
+
+@pytest.mark.timeout(120)
+def test_the_helper_is_built_and_matches_the_python_plans() -> None:
+    """It loads (make test builds it: `python -m aioready.transports.native build`); its send
+    writes the Python send plan's bytes for every plannable dtype and shape; its receive builds
+    the Python receive plan's message, tensors bit for bit, and declines what that declines."""
+    proc = run_mpi(1, [str(SCRIPTS / "native.py"), "bytes", "receive", "declined"],
+                   timeout=100, env={"AIOREADY_MPI_NATIVE": "1"})
+    assert "STATUS on" in proc.stdout, (proc.stdout, proc.stderr[-2000:])
+    results = _results(proc)
+    sent = results["bytes"]
+    assert int(_field(sent, "num")) >= 100 and _field(sent, "bad") == "0", sent
+    assert int(_field(sent, "parts")) >= 30, sent  # send_parts: from the tensor's memory
+    receive = results["receive"]
+    assert int(_field(receive, "num")) >= 50 and _field(receive, "bad") == "0", receive
+    assert _field(receive, "header_only") == "1", receive
+    declined = results["declined"]
+    assert _field(declined, "taken") == "[]", declined  # every bad header went the Python way
+    assert _field(declined, "bound") == "1", declined  # too large: matched, not received
+    assert _field(declined, "overflow") == "1", declined
+
+
+@pytest.mark.timeout(120)
+def test_bad_headers_raise_what_the_python_path_raises() -> None:
+    """Magic, version, tensor count, kind, dtype code and shape altered after a plan was
+    learned: the same ProtocolError, word for word, with the helper (which took the good
+    message) and without."""
+    out = {}
+    for native in ("1", "0"):
+        proc = run_mpi(1, [str(SCRIPTS / "native.py"), "errors"], timeout=100,
+                       env={"AIOREADY_MPI_NATIVE": native})
+        out[native] = _results(proc)["errors"]
+    assert _field(out["1"], "native_used") == "1", out["1"]
+    assert _field(out["0"], "native_used") == "0", out["0"]
+    errors = {native: text.split(" ", 1)[1] for native, text in out.items()}
+    assert errors["1"] == errors["0"]
+    assert errors["1"].count("=ProtocolError:") == 7, errors["1"]
+
+
+CASES = ["1f1b:ready:1:1", "interleaved-1f1b:strict:0:1", "dtypes", "plans"]
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("native", ["1", "0"], ids=["helper-on", "helper-off"])
+def test_exact_over_mpi_with_the_helper_on_and_off(native: str) -> None:
+    """Pipelines over two ranks equal the unsplit model, payloads of every kind and lone tensors
+    there and back arrive intact, and the lone tensors went through the helper's send and
+    receive exactly where it is on."""
+    proc = run_mpi(2, [str(SCRIPTS / "exact.py"), *CASES], timeout=150,
+                   env={"AIOREADY_MPI_NATIVE": native})
+    results = _results(proc)
+    assert sorted(results) == sorted(CASES), proc.stdout
+    for case in CASES[:2]:
+        assert _field(results[case], "loss_seen") == "1", (case, results[case])
+        assert float(_field(results[case], "loss_diff")) <= TOL, (case, results[case])
+        assert float(_field(results[case], "grad_diff")) <= TOL, (case, results[case])
+    assert _field(results["dtypes"], "bad") == "0", results["dtypes"]
+    plans = results["plans"]
+    assert _field(plans, "bad") == "0", plans
+    assert int(_field(plans, "taken")) > 0, plans
+    native_in, native_out = int(_field(plans, "native_in")), int(_field(plans, "native_out"))
+    if native == "1":
+        assert native_in > 0 and native_out > 0, plans
+    else:
+        assert native_in == native_out == 0, plans
