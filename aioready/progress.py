@@ -213,7 +213,9 @@ class ProgressEngine:
         self.num_task_parks = 0
         self._armed: list[CompletionSource] = []  # sources whose doorbell is armed (a park)
         self._inline_disarmed = False  # inline_task_begins() disarmed the park's doorbells
+        self._hushed: list[CompletionSource] = []  # ... or hushed them for notices
         self.num_inline_disarms = 0
+        self.num_inline_hushes = 0  # loop-thread tasks whose notices rang nobody
 
     @classmethod
     def for_loop(cls, loop: asyncio.AbstractEventLoop | None = None) -> "ProgressEngine":
@@ -488,6 +490,10 @@ class ProgressEngine:
                 src.disarm_doorbell()
             self._inline_disarmed = True
             self.num_inline_disarms += 1
+        elif self._armed:  # notices ring no more (MPITransport.hush_doorbell); data still do
+            self._hushed = [src for src in self._armed
+                            if getattr(src, "hush_doorbell", _no_hush)()]
+            self.num_inline_hushes += bool(self._hushed)
 
     def _poll_dry(self) -> None:
         """Poll until a poll completes nothing (at most `_DRY_POLLS`): messages that arrived
@@ -505,7 +511,14 @@ class ProgressEngine:
         after that poll (a request it now tracks needs polling) ends the park: the engine's
         task wakes, as a ring in that state wakes it."""
         if not self._inline_disarmed:
-            self.poll()
+            hushed = self._hushed
+            if not hushed:
+                self.poll()
+                return
+            self._hushed = []
+            for src in hushed:  # notices ring again, then what they did not ring for
+                src.hush_doorbell(False)  # type: ignore[attr-defined]
+            self._poll_dry()
             return
         self._inline_disarmed = False
         armed = self._armed
@@ -658,6 +671,11 @@ class ProgressEngine:
     def __repr__(self) -> str:
         return (f"<ProgressEngine sources={len(self._sources)} pending={self._num_pending()} "
                 f"timer={self._timer_kind}>")
+
+
+def _no_hush(_: bool = True) -> bool:
+    """`hush_doorbell` of a source without one: nothing hushed."""
+    return False
 
 
 @types.coroutine

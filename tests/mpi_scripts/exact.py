@@ -77,6 +77,7 @@ async def one_case(comm, case: str, seed: int) -> None:
     pipe.close()
     quiet = comm.allreduce(sum(getattr(rt.device, "num_quiet", 0) for rt in pipe.runtimes))
     disarms = comm.allreduce(ProgressEngine.for_loop().num_inline_disarms)  # since the start
+    hushes = comm.allreduce(ProgressEngine.for_loop().num_inline_hushes)
     ref_loss, ref = reference_step(make_mlp_stages(S, width=WIDTH, seed=seed), mse_loss, xs, ys)
     gdiff = 0.0
     for s in mine:
@@ -87,7 +88,8 @@ async def one_case(comm, case: str, seed: int) -> None:
     gdiff, ldiff = max_all(comm, gdiff), max_all(comm, ldiff)
     if rank == 0:
         say(f"RESULT {case} loss_diff={ldiff:.3e} grad_diff={gdiff:.3e} "
-            f"loss_seen={int(has_loss)} quiet={quiet} disarms={disarms}")
+            f"loss_seen={int(has_loss)} quiet={quiet} disarms={disarms} "
+            f"hushes={hushes}")
 
 
 async def out_of_order(comm, seed: int) -> None:
