@@ -414,10 +414,10 @@ class MPITransport:
     def hush_doorbell(self, hushed: bool = True) -> bool:
         """The engine's doorbell park goes on through a task on the loop thread, whose end polls
         (`ProgressEngine.inline_task_begins`): peers' notices ring no more until
-        `hush_doorbell(False)` (parked as before), their data messages still do. A notice read at the task's end is read
-        when its ring would have been answered, after the task, so no decision changes; the
-        sender saves its datagram, this rank the wake-up (docs/hot_path.md "Notices ring no
-        loop that computes")."""
+        `hush_doorbell(False)` (parked as before), their data messages still do. A notice read
+        at the task's end is read when its ring would have been answered, after the task, so
+        no decision changes; the sender saves its datagram, this rank the wake-up
+        (docs/hot_path.md "Notices ring no loop that computes")."""
         if self._bell is None or not self._hush:
             return False
         self._bell.set_computing(hushed)
