@@ -484,7 +484,10 @@ class ProgressEngine:
         callback whose poll found the message gone (the task's-end poll had delivered it), a
         wake-up of the engine's task and its grace parks (docs/hot_path.md "The quiet path's
         doorbells"). The park itself goes on. Off by default (`AIOREADY_INLINE_DISARM=1`):
-        less CPU a task, but bench.e2e's steps were 2-8 % longer (docs/hot_path.md)."""
+        less CPU a task, but bench.e2e's steps were 2-8 % longer (docs/hot_path.md). By
+        default only notices ring nobody (a source's `hush_doorbell`, which the MPI transport
+        has: `AIOREADY_HUSH_NOTICES`): the end's poll reads them, where the ring that a notice
+        cost was answered after the task anyway; a data message still rings."""
         if self._armed and self.config.inline_disarm:
             for src in self._armed:
                 src.disarm_doorbell()
@@ -506,8 +509,10 @@ class ProgressEngine:
 
     def inline_task_ends(self) -> None:
         """The loop-thread task ended: poll once, so the next decision sees what arrived during
-        it. A park that `inline_task_begins()` disarmed is re-armed first (arm, then poll, as a
-        doorbell park begins) and its backstop counts from here; a source that refuses to arm
+        it (hushed sources: un-hushed, then polled until dry, since their notices rang
+        nobody). A park that `inline_task_begins()` disarmed is re-armed first (arm, then
+        poll, as a doorbell park begins) and its backstop counts from here; a source that
+        refuses to arm
         after that poll (a request it now tracks needs polling) ends the park: the engine's
         task wakes, as a ring in that state wakes it."""
         if not self._inline_disarmed:
