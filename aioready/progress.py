@@ -509,21 +509,21 @@ class ProgressEngine:
 
     def inline_task_ends(self) -> None:
         """The loop-thread task ended: poll once, so the next decision sees what arrived during
-        it (hushed sources: un-hushed, then polled until dry, since their notices rang
-        nobody). A park that `inline_task_begins()` disarmed is re-armed first (arm, then
-        poll, as a doorbell park begins) and its backstop counts from here; a source that
-        refuses to arm
-        after that poll (a request it now tracks needs polling) ends the park: the engine's
-        task wakes, as a ring in that state wakes it."""
+        it (hushed sources: un-hushed first; a source hushes only if its poll leaves nothing
+        that came before it, as MPITransport's probing again after a match does). A park that
+        `inline_task_begins()` disarmed is re-armed first (arm, then poll, as a doorbell park
+        begins) and its backstop counts from here; a source that refuses to arm after that
+        poll (a request it now tracks needs polling) ends the park: the engine's task wakes,
+        as a ring in that state wakes it."""
         if not self._inline_disarmed:
             hushed = self._hushed
             if not hushed:
                 self.poll()
                 return
             self._hushed = []
-            for src in hushed:  # notices ring again, then what they did not ring for
+            for src in hushed:  # notices ring again, then the poll reads what did not ring
                 src.hush_doorbell(False)  # type: ignore[attr-defined]
-            self._poll_dry()
+            self.poll()
             return
         self._inline_disarmed = False
         armed = self._armed

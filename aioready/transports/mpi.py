@@ -154,7 +154,8 @@ class MPITransport:
         self._rung = False  # the doorbell rang since the last probe
         # an empty probe after a match is repeated too (_probe); AIOREADY_PROBE_AGAIN=0: not
         self._probe_again = os.environ.get("AIOREADY_PROBE_AGAIN", "1") != "0"
-        # a notice rings no peer whose loop computes a task (hush_doorbell); =0: it rings
+        # a notice rings no peer whose loop computes a task (hush_doorbell; only while probing
+        # again, so that the task's-end poll reads it); =0: it rings
         self._hush = os.environ.get("AIOREADY_HUSH_NOTICES", "1") != "0"
         self.num_sent = self.num_received = 0
 
@@ -418,8 +419,8 @@ class MPITransport:
         at the task's end is read when its ring would have been answered, after the task, so
         no decision changes; the sender saves its datagram, this rank the wake-up
         (docs/hot_path.md "Notices ring no loop that computes")."""
-        if self._bell is None or not self._hush:
-            return False
+        if self._bell is None or not self._hush or not self._probe_again:
+            return False  # (the end's one poll must find every notice: `_probe`'s docstring)
         self._bell.set_computing(hushed)
         return True
 
