@@ -213,7 +213,9 @@ class ProgressEngine:
         self.num_task_parks = 0
         self._armed: list[CompletionSource] = []  # sources whose doorbell is armed (a park)
         self._inline_disarmed = False  # inline_task_begins() disarmed the park's doorbells
+        self._hushed: list[CompletionSource] = []  # ... or hushed them for notices
         self.num_inline_disarms = 0
+        self.num_inline_hushes = 0  # loop-thread tasks whose notices rang nobody
 
     @classmethod
     def for_loop(cls, loop: asyncio.AbstractEventLoop | None = None) -> "ProgressEngine":
@@ -482,12 +484,19 @@ class ProgressEngine:
         callback whose poll found the message gone (the task's-end poll had delivered it), a
         wake-up of the engine's task and its grace parks (docs/hot_path.md "The quiet path's
         doorbells"). The park itself goes on. Off by default (`AIOREADY_INLINE_DISARM=1`):
-        less CPU a task, but bench.e2e's steps were 2-8 % longer (docs/hot_path.md)."""
+        less CPU a task, but bench.e2e's steps were 2-8 % longer (docs/hot_path.md). By
+        default only notices ring nobody (a source's `hush_doorbell`, which the MPI transport
+        has: `AIOREADY_HUSH_NOTICES`): the end's poll reads them, where the ring that a notice
+        cost was answered after the task anyway; a data message still rings."""
         if self._armed and self.config.inline_disarm:
             for src in self._armed:
                 src.disarm_doorbell()
             self._inline_disarmed = True
             self.num_inline_disarms += 1
+        elif self._armed:  # notices ring no more (MPITransport.hush_doorbell); data still do
+            self._hushed = [src for src in self._armed
+                            if getattr(src, "hush_doorbell", _no_hush)()]
+            self.num_inline_hushes += bool(self._hushed)
 
     def _poll_dry(self) -> None:
         """Poll until a poll completes nothing (at most `_DRY_POLLS`): messages that arrived
@@ -500,11 +509,20 @@ class ProgressEngine:
 
     def inline_task_ends(self) -> None:
         """The loop-thread task ended: poll once, so the next decision sees what arrived during
-        it. A park that `inline_task_begins()` disarmed is re-armed first (arm, then poll, as a
-        doorbell park begins) and its backstop counts from here; a source that refuses to arm
-        after that poll (a request it now tracks needs polling) ends the park: the engine's
-        task wakes, as a ring in that state wakes it."""
+        it (hushed sources: un-hushed first; a source hushes only if its poll leaves nothing
+        that came before it, as MPITransport's probing again after a match does). A park that
+        `inline_task_begins()` disarmed is re-armed first (arm, then poll, as a doorbell park
+        begins) and its backstop counts from here; a source that refuses to arm after that
+        poll (a request it now tracks needs polling) ends the park: the engine's task wakes,
+        as a ring in that state wakes it."""
         if not self._inline_disarmed:
+            hushed = self._hushed
+            if not hushed:
+                self.poll()
+                return
+            self._hushed = []
+            for src in hushed:  # notices ring again, then the poll reads what did not ring
+                src.hush_doorbell(False)  # type: ignore[attr-defined]
             self.poll()
             return
         self._inline_disarmed = False
@@ -658,6 +676,11 @@ class ProgressEngine:
     def __repr__(self) -> str:
         return (f"<ProgressEngine sources={len(self._sources)} pending={self._num_pending()} "
                 f"timer={self._timer_kind}>")
+
+
+def _no_hush(_: bool = True) -> bool:
+    """`hush_doorbell` of a source without one: nothing hushed."""
+    return False
 
 
 @types.coroutine

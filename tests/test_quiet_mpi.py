@@ -39,3 +39,28 @@ def test_exact_over_mpi_with_the_quiet_paths_doorbells_disarmed_or_not(disarm: s
         assert int(_field(results[case], "quiet")) > 0, (case, results[case])
     disarms = int(_field(results[CASES[-1]], "disarms"))  # counted from the launch's start
     assert (disarms > 0) if disarm == "1" else disarms == 0, results
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("hush,again", [("1", "1"), ("0", "0")], ids=["on", "switches-off"])
+def test_exact_over_mpi_with_notices_hushed_and_probing_again_or_not(hush: str,
+                                                                     again: str) -> None:
+    """A peer's notice rings no rank whose loop computes (`AIOREADY_HUSH_NOTICES`), and a probe
+    after a match looks twice (`AIOREADY_PROBE_AGAIN`): the same losses and gradients as the
+    unsplit model, with each on and off; tasks of the reserving policy's 1F1B started inside a
+    doorbell park were hushed only where the switch is on."""
+    env = {"AIOREADY_CPU_QUIET_INLINE": "1", "AIOREADY_MPI_FAST": "1", "AIOREADY_SPIN_US": "0",
+           "AIOREADY_INLINE_DISARM": "0", "AIOREADY_HUSH_NOTICES": hush,
+           "AIOREADY_PROBE_AGAIN": again}
+    proc = run_mpi(2, [str(SCRIPTS / "exact.py"), *CASES], timeout=150, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = dict(line.split(" ", 2)[1:] for line in proc.stdout.splitlines()
+                   if line.startswith("RESULT "))
+    assert sorted(results) == sorted(CASES), proc.stdout
+    for case in CASES:
+        assert _field(results[case], "loss_seen") == "1", (case, results[case])
+        assert float(_field(results[case], "loss_diff")) <= TOL, (case, results[case])
+        assert float(_field(results[case], "grad_diff")) <= TOL, (case, results[case])
+        assert int(_field(results[case], "quiet")) > 0, (case, results[case])
+    hushes = int(_field(results[CASES[-1]], "hushes"))  # counted from the launch's start
+    assert (hushes > 0) if hush == "1" else hushes == 0, results

@@ -56,7 +56,7 @@ def test_plans_write_and_read_what_the_general_path_does(dtype: str) -> None:
 
 
 def test_the_send_plan_declines_what_it_was_not_made_for() -> None:
-    send = SendPlans(WireCodec(), 1 << 10)
+    send = SendPlans(WireCodec(), 1 << 10, multi=False)  # several tensors: test_multi_plans
     m = lambda *ts: Message(0, MessageKind.ACTIVATION, 1, 0, ts)  # noqa: E731
     base = torch.randn(6, 5)
     assert send.encode(m(base)) is not None

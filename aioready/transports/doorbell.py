@@ -28,6 +28,8 @@ import numpy as np
 
 __all__ = ["Doorbell"]
 
+_COMPUTING = 2  # a "parked" byte's value while the parked rank's loop computes a task
+
 
 class Doorbell:
     """One rank's socket and its view of every local rank's "parked" byte.
@@ -99,10 +101,19 @@ class Doorbell:
     def set_parked(self, parked: bool) -> None:
         self._flags[self._me] = parked
 
-    def ring(self, dest: int) -> None:
-        """After a header was sent to `dest`: wake it if it is parked."""
+    def set_computing(self, computing: bool) -> None:
+        """Parked, but the loop computes a task whose end polls: ring it for data, not for a
+        notice (MPITransport.hush_doorbell); False: parked as before."""
+        self._flags[self._me] = _COMPUTING if computing else 1
+
+    def ring(self, dest: int, notice: bool = False) -> None:
+        """After a header was sent to `dest`: wake it if it is parked (for a `notice`, unless
+        its loop computes, `set_computing`)."""
         slot = self._slot.get(dest)
-        if slot is None or not self._flags[slot]:
+        if slot is None:
+            return
+        flag = self._flags[slot]
+        if not flag or notice and flag == _COMPUTING:
             return
         self.num_rung += 1
         try:

@@ -160,6 +160,11 @@ class MPITransport:
         self._engine: ProgressEngine | None = None
         self._error: BaseException | None = None
         self._rung = False  # the doorbell rang since the last probe
+        # an empty probe after a match is repeated too (_probe); AIOREADY_PROBE_AGAIN=0: not
+        self._probe_again = os.environ.get("AIOREADY_PROBE_AGAIN", "1") != "0"
+        # a notice rings no peer whose loop computes a task (hush_doorbell; only while probing
+        # again, so that the task's-end poll reads it); =0: it rings
+        self._hush = os.environ.get("AIOREADY_HUSH_NOTICES", "1") != "0"
         self.num_sent = self.num_received = 0
 
     @property
@@ -213,7 +218,7 @@ class MPITransport:
             else:
                 self._isend(self._hdr, buf, dest, seq, len(buf) >= self.hot_bytes)
             if self._bell is not None:
-                self._bell.ring(dest)
+                self._bell.ring(dest, msg.kind is MessageKind.NOTICE)
         else:
             on_plane = self._plane is not None and (on_cuda or self.gpu_plane == "custom")
             if on_plane:  # first: a message the plane refuses sends no header either
@@ -420,6 +425,18 @@ class MPITransport:
         if self._bell is not None:
             self._bell.set_parked(False)
 
+    def hush_doorbell(self, hushed: bool = True) -> bool:
+        """The engine's doorbell park goes on through a task on the loop thread, whose end polls
+        (`ProgressEngine.inline_task_begins`): peers' notices ring no more until
+        `hush_doorbell(False)` (parked as before), their data messages still do. A notice read
+        at the task's end is read when its ring would have been answered, after the task, so
+        no decision changes; the sender saves its datagram, this rank the wake-up
+        (docs/hot_path.md "Notices ring no loop that computes")."""
+        if self._bell is None or not self._hush or not self._probe_again:
+            return False  # (the end's one poll must find every notice: `_probe`'s docstring)
+        self._bell.set_computing(hushed)
+        return True
+
     def _on_ring(self) -> None:
         self._bell.drain()  # type: ignore[union-attr]  # registered only with a doorbell
         self._rung = True
@@ -440,6 +457,10 @@ class MPITransport:
         match it (measured: the sender's datagram read, then Improbe until it matches): up to
         `_RUNG_PROBES` more, where the engine would park 250 us between two polls and wake
         again (an idle rank's ring-to-delivery 0.5-2 ms -> docs/hot_path.md).
+
+        An empty probe after a match is repeated once as well: a poll that matched an older
+        message (a peer's notice) left the newer one, which rang, to the next ring or the 50 ms
+        backstop (`AIOREADY_PROBE_AGAIN=0` turns this off).
         """
         n = 0
         status = self._status
@@ -455,6 +476,8 @@ class MPITransport:
                         m = improbe(MPI.ANY_SOURCE, MPI.ANY_TAG, status)
                         if m is not None:
                             break
+            elif m is None and self._probe_again:  # after a match, likewise (docstring)
+                m = improbe(MPI.ANY_SOURCE, MPI.ANY_TAG, status)
             if m is None:
                 break
             src, seq = status.Get_source(), status.Get_tag()

@@ -83,18 +83,20 @@ class NativePath:
 
     def probe(self) -> int:
         """`MPITransport._probe` through the helper: the same tries (two, and `rung_probes`
-        more after a ring), the same bound, the same hand-over."""
+        more after a ring; two after a match unless AIOREADY_PROBE_AGAIN=0), the same bound,
+        the same hand-over."""
         tr = self._tr
         probe, by_len, comm = self._probe, self._by_len, self._comm
         limit = tr._max_header_message
         tries = 2 + self._rung_probes if tr._rung else 2
+        after_match = 2 if tr._probe_again else 1  # as _probe: an empty probe is repeated
         n = 0
         while n < self._probes:
             got = probe(comm, tries, limit, by_len)
             if got is None:
                 break
             n += 1
-            tries = 1
+            tries = after_match
             if type(got) is not tuple:  # taken by a receive plan
                 self.num_received += 1
                 tr._hand_over(got)

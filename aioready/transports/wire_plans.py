@@ -18,6 +18,7 @@ anything else goes through the general path, which raises what is wrong. Switch:
 from __future__ import annotations
 
 import ctypes
+import os
 import struct
 from typing import Any, Callable
 
@@ -28,7 +29,7 @@ from .header import _FIXED, _VERSION, HEADER_MAGIC
 from .tensor_bytes import torch_module
 from .wire import _CACHE_MAX, Layout, WireCodec, align
 
-__all__ = ["LayoutPlans", "SendPlans", "ReceivePlans"]
+__all__ = ["LayoutPlans", "SendPlans", "MultiPlans", "ReceivePlans"]
 
 _KINDS = tuple(MessageKind)
 _CONTROL = int(MessageKind.CONTROL)
@@ -77,13 +78,23 @@ class LayoutPlans:
         return plan
 
 
-class SendPlans:
-    """The Struct that writes the whole inline message of a lone CPU tensor, per layout."""
+def _multi_default() -> bool:
+    """`AIOREADY_MPI_PLANS_MULTI=0`: plans for lone tensors only (as before: docs/hot_path.md
+    "Plans for several tensors")."""
+    return os.environ.get("AIOREADY_MPI_PLANS_MULTI", "1") != "0"
 
-    def __init__(self, codec: WireCodec, inline_bytes: int, zero_copy: int = 0) -> None:
+
+class SendPlans:
+    """The Struct that writes the whole inline message of a lone CPU tensor, per layout; and
+    with `multi`, of several CPU tensors and None slots (`MultiPlans`)."""
+
+    def __init__(self, codec: WireCodec, inline_bytes: int, zero_copy: int = 0,
+                 multi: bool | None = None) -> None:
         self._inline_bytes = inline_bytes
         self._zero_copy = zero_copy  # payload bytes from which `encode` gives parts (0: never)
         self._plans = LayoutPlans(codec, self._build)
+        self._multi = MultiPlans(codec, inline_bytes) if (
+            _multi_default() if multi is None else multi) else None
 
     def encode(self, msg: Message) -> bytes | tuple[bytes, Any, int, int] | None:
         """The header and inline payload of `msg`, or None (LayoutPlans.lookup, or too large to
@@ -92,7 +103,8 @@ class SendPlans:
         for a send straight from the tensor's memory (the MPI transport's vectored send)."""
         found = self._plans.lookup(msg)
         if found is None:
-            return None
+            multi = self._multi
+            return None if multi is None or len(msg.tensors) == 1 else multi.encode(msg)
         t, (pack, desc, n, tail, _, _) = found
         if tail is None:
             return pack(HEADER_MAGIC, _VERSION, msg.kind, msg.step, msg.stage, msg.microbatch,
@@ -118,17 +130,80 @@ class SendPlans:
         return struct.Struct(f"{fixed}{n}s{align(n) - n}x").pack, desc, n, None, *where
 
 
+class MultiPlans:
+    """Per layout of several CPU tensors, None slots among them (an activation with its integer
+    tags, a gradient with None for them), or none (a notice), the Struct that writes the whole
+    inline message: the
+    bytes of `WireCodec.encode_inline`, one `pack` instead of its loop and join. Only layouts
+    whose tensors are all strided, of a real dtype and non-empty, and whose payloads travel
+    inline; the tensors of each message must be CPU, contiguous and not lazily negated, or the
+    general path takes it."""
+
+    def __init__(self, codec: WireCodec, inline_bytes: int) -> None:
+        self._codec = codec
+        self._inline_bytes = inline_bytes
+        self._plans: dict[tuple[Any, ...], Any] = {}
+
+    def encode(self, msg: Message) -> bytes | None:
+        tensors = msg.tensors
+        try:
+            key = tuple([None if t is None else (t.dtype, t.shape, t.layout) for t in tensors])
+        except AttributeError:  # not a tensor: the general path's business
+            return None
+        plan = self._plans.get(key, False)
+        if plan is False:
+            plan = self._learn(tensors, key)
+        if plan is None:
+            return None
+        pack, desc = plan
+        payloads = []
+        for t in tensors:
+            if t is not None:
+                if not t.is_cpu or not t.is_contiguous() or t.is_neg():
+                    return None
+                payloads.append(_string_at(t.data_ptr(), t.nbytes))
+        return pack(HEADER_MAGIC, _VERSION, msg.kind, msg.step, msg.stage, msg.microbatch,
+                    msg.tag, len(tensors), desc, *payloads)
+
+    def _learn(self, tensors: tuple[Any, ...], key: tuple[Any, ...]) -> Any:
+        strided = torch_module().strided
+        for k, t in zip(key, tensors):
+            if k is not None and (k[2] != strided or k[0].is_complex or not t.nbytes):
+                return self._keep(key, None)
+        if key and all(k is None for k in key):
+            return self._keep(key, None)
+        try:
+            desc, sizes, _ = self._codec.describe(tensors)
+        except Exception:  # a dtype that cannot travel: the general path raises it
+            return None
+        if sum(sizes) > self._inline_bytes:
+            return self._keep(key, None)
+        head = _FIXED.size + len(desc)
+        fmt = f"<{_FIXED.format[1:]}{len(desc)}s{align(head) - head}x" + "".join(
+            f"{n}s{align(n) - n}x" for k, n in zip(key, sizes) if k is not None)
+        return self._keep(key, (struct.Struct(fmt).pack, desc))
+
+    def _keep(self, key: tuple[Any, ...], plan: Any) -> Any:
+        if len(self._plans) < _CACHE_MAX:
+            self._plans[key] = plan
+        return plan
+
+
 class _ReceivePlan:
     __slots__ = ("unpack_from", "desc", "n", "views", "one", "from_numpy")
 
-    def __init__(self, desc: bytes, layout: Layout) -> None:
+    def __init__(self, desc: bytes, layout: Layout, none_slots: bool = False) -> None:
         self.from_numpy = torch_module().from_numpy  # (a call less per message)
         self.unpack_from = struct.Struct(f"<{_FIXED.format[1:]}{len(desc)}s").unpack_from
         self.desc = desc
         self.n = len(layout.specs)
-        # (shape, numpy dtype, offset) of each tensor viewing the buffer; None: the general way
-        views: list[tuple[tuple[int, ...], Any, int]] | None = []
+        # (shape, numpy dtype, offset) of each tensor viewing the buffer, None for a None slot
+        # (with `none_slots`); None: the general way
+        views: list[tuple[tuple[int, ...], Any, int] | None] | None = []
         for view in layout.views:
+            if view is None and none_slots:
+                views.append(None)  # type: ignore[union-attr]
+                continue
             if view is None or not view[1] or view[5] is None:
                 views = None
                 break
@@ -141,20 +216,23 @@ class _ReceivePlan:
 class ReceivePlans:
     """By message length: the layout of an inline message of CPU tensors seen before."""
 
-    def __init__(self) -> None:
+    def __init__(self, none_slots: bool | None = None) -> None:
         self._by_len: dict[int, _ReceivePlan] = {}
+        # layouts with None slots too (a gradient with None for integer tags)
+        self._none_slots = _multi_default() if none_slots is None else none_slots
 
     def learn(self, buf: np.ndarray, layout: Layout) -> None:
         """`buf` was decoded by the general path (and found valid) as an inline message of
         `layout`: take the next ones of its length and descriptors without the loops. Layouts
-        whose tensors are all non-empty with a numpy dtype only (bfloat16, empty tensors and
-        None slots keep the general path), and header-only messages (no tensors: the
-        reserving policy's notices, stages that pass nothing); the first layout seen at a
-        length keeps it."""
+        whose tensors are all non-empty with a numpy dtype only (bfloat16 and empty tensors
+        keep the general path; None slots too unless `none_slots`), and header-only messages
+        (no tensors: the reserving policy's notices, stages that pass nothing); the first
+        layout seen at a length keeps it."""
         size = len(buf)
         if size in self._by_len or len(self._by_len) >= _CACHE_MAX:
             return
-        plan = _ReceivePlan(bytes(buf[_FIXED.size:layout.header_len]), layout)
+        plan = _ReceivePlan(bytes(buf[_FIXED.size:layout.header_len]), layout,
+                            self._none_slots)
         if plan.views is not None:
             self._by_len[size] = plan
 
@@ -173,8 +251,8 @@ class ReceivePlans:
             tensors: tuple[Any, ...] = (plan.from_numpy(np.ndarray(one[0], one[1], buf, one[2])),)
         elif plan.views:
             from_numpy = plan.from_numpy
-            tensors = tuple([from_numpy(np.ndarray(shape, npdt, buf, off))
-                             for shape, npdt, off in plan.views])
+            tensors = tuple([None if v is None else
+                             from_numpy(np.ndarray(v[0], v[1], buf, v[2])) for v in plan.views])
         else:  # header only
             tensors = ()
         return Message(step, _KINDS[kind], stage, mb, tensors, tag, source)

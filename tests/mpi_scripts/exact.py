@@ -6,7 +6,8 @@ fixed seed and keeps its own stages; the reference runs the whole model on every
 CASE = ooo (2 ranks): rank 0 is a raw MPITransport sender that runs stage 0 by hand and sends
 microbatch 3 first, the others 0.3 s later; rank 1 runs stage 1 in ready mode and must run F3
 first. Gradients of both stages are still checked against the reference.
-CASE = dtypes, plans (2 ranks): payloads of every kind, and lone tensors, there and back.
+CASE = dtypes, plans, multi (2 ranks): payloads of every kind, lone tensors, and several tensors
+with None slots, there and back.
 """
 
 import asyncio
@@ -77,6 +78,7 @@ async def one_case(comm, case: str, seed: int) -> None:
     pipe.close()
     quiet = comm.allreduce(sum(getattr(rt.device, "num_quiet", 0) for rt in pipe.runtimes))
     disarms = comm.allreduce(ProgressEngine.for_loop().num_inline_disarms)  # since the start
+    hushes = comm.allreduce(ProgressEngine.for_loop().num_inline_hushes)
     ref_loss, ref = reference_step(make_mlp_stages(S, width=WIDTH, seed=seed), mse_loss, xs, ys)
     gdiff = 0.0
     for s in mine:
@@ -87,7 +89,8 @@ async def one_case(comm, case: str, seed: int) -> None:
     gdiff, ldiff = max_all(comm, gdiff), max_all(comm, ldiff)
     if rank == 0:
         say(f"RESULT {case} loss_diff={ldiff:.3e} grad_diff={gdiff:.3e} "
-            f"loss_seen={int(has_loss)} quiet={quiet} disarms={disarms}")
+            f"loss_seen={int(has_loss)} quiet={quiet} disarms={disarms} "
+            f"hushes={hushes}")
 
 
 async def out_of_order(comm, seed: int) -> None:
@@ -244,6 +247,58 @@ async def plans(comm) -> None:
             f"native_in={native_in} native_out={native_out}")
 
 
+def multi_payload(i: int) -> tuple[torch.Tensor | None, ...]:
+    """Several tensors a message, None slots among them (wire_plans.MultiPlans)."""
+    gen = torch.Generator().manual_seed(i)
+    x = torch.randn(2, 4, 8, generator=gen)
+    return ((x, torch.arange(2) + i), (x, None), (None, x.double()), (x > 0, x[0], None))[i % 4]
+
+
+async def multi(comm) -> None:
+    """Rank 0 sends messages of several tensors to rank 1, which echoes each back: the same
+    tensors and None slots come back; counts the messages with a None slot a plan took."""
+    from aioready.transports import wire_plans
+    taken = [0]
+    message = wire_plans.ReceivePlans.message
+
+    def counted(self, buf, source):
+        msg = message(self, buf, source)
+        taken[0] += msg is not None and any(t is None for t in msg.tensors)
+        return msg
+
+    wire_plans.ReceivePlans.message = counted  # type: ignore[method-assign]
+    rank = comm.Get_rank()
+    transport = make_transport(comm)
+    got: dict[int, tuple] = {}
+    transport.open(lambda msg: got.__setitem__(msg.microbatch, msg.tensors))
+    n = 16
+    try:
+        if rank == 0:
+            for i in range(n):
+                transport.send_nowait(1, Message(0, MessageKind.ACTIVATION, 1, i,
+                                                 multi_payload(i)))
+        while len(got) < n:
+            await asyncio.sleep(0.001)
+        if rank == 1:
+            for i in sorted(got):
+                transport.send_nowait(0, Message(1, MessageKind.GRADIENT, 0, i, got[i]))
+        await transport.wait_sent()
+        comm.Barrier()
+
+        def same(a, b) -> bool:
+            return len(a) == len(b) and all(
+                (x is None and y is None) or (x is not None and y is not None and
+                                              x.dtype == y.dtype and torch.equal(x, y))
+                for x, y in zip(a, b))
+        bad = [i for i in range(n) if not same(got[i], multi_payload(i))]
+        taken_all = comm.allreduce(taken[0])
+    finally:
+        wire_plans.ReceivePlans.message = message  # type: ignore[method-assign]
+        await transport.close()
+    if rank == 0:
+        say(f"RESULT multi bad={len(bad)} taken={taken_all}")
+
+
 async def main() -> None:
     comm = MPI.COMM_WORLD
     for i, case in enumerate(sys.argv[1:]):
@@ -254,6 +309,8 @@ async def main() -> None:
             await dtypes(comm)
         elif case == "plans":
             await plans(comm)
+        elif case == "multi":
+            await multi(comm)
         else:
             await one_case(comm, case, seed=100 + i)
         comm.Barrier()
