@@ -587,7 +587,10 @@ def main(argv: list[str] | None = None) -> str:
         "them) / step time, median; peak/cap0: the largest in-flight count on any rank over "
         "the seeds / the cap of rank 0. Two-chunk hints (zbv, interleaved-*) put S stages on "
         "S/2 ranks, so their `vs 1f1b` is left out (`-`: another machine size). Split and "
-        "unsplit rows draw different durations (the kinds differ).", "",
+        "unsplit rows draw different durations (the kinds differ). Auto rows choose on the "
+        "scored durations themselves (hindsight); `..., held-out` rows choose on step 1 of "
+        "the same seed with the scored step's microbatch sizes, `..., held-out, last step` on "
+        "step 1 as drawn, and run their choice on the scored step (bench/policy_held.py).", "",
         sim_table(results),
         "## Against the offline optimum (bench/optimum.py)", "",
         f"CP-SAT, {args.time_limit:g} s per instance, {2 if jobs == 1 else 1} worker(s) in "
