@@ -21,6 +21,14 @@ to 0.01 ms; every configuration of that placement and those caps is read against
 optimum / step time, and the solver's proven bound / step time (the true optimum lies between).
 The search starts from the simulated schedules, so it never reports worse than one of them.
 
+Auto rows come in two readings. Hindsight (`auto`, `auto split`, ...): the candidates are
+simulated on the very durations the row is scored on, the best of them in hindsight. Held-out
+(`..., held-out`): the choice is made on another draw of the same jitter, step 1 of the seed,
+with the scored step's microbatch sizes (`, last step`: without them, as Pipeline(hint="auto")
+chooses from the step it measured), and the chosen hint, mode, policy, caps and order rule then
+run on the scored durations (bench/policy_held.py). A held-out row is never faster than its
+hindsight row: the hindsight row is the fastest fitting candidate of the same set.
+
 A row is one line in CONFIGS (a new policy: `Config("auto", hint="auto", baseline="1f1b")`); a
 budget is one entry of BUDGETS (keyword arguments to simulate and Pipeline). Within one (S,
 jitter, seed) each distinct configuration is simulated once: the auto rows (sim/choice.py, with
@@ -32,7 +40,9 @@ and the given-order auto rows run first, so the rows that also reorder reuse the
 `--jobs` processes (one CP-SAT worker each when there are two).
 
 Timing (2-core machine): the whole grid, `--seeds 10`, takes about an hour of two free cores,
-most of it in the auto rows at S=32; the report's last line gives the wall time and the CPU
+most of it in the auto rows at S=32 (the held-out rows, whose choices reuse no fixed row's
+run, add about as much again: at S = 4-16, 10 seeds, the auto rows took 159 s of CPU on
+lognormal and 725 s on multimodal); the report's last line gives the wall time and the CPU
 seconds the simulations took.
 
 Some rows only, into the page: `--rows 'auto*' --update` reruns the rows whose label matches
@@ -74,6 +84,7 @@ from aioready.telemetry.bounds import in_order_bound
 
 from .common import RESULTS, lean_gc, median, write_result
 from .optimum import Instance, instance, schedule_of, solve
+from .policy_held import KNOWN, choice_draw
 from .policy_page import matches, update
 
 
@@ -125,6 +136,13 @@ CONFIGS: list[Config] = [
              budgets=("2x",), kwargs=(*extra, ("order", "given")))
       for label, split, extra in (("auto", False, ()), ("auto split", True, ()),
                                   ("auto split, 2S each", True, (("uniform", True),)))),
+    # held out: chosen on another draw of the same jitter, run on the scored one
+    # (bench/policy_held.py); "known sizes" keeps the scored step's per-microbatch sizes
+    *(Config("auto", label=f"{label}, held-out{suffix}", baseline="1f1b", split=split,
+             budgets=("2x",), kwargs=(*extra, ("held", known)))
+      for label, split, extra in (("auto", False, ()), ("auto split", True, ()),
+                                  ("auto split, 2S each", True, (("uniform", True),)))
+      for known, suffix in (("sizes", ""), ("step", ", last step"))),
 ]
 BUDGETS: dict[str, dict[str, Any]] = {"default": {}, "2x": {"cap": "2x"}}
 JITTERS = ("lognormal:0.5", "multimodal:0.3:3", "lognormal:0.2+straggler:1:1.5")
@@ -156,6 +174,11 @@ def _in_order(hint: str, S: int, M: int, split: bool, jitter: str, seed: int) ->
     return in_order_bound(order.placement, model.table(0), split)
 
 
+def _held(cfg: Config) -> str | None:
+    """What a held-out auto row knows of the scored step (bench/policy_held.py), else None."""
+    return dict(cfg.kwargs).get("held")
+
+
 def _strict(hint: str) -> Config:
     return Config(hint, mode="strict")
 
@@ -169,8 +192,10 @@ def sim_unit(S: int, jitter: str, seed: int) -> dict[str, Any]:
     began = time.process_time()
     # auto rows in the given order first: their runs (finished, or stopped past a bound the
     # search over every order only lowers) are then reused by the rows that also reorder
-    for cfg in sorted(CONFIGS, key=lambda c: c.hint not in HINTS
-                      and dict(c.kwargs).get("order") != "given"):
+    # (held-out rows last: their choice, run on these durations, is often one of these runs)
+    for cfg in sorted(CONFIGS, key=lambda c: (c.hint not in HINTS and "held" in dict(c.kwargs),
+                                              c.hint not in HINTS
+                                              and dict(c.kwargs).get("order") != "given")):
         for budget, extra in BUDGETS.items():
             if not cfg.runs(budget, S):
                 continue
@@ -226,35 +251,55 @@ def _auto_budget(cfg: Config, S: int, M: int, extra: dict[str, Any]) -> Any:
 def _auto(cfg: Config, S: int, M: int, jitter: str, seed: int, extra: dict[str, Any],
           memo: dict[tuple[object, ...], Any]) -> dict[str, Any]:
     """What simulate(hint="auto") returns, with the unit's simulations reused: the choice
-    is the same (every run is a pure function of its configuration)."""
+    is the same (every run is a pure function of its configuration). A held-out row (kwarg
+    `held`, bench/policy_held.py) chooses on another draw instead, with its own memo, and its
+    choice then runs on the scored durations."""
     split = cfg.split_backward
+    kwargs = dict(cfg.kwargs)
+    sized = known_costs(JitterModel(jitter, seed=seed, placement=Placement.linear(S),
+                                    num_microbatches=M), 0) is not None
+    # without sizes both held-out readings choose on the same draw: one choice
+    held = kwargs.get("held") and (kwargs["held"] if sized else KNOWN[0])
+    source: dict[str, Any] = ({"jitter": jitter, "seed": seed} if not held else
+                              {"trace": choice_draw(jitter, seed, S, M, split, held)})
+    draw = memo if not held else memo.setdefault(("draw", held), {})
 
     def run(order: HintOrder, mode: str, caps: tuple[int, ...], policy: str,
             bound: float | None = None, **how: str) -> Any:
         mb_order = how.get("microbatch_order", "given")
         key = _memo_key(order, mode, caps, policy) + ((mb_order,) if how else ())
-        return _reuse(memo, key, bound, lambda: simulate(
-            stages=S, microbatches=M, hint=order, mode=mode, jitter=jitter, seed=seed,
-            split_backward=split, policy=policy, cap=list(caps), stop_after=bound,
-            order=mb_order))
-    sized = known_costs(JitterModel(jitter, seed=seed, placement=Placement.linear(S),
-                                    num_microbatches=M), 0) is not None
-    reorder = None if dict(cfg.kwargs).get("order") == "given" or not sized else (
-        lambda order: True)
+        return _reuse(draw, key, bound, lambda: simulate(
+            stages=S, microbatches=M, hint=order, mode=mode, split_backward=split,
+            policy=policy, cap=list(caps), stop_after=bound, order=mb_order, **source))
+    reorder = None if kwargs.get("order") == "given" or not sized else (lambda order: True)
     budget = _auto_budget(cfg, S, M, extra)
     # what decides the choice (the unit's S, jitter and seed fix the durations): rows that
     # differ only in their label ("auto split" and "auto split, given order" where the
     # durations carry no sizes) are one choice
-    row_key = ("auto", cfg.hint, split, str(budget), reorder is not None)
+    row_key = ("auto", cfg.hint, split, str(budget), reorder is not None, held)
     if row_key not in memo:
         tuning = choose_auto(run, cfg.hint, num_stages=S, num_ranks=None, num_microbatches=M,
                              split_backward=split, budget=budget, reorder=reorder)
         best = tuning.best
+        choice, order = best.candidate.choice, best.candidate.order
+        scored: Any = best
+        if held:  # the choice, run on the scored durations (reused where a row ran it)
+            hint = _hint(choice.hint, S, M, split)
+            assert isinstance(hint, HintOrder)
+            key = _memo_key(hint, choice.mode, choice.cap, choice.policy) + (
+                (order,) if order != "given" else ())
+            scored = _reuse(memo, key, None, lambda: simulate(
+                stages=S, microbatches=M, hint=hint, mode=choice.mode, jitter=jitter,
+                seed=seed, split_backward=split, policy=choice.policy, cap=list(choice.cap),
+                order=order))
         memo[row_key] = {
-            "t": best.step_time, "eff": best.efficiency, "peak": max(best.peak_in_flight),
-            "cap0": best.candidate.choice.cap[0], "ranks": len(best.candidate.choice.cap),
-            "chosen": f"auto:{best.candidate.label}", "hint": best.candidate.choice.hint,
-            "stopped": sum(r.stopped for r in tuning.rows), "candidates": len(tuning.rows)}
+            "t": scored.step_time, "eff": scored.efficiency,
+            "peak": max(scored.peak_in_flight), "cap0": choice.cap[0], "ranks": len(choice.cap),
+            "chosen": f"auto:{best.candidate.label}", "hint": choice.hint,
+            "mode": choice.mode, "policy": choice.policy, "order": order,
+            "stopped": sum(r.stopped for r in tuning.rows), "candidates": len(tuning.rows),
+            # what the chooser expected: the step time on the durations it chose on
+            "t_chosen_on": best.step_time, "chosen_on": "scored" if not held else held}
     return dict(memo[row_key])
 
 
@@ -314,15 +359,19 @@ def _placement(cfg: Config, S: int, M: int, extra: dict[str, Any], linear: Insta
     return pipe.hint.placement  # type: ignore[no-any-return]
 
 
-def _as_chosen(cfg: Config, S: int, M: int, probe: Instance, extra: dict[str, Any]
-               ) -> tuple[Config, dict[str, Any], tuple[int, ...] | None]:
+def _as_chosen(cfg: Config, S: int, M: int, probe: Instance, extra: dict[str, Any],
+               jitter: str, seed: int) -> tuple[Config, dict[str, Any], tuple[int, ...] | None]:
     """A row chosen at run time ("auto") as the fixed configuration it chooses on these
-    durations (a Pipeline's auto would run its start hint first), else the row itself; and
-    the microbatch order it chose (slot -> microbatch), None for the given one."""
+    durations (a Pipeline's auto would run its start hint first), or a held-out row's on its
+    other draw, else the row itself; and the microbatch order it chose (slot -> microbatch,
+    from the probe's sizes), None for the given one."""
     if cfg.hint in HINTS:
         return cfg, extra, None
     order = dict(cfg.kwargs).get("order")
-    best = simulate(stages=S, microbatches=M, hint=cfg.hint, trace=probe.trace(),
+    held = _held(cfg)
+    trace = probe.trace() if held is None else choice_draw(jitter, seed, S, M,
+                                                            cfg.split_backward, held)
+    best = simulate(stages=S, microbatches=M, hint=cfg.hint, trace=trace,
                     split_backward=cfg.split_backward, cap=_auto_budget(cfg, S, M, extra),
                     order=order).tuning.best.candidate
     chosen = best.choice
@@ -353,7 +402,7 @@ def opt_unit(S: int, M: int, jitter: str, seed: int, time_limit: float,
             placement = _placement(cfg, S, M, extra, _probe(jitter, seed, Placement.linear(S),
                                                            M, split))
             probe = _probe(jitter, seed, placement, M, split)
-            run_cfg, run_extra, slots = _as_chosen(cfg, S, M, probe, extra)
+            run_cfg, run_extra, slots = _as_chosen(cfg, S, M, probe, extra, jitter, seed)
             ran = probe if slots is None else probe.permuted(slots)
             pipe, report = _pipeline_run(run_cfg, S, M, ran.trace(), run_extra)
             caps = tuple(min(rt.cap, M) for rt in pipe.runtimes)
@@ -540,7 +589,10 @@ def main(argv: list[str] | None = None) -> str:
         "them) / step time, median; peak/cap0: the largest in-flight count on any rank over "
         "the seeds / the cap of rank 0. Two-chunk hints (zbv, interleaved-*) put S stages on "
         "S/2 ranks, so their `vs 1f1b` is left out (`-`: another machine size). Split and "
-        "unsplit rows draw different durations (the kinds differ).", "",
+        "unsplit rows draw different durations (the kinds differ). Auto rows choose on the "
+        "scored durations themselves (hindsight); `..., held-out` rows choose on step 1 of "
+        "the same seed with the scored step's microbatch sizes, `..., held-out, last step` on "
+        "step 1 as drawn, and run their choice on the scored step (bench/policy_held.py).", "",
         sim_table(results),
         "## Against the offline optimum (bench/optimum.py)", "",
         f"CP-SAT, {args.time_limit:g} s per instance, {2 if jobs == 1 else 1} worker(s) in "

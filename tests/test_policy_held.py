@@ -1,0 +1,98 @@
+"""bench.policy's held-out auto rows: chosen on another draw, run on the scored durations.
+
+A held-out row must be what a fresh computation gives: `aioready.simulate(hint="auto")` on the
+choice draw (bench/policy_held.py), its chosen configuration then simulated on the scored
+durations; the unit's memo must not change that. Since the hindsight row picks the fastest
+fitting candidate of the same set on the scored durations, a held-out row can never be faster,
+and on a known case it is slower.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import bench.policy as policy
+from aioready.placement import Placement
+from aioready.sim.simulator import simulate
+from aioready.sim.variability import JitterModel
+from bench.policy_held import HELD_STEP, choice_draw
+
+S, M = 4, 16
+
+
+@pytest.fixture(scope="module")
+def units() -> dict[str, dict]:
+    autos = [c for c in policy.CONFIGS if c.hint == "auto"]
+    saved = policy.CONFIGS[:]
+    policy.CONFIGS[:] = [policy.Config("zb-h2"), *autos]
+    try:
+        return {j: policy.sim_unit(S, j, 0) for j in ("lognormal:0.5", "multimodal:0.3:3")}
+    finally:
+        policy.CONFIGS[:] = saved
+
+
+def _held_rows() -> list[policy.Config]:
+    return [c for c in policy.CONFIGS if c.hint == "auto" and "held" in dict(c.kwargs)]
+
+
+@pytest.mark.parametrize("jitter", ["lognormal:0.5", "multimodal:0.3:3"])
+def test_a_held_out_row_is_a_fresh_choice_on_the_other_draw_run_on_the_scored_one(
+        units: dict[str, dict], jitter: str) -> None:
+    rows = _held_rows()
+    assert {dict(c.kwargs)["held"] for c in rows} == {"sizes", "step"}
+    for cfg in rows:
+        row = units[jitter]["rows"][f"{cfg.name}|2x"]
+        split, budget = cfg.split_backward, policy._auto_budget(cfg, S, M, policy.BUDGETS["2x"])
+        draw = choice_draw(jitter, 0, S, M, split, dict(cfg.kwargs)["held"])
+        chosen = simulate(stages=S, microbatches=M, hint="auto", trace=draw,
+                          split_backward=split, cap=budget)
+        best = chosen.tuning.best
+        c = best.candidate.choice
+        scored = simulate(stages=S, microbatches=M, hint=c.hint, mode=c.mode, policy=c.policy,
+                          cap=list(c.cap), jitter=jitter, seed=0, split_backward=split,
+                          order=best.candidate.order)
+        assert (row["chosen"], row["t_chosen_on"], row["t"], row["eff"], row["cap0"],
+                row["peak"]) == (chosen.hint, chosen.step_time, scored.step_time,
+                                 scored.efficiency, c.cap[0], max(scored.peak_in_flight)), \
+            cfg.name
+        assert row["candidates"] == len(chosen.tuning.rows), cfg.name
+
+
+@pytest.mark.parametrize("jitter", ["lognormal:0.5", "multimodal:0.3:3"])
+def test_held_out_is_never_faster_than_hindsight_and_slower_where_the_choice_moved(
+        units: dict[str, dict], jitter: str) -> None:
+    rows = units[jitter]["rows"]
+    for cfg in _held_rows():
+        hindsight = rows[f"{cfg.name.split(', held-out')[0]}|2x"]
+        held = rows[f"{cfg.name}|2x"]
+        # the same candidates and budget: hindsight's best on the scored durations is the
+        # fastest fitting one of them, and the held-out choice is one of them that fits
+        assert held["t"] >= hindsight["t"], cfg.name
+        assert held["candidates"] == hindsight["candidates"], cfg.name
+    if jitter.startswith("multimodal"):  # seed 0: the 2S-each choice moves, and loses
+        moved = rows["auto split, 2S each, held-out|2x"]
+        known = rows["auto split, 2S each|2x"]
+        assert moved["chosen"] != known["chosen"] and moved["t"] > known["t"]
+
+
+@pytest.mark.parametrize("jitter", ["lognormal:0.5", "multimodal:0.3:3"])
+def test_the_choice_draw_differs_only_in_per_task_noise_and_step_zero_is_the_scored_one(
+        jitter: str) -> None:
+    model = JitterModel(jitter, seed=3, placement=Placement.linear(S), num_microbatches=M,
+                        split_backward=True)
+    draw = choice_draw(jitter, 3, S, M, True, "sizes")
+    assert not np.allclose(draw.table(0), model.table(0))  # new per-task noise
+    if model.sizes(0) is not None:
+        assert np.array_equal(draw.sizes(0), model.sizes(0))  # the scored step's sizes
+        assert not np.array_equal(model.sizes(HELD_STEP), model.sizes(0))
+        assert np.array_equal(choice_draw(jitter, 3, S, M, True, "step").sizes(0),
+                              model.sizes(HELD_STEP))
+    # chosen on step 0 itself, through the trace, auto is the hindsight choice exactly
+    same = choice_draw(jitter, 3, S, M, True, "sizes", step=0)
+    assert np.array_equal(same.table(0), model.table(0))
+    via_trace = simulate(stages=S, microbatches=M, hint="auto", trace=same, split_backward=True,
+                         cap="2x")
+    direct = simulate(stages=S, microbatches=M, hint="auto", jitter=jitter, seed=3,
+                      split_backward=True, cap="2x")
+    assert (via_trace.hint, via_trace.step_time) == (direct.hint, direct.step_time)
