@@ -20,13 +20,9 @@ def _field(text: str, name: str) -> str:
     return text.split(f"{name}=")[1].split()[0]
 
 
-@pytest.mark.timeout(200)
-@pytest.mark.parametrize("disarm", ["1", "0"], ids=["disarmed", "switch-off"])
-def test_exact_over_mpi_with_the_quiet_paths_doorbells_disarmed_or_not(disarm: str) -> None:
-    """No spin window, so a waiting rank parks on its doorbell and its next task starts inside
-    that park (the case the disarming is for); the quiet path and the doorbells on."""
-    env = {"AIOREADY_CPU_QUIET_INLINE": "1", "AIOREADY_MPI_FAST": "1", "AIOREADY_SPIN_US": "0",
-           "AIOREADY_INLINE_DISARM": disarm}
+def _exact_on_the_quiet_path(env: dict[str, str]) -> dict[str, str]:
+    """Every case's RESULT line, each checked: loss seen, loss and gradients within TOL of the
+    unsplit model, tasks run on the quiet path."""
     proc = run_mpi(2, [str(SCRIPTS / "exact.py"), *CASES], timeout=150, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = dict(line.split(" ", 2)[1:] for line in proc.stdout.splitlines()
@@ -37,6 +33,17 @@ def test_exact_over_mpi_with_the_quiet_paths_doorbells_disarmed_or_not(disarm: s
         assert float(_field(results[case], "loss_diff")) <= TOL, (case, results[case])
         assert float(_field(results[case], "grad_diff")) <= TOL, (case, results[case])
         assert int(_field(results[case], "quiet")) > 0, (case, results[case])
+    return results
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("disarm", ["1", "0"], ids=["disarmed", "switch-off"])
+def test_exact_over_mpi_with_the_quiet_paths_doorbells_disarmed_or_not(disarm: str) -> None:
+    """No spin window, so a waiting rank parks on its doorbell and its next task starts inside
+    that park (the case the disarming is for); the quiet path and the doorbells on."""
+    env = {"AIOREADY_CPU_QUIET_INLINE": "1", "AIOREADY_MPI_FAST": "1", "AIOREADY_SPIN_US": "0",
+           "AIOREADY_INLINE_DISARM": disarm}
+    results = _exact_on_the_quiet_path(env)
     disarms = int(_field(results[CASES[-1]], "disarms"))  # counted from the launch's start
     assert (disarms > 0) if disarm == "1" else disarms == 0, results
 
@@ -52,15 +59,6 @@ def test_exact_over_mpi_with_notices_hushed_and_probing_again_or_not(hush: str,
     env = {"AIOREADY_CPU_QUIET_INLINE": "1", "AIOREADY_MPI_FAST": "1", "AIOREADY_SPIN_US": "0",
            "AIOREADY_INLINE_DISARM": "0", "AIOREADY_HUSH_NOTICES": hush,
            "AIOREADY_PROBE_AGAIN": again}
-    proc = run_mpi(2, [str(SCRIPTS / "exact.py"), *CASES], timeout=150, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    results = dict(line.split(" ", 2)[1:] for line in proc.stdout.splitlines()
-                   if line.startswith("RESULT "))
-    assert sorted(results) == sorted(CASES), proc.stdout
-    for case in CASES:
-        assert _field(results[case], "loss_seen") == "1", (case, results[case])
-        assert float(_field(results[case], "loss_diff")) <= TOL, (case, results[case])
-        assert float(_field(results[case], "grad_diff")) <= TOL, (case, results[case])
-        assert int(_field(results[case], "quiet")) > 0, (case, results[case])
+    results = _exact_on_the_quiet_path(env)
     hushes = int(_field(results[CASES[-1]], "hushes"))  # counted from the launch's start
     assert (hushes > 0) if hush == "1" else hushes == 0, results

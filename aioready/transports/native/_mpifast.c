@@ -72,6 +72,45 @@ static PyObject *setup(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* the arguments send and send_parts share: comm, dest, tag, the header's fields, the
+ * descriptor block, the tensor's pointer and bytes, the payload's offset */
+typedef struct {
+    MPI_Comm comm;
+    long dest, tag, kind, step, stage, mb, msgtag, n, off;
+    void *ptr;
+    PyObject *desc;
+} message_args;
+
+/* 1: parsed; 0: a field out of range (the caller answers NotImplemented); -1: an exception */
+static int parse_message(PyObject *const *args, message_args *m) {
+    m->comm = (MPI_Comm)handle_in(args[0]);
+    m->dest = bounded(args[1], 0x7fffffffL); m->tag = bounded(args[2], 0x7fffffffL);
+    m->kind = bounded(args[3], 0xff); m->step = bounded(args[4], 0xffffffffL);
+    m->stage = bounded(args[5], 0xffff); m->mb = bounded(args[6], 0xffffffffL);
+    m->msgtag = bounded(args[7], 0xffffffffL);
+    m->n = bounded(args[10], 0x7fffffffL); m->off = bounded(args[11], 0x7fffffffL);
+    m->ptr = PyLong_AsVoidPtr(args[9]);
+    if (m->ptr == NULL && PyErr_Occurred()) return -1;
+    if (!PyBytes_Check(args[8])) {
+        PyErr_SetString(PyExc_TypeError, "desc must be bytes");
+        return -1;
+    }
+    m->desc = args[8];
+    return (m->dest | m->tag | m->kind | m->step | m->stage | m->mb | m->msgtag | m->n |
+            m->off) >= 0 && FIXED + PyBytes_GET_SIZE(m->desc) <= m->off;
+}
+
+/* the fixed header, the descriptor block and its zero padding up to the payload's offset */
+static void write_header(char *p, const message_args *m) {
+    Py_ssize_t dlen = PyBytes_GET_SIZE(m->desc);
+    put16(p, (unsigned long)g_magic); p[2] = (char)g_version; p[3] = (char)m->kind;
+    put32(p + 4, m->step); put16(p + 8, m->stage); put32(p + 10, m->mb);
+    put32(p + 14, m->msgtag);
+    p[18] = 1;
+    memcpy(p + FIXED, PyBytes_AS_STRING(m->desc), dlen);
+    memset(p + FIXED + dlen, 0, m->off - FIXED - dlen);
+}
+
 PyDoc_STRVAR(send_doc,
 "send(comm, dest, tag, kind, step, stage, microbatch, msgtag, desc, ptr, n, off, total)\n"
 "The inline message of the n bytes at ptr, sent: None if MPI completed it at once, else\n"
@@ -82,35 +121,20 @@ static PyObject *send(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         PyErr_SetString(PyExc_TypeError, "send takes 13 arguments");
         return NULL;
     }
-    MPI_Comm comm = (MPI_Comm)handle_in(args[0]);
-    long dest = bounded(args[1], 0x7fffffffL), tag = bounded(args[2], 0x7fffffffL);
-    long kind = bounded(args[3], 0xff), step = bounded(args[4], 0xffffffffL);
-    long stage = bounded(args[5], 0xffff), mb = bounded(args[6], 0xffffffffL);
-    long msgtag = bounded(args[7], 0xffffffffL);
-    long n = bounded(args[10], 0x7fffffffL), off = bounded(args[11], 0x7fffffffL);
+    message_args m;
+    int ok = parse_message(args, &m);
+    if (ok < 0) return NULL;
     long total = bounded(args[12], 0x7fffffffL);
-    void *ptr = PyLong_AsVoidPtr(args[9]);
-    if (ptr == NULL && PyErr_Occurred()) return NULL;
-    if (!PyBytes_Check(args[8])) {
-        PyErr_SetString(PyExc_TypeError, "send: desc must be bytes");
-        return NULL;
-    }
-    Py_ssize_t dlen = PyBytes_GET_SIZE(args[8]);
-    if ((dest | tag | kind | step | stage | mb | msgtag | n | off | total) < 0 ||
-            FIXED + dlen > off || off + n > total)
-        Py_RETURN_NOTIMPLEMENTED;
+    if (!ok || m.off + m.n > total) Py_RETURN_NOTIMPLEMENTED;
     PyObject *buf = PyBytes_FromStringAndSize(NULL, total);
     if (buf == NULL) return NULL;
     char *p = PyBytes_AS_STRING(buf);
-    put16(p, (unsigned long)g_magic); p[2] = (char)g_version; p[3] = (char)kind;
-    put32(p + 4, step); put16(p + 8, stage); put32(p + 10, mb); put32(p + 14, msgtag);
-    p[18] = 1;
-    memcpy(p + FIXED, PyBytes_AS_STRING(args[8]), dlen);
-    memset(p + FIXED + dlen, 0, off - FIXED - dlen);
-    memcpy(p + off, ptr, n);
-    memset(p + off + n, 0, total - off - n);
+    write_header(p, &m);
+    memcpy(p + m.off, m.ptr, m.n);
+    memset(p + m.off + m.n, 0, total - m.off - m.n);
     MPI_Request req;
-    int flag = 0, rc = MPI_Isend(p, (int)total, MPI_BYTE, (int)dest, (int)tag, comm, &req);
+    int flag = 0,
+        rc = MPI_Isend(p, (int)total, MPI_BYTE, (int)m.dest, (int)m.tag, m.comm, &req);
     if (rc != MPI_SUCCESS) { Py_DECREF(buf); return mpi_error("MPI_Isend", rc); }
     rc = MPI_Test(&req, &flag, MPI_STATUS_IGNORE);
     if (rc != MPI_SUCCESS) { Py_DECREF(buf); return mpi_error("MPI_Test", rc); }
@@ -133,44 +157,30 @@ static PyObject *send_parts(PyObject *self, PyObject *const *args, Py_ssize_t na
         PyErr_SetString(PyExc_TypeError, "send_parts takes 14 arguments");
         return NULL;
     }
-    MPI_Comm comm = (MPI_Comm)handle_in(args[0]);
-    long dest = bounded(args[1], 0x7fffffffL), tag = bounded(args[2], 0x7fffffffL);
-    long kind = bounded(args[3], 0xff), step = bounded(args[4], 0xffffffffL);
-    long stage = bounded(args[5], 0xffff), mb = bounded(args[6], 0xffffffffL);
-    long msgtag = bounded(args[7], 0xffffffffL);
-    long n = bounded(args[10], 0x7fffffffL), off = bounded(args[11], 0x7fffffffL);
+    message_args m;
+    int ok = parse_message(args, &m);
+    if (ok < 0) return NULL;
     long tail = bounded(args[12], sizeof(zeros));
     int test = PyObject_IsTrue(args[13]);
-    void *ptr = PyLong_AsVoidPtr(args[9]);
-    if (test < 0 || (ptr == NULL && PyErr_Occurred())) return NULL;
-    if (!PyBytes_Check(args[8])) {
-        PyErr_SetString(PyExc_TypeError, "send_parts: desc must be bytes");
-        return NULL;
-    }
-    Py_ssize_t dlen = PyBytes_GET_SIZE(args[8]);
-    if ((dest | tag | kind | step | stage | mb | msgtag | n | off | tail) < 0 || FIXED + dlen > off)
-        Py_RETURN_NOTIMPLEMENTED;
-    PyObject *head = PyBytes_FromStringAndSize(NULL, off);
+    if (test < 0) return NULL;
+    if (!ok || tail < 0) Py_RETURN_NOTIMPLEMENTED;
+    PyObject *head = PyBytes_FromStringAndSize(NULL, m.off);
     if (head == NULL) return NULL;
     char *p = PyBytes_AS_STRING(head);
-    put16(p, (unsigned long)g_magic); p[2] = (char)g_version; p[3] = (char)kind;
-    put32(p + 4, step); put16(p + 8, stage); put32(p + 10, mb); put32(p + 14, msgtag);
-    p[18] = 1;
-    memcpy(p + FIXED, PyBytes_AS_STRING(args[8]), dlen);
-    memset(p + FIXED + dlen, 0, off - FIXED - dlen);
-    int lengths[3] = {(int)off, (int)n, (int)tail};
+    write_header(p, &m);
+    int lengths[3] = {(int)m.off, (int)m.n, (int)tail};
     MPI_Aint where[3];
     MPI_Datatype type;
     MPI_Request req;
     int flag = 0, rc = MPI_Get_address(p, &where[0]);
-    if (rc == MPI_SUCCESS) rc = MPI_Get_address(ptr, &where[1]);
+    if (rc == MPI_SUCCESS) rc = MPI_Get_address(m.ptr, &where[1]);
     if (rc == MPI_SUCCESS) rc = MPI_Get_address(zeros, &where[2]);
     if (rc == MPI_SUCCESS) rc = MPI_Type_create_hindexed(tail ? 3 : 2, lengths, where, MPI_BYTE,
                                                          &type);
     if (rc != MPI_SUCCESS) { Py_DECREF(head); return mpi_error("MPI_Type_create_hindexed", rc); }
     rc = MPI_Type_commit(&type);
     if (rc == MPI_SUCCESS)
-        rc = MPI_Isend(MPI_BOTTOM, 1, type, (int)dest, (int)tag, comm, &req);
+        rc = MPI_Isend(MPI_BOTTOM, 1, type, (int)m.dest, (int)m.tag, m.comm, &req);
     MPI_Type_free(&type);  /* (a send that uses it still completes) */
     if (rc != MPI_SUCCESS) { Py_DECREF(head); return mpi_error("MPI_Isend", rc); }
     if (test) {
