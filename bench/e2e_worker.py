@@ -11,6 +11,7 @@ barrier), the loss, the squared gradient norm and what each rank slept.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import time
@@ -338,6 +339,9 @@ def run_aioready(args: argparse.Namespace, trace: Any, configs: list[str],
 
     async def all_configs() -> None:
         for config in configs:
+            # each config from the same process state: the previous config's closed pipeline,
+            # left in reference cycles, cost the next one CPU until collected (docs/hot_path.md)
+            gc.collect()
             config, order = split_order(config)
             record = await one(*((DEFAULT, "ready", "reserve", None) if config == DEFAULT
                                  else parse_config(config)), order)
