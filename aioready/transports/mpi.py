@@ -317,10 +317,16 @@ class MPITransport:
             if self._sent_waiters:  # a staged CUDA send was counted until here
                 self._maybe_idle()
             return
+        self._track_send(req, buf, release, dest if comm is self._hdr else None, big)
+
+    def _track_send(self, req: Any, keep: Any, release: Callable[[], None] | None,
+                    header_dest: int | None, big: bool) -> None:
+        """A send that did not complete at once (here or in the compiled helper): tracked,
+        `keep` alive until it completes. `header_dest`: the receiver of a header, which rang
+        too early and is rung again once it is sent."""
         self._num_sending += 1
-        # a header that did not leave at once rang its receiver too early: ring again once sent
-        ring = dest if self._bell is not None and comm is self._hdr else None
-        self._track(req, partial(self._sent, buf, release, ring), big)
+        ring = header_dest if self._bell is not None else None
+        self._track(req, partial(self._sent, keep, release, ring), big)
 
     def _isend_parts(self, dest: int, tag: int, parts: tuple[bytes, Any, int, int]) -> None:
         """One header message written from its parts (`SendPlans.encode`): the header, the

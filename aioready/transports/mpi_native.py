@@ -68,16 +68,13 @@ class NativePath:
             return False
         tr._seq[dest] = (seq + 1) % self._seq_mod
         self.num_sent += 1
-        bell = tr._bell
-        if left is not None:  # not sent at once: tracked (its memory kept), rung again once sent
-            tr._num_sending += 1
-            keep = left[0] if tail is None else (left[0], t)
-            tr._track(self._request(left[1]),
-                      partial(tr._sent, keep, None, None if bell is None else dest), big)
+        if left is not None:  # not sent at once: tracked, its memory kept
+            tr._track_send(self._request(left[1]), left[0] if tail is None else (left[0], t),
+                           None, dest, big)
         elif tr._sent_waiters:
             tr._maybe_idle()
-        if bell is not None:
-            bell.ring(dest)
+        if tr._bell is not None:
+            tr._bell.ring(dest)
         tr._kick_after_send()
         return True
 
