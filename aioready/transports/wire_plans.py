@@ -78,6 +78,13 @@ class LayoutPlans:
         return plan
 
 
+def _head_format(desc: bytes) -> str:
+    """The Struct format of a message's fixed header, its descriptor block and the padding
+    before the first payload: what every send plan packs first."""
+    head = _FIXED.size + len(desc)
+    return f"<{_FIXED.format[1:]}{len(desc)}s{align(head) - head}x"
+
+
 def _multi_default() -> bool:
     """`AIOREADY_MPI_PLANS_MULTI=0`: plans for lone tensors only (as before: docs/hot_path.md
     "Plans for several tensors")."""
@@ -123,7 +130,7 @@ class SendPlans:
         if n > self._inline_bytes:
             return None
         head = _FIXED.size + len(desc)
-        fixed = f"<{_FIXED.format[1:]}{len(desc)}s{align(head) - head}x"
+        fixed = _head_format(desc)
         where = align(head), align(head) + align(n)  # the payload's offset, the message's size
         if self._zero_copy and n >= self._zero_copy:  # the header alone, with its padding
             return struct.Struct(fixed).pack, desc, n, align(n) - n, *where
@@ -178,8 +185,7 @@ class MultiPlans:
             return None
         if sum(sizes) > self._inline_bytes:
             return self._keep(key, None)
-        head = _FIXED.size + len(desc)
-        fmt = f"<{_FIXED.format[1:]}{len(desc)}s{align(head) - head}x" + "".join(
+        fmt = _head_format(desc) + "".join(
             f"{n}s{align(n) - n}x" for k, n in zip(key, sizes) if k is not None)
         return self._keep(key, (struct.Struct(fmt).pack, desc))
 
