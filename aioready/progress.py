@@ -516,13 +516,10 @@ class ProgressEngine:
         poll (a request it now tracks needs polling) ends the park: the engine's task wakes,
         as a ring in that state wakes it."""
         if not self._inline_disarmed:
-            hushed = self._hushed
-            if not hushed:
-                self.poll()
-                return
-            self._hushed = []
-            for src in hushed:  # notices ring again, then the poll reads what did not ring
-                src.hush_doorbell(False)  # type: ignore[attr-defined]
+            if self._hushed:  # notices ring again, then the poll reads what did not ring
+                for src in self._hushed:
+                    src.hush_doorbell(False)  # type: ignore[attr-defined]
+                self._hushed = []
             self.poll()
             return
         self._inline_disarmed = False
