@@ -247,6 +247,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--name", default="e2e_sized", help="write bench/results/NAME.md and .json")
     args = ap.parse_args(argv)
     ranks, groups = 4, 8
+    configs = [c for c in args.aioready.split(",") if c]
     summaries, loads = [], []
     with tempfile.TemporaryDirectory(prefix="aioready-e2e-sized-") as tmp:
         for launch in range(args.launches):
@@ -254,15 +255,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             run = run_scenario(args.scenario, workdir=Path(tmp) / str(launch), ranks=ranks,
                                groups=groups, microbatches=args.microbatches,
                                task_ms=args.task_ms, warmup=args.warmup, steps=args.steps,
-                               seed=args.seed, aioready_configs=[c for c in args.aioready.split(
-                                   ",") if c], torch_configs=[c for c in args.torch.split(",")
-                                                              if c],
+                               seed=args.seed, aioready_configs=configs,
+                               torch_configs=[c for c in args.torch.split(",") if c],
                                timeout=args.timeout, sized=True)
             sizes = read_sizes(run["sizes"])
             summaries.append(summarize(run, groups=groups, microbatches=args.microbatches,
                                        warmup=args.warmup, ranks=ranks))
             print(f"[e2e_sized] launch {launch + 1}/{args.launches} done", file=sys.stderr)
-        sim = twin([c for c in args.aioready.split(",") if c], args.scenario, run["trace"],
+        sim = twin(configs, args.scenario, run["trace"],
                    sizes, groups=groups, ranks=ranks, microbatches=args.microbatches,
                    warmup=args.warmup, steps=args.steps)
     rows = _aggregate(summaries)
