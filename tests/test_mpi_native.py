@@ -35,7 +35,7 @@ def test_the_helper_is_built_and_matches_the_python_plans() -> None:
     """It loads (make test builds it: `python -m aioready.transports.native build`); its send
     writes the Python send plan's bytes for every plannable dtype and shape; its receive builds
     the Python receive plan's message, tensors bit for bit, and declines what that declines."""
-    proc = run_mpi(1, [str(SCRIPTS / "native.py"), "bytes", "receive", "declined"],
+    proc = run_mpi(1, [str(SCRIPTS / "native.py"), "bytes", "receive", "declined", "heads"],
                    timeout=100, env={"AIOREADY_MPI_NATIVE": "1"})
     assert "STATUS on" in proc.stdout, (proc.stdout, proc.stderr[-2000:])
     results = _results(proc)
@@ -49,6 +49,9 @@ def test_the_helper_is_built_and_matches_the_python_plans() -> None:
     assert _field(declined, "taken") == "[]", declined  # every bad header went the Python way
     assert _field(declined, "bound") == "1", declined  # too large: matched, not received
     assert _field(declined, "overflow") == "1", declined
+    heads = results["heads"]  # send_head: a notice's bytes, as both Python encoders write them
+    assert _field(heads, "num") == "4" and _field(heads, "bad") == "0", heads
+    assert _field(heads, "overflow") == "1", heads
 
 
 @pytest.mark.timeout(120)
@@ -94,3 +97,21 @@ def test_exact_over_mpi_with_the_helper_on_and_off(native: str) -> None:
         assert native_in > 0 and native_out > 0, plans
     else:
         assert native_in == native_out == 0, plans
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("heads", ["1", "0"], ids=["notices-in-c", "switch-off"])
+def test_exact_over_mpi_with_notices_sent_by_the_helper_or_not(heads: str) -> None:
+    """The reserving policy's 1F1B over two ranks, its notices sent by the compiled helper's
+    `send_head` (`AIOREADY_NATIVE_HEADERS`, docs/hot_path.md "Ready against strict") and by the
+    Python path: the same losses and gradients as the unsplit model either way, and notices
+    went through the helper exactly where the switch is on."""
+    case = "1f1b:ready:1:1"
+    proc = run_mpi(2, [str(SCRIPTS / "exact.py"), case], timeout=150,
+                   env={"AIOREADY_MPI_NATIVE": "1", "AIOREADY_NATIVE_HEADERS": heads})
+    result = _results(proc)[case]
+    assert _field(result, "loss_seen") == "1", result
+    assert float(_field(result, "loss_diff")) <= TOL, result
+    assert float(_field(result, "grad_diff")) <= TOL, result
+    sent = int(_field(result, "heads"))
+    assert (sent > 0) if heads == "1" else sent == 0, result

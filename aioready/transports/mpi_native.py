@@ -7,10 +7,16 @@ Python path does in ten (docs/hot_path.md, "The compiled helper"); what the C ca
 take (a plan it does not know, a message no plan takes, several tensors, a receive that did not
 complete at once, a message too large) goes back to the very Python code that handled it before,
 so the errors and the bytes are the same. Switch: `AIOREADY_MPI_NATIVE=0`.
+
+A header-only message (the reserving policy's notice, one a task that feeds a peer) is sent by
+`send_head`, where the Python path took a failed plan lookup, the several-tensor plan's `pack`
+and mpi4py's `Isend` and `Test` (docs/hot_path.md "Ready against strict"). Switch:
+`AIOREADY_NATIVE_HEADERS=0` (those go the Python way again).
 """
 
 from __future__ import annotations
 
+import os
 from functools import partial
 from types import ModuleType
 from typing import Any
@@ -18,7 +24,9 @@ from typing import Any
 import numpy as np
 
 from ..errors import ProtocolError
-from .base import Message
+from .base import Message, MessageKind
+from .header import _FIXED
+from .wire import align
 
 __all__ = ["NativePath", "header_too_large"]
 
@@ -46,9 +54,16 @@ class NativePath:
         self._by_len = tr._recv_plans._by_len  # length -> receive plan (wire_plans.py)
         self._request = tr._MPI.Request.fromhandle
         self.num_sent = self.num_received = 0  # by the C calls (tests prove they are used)
+        # header-only messages through `send_head` (a module built before it has none)
+        self._send_head = getattr(module, "send_head", None) if os.environ.get(
+            "AIOREADY_NATIVE_HEADERS", "1") != "0" else None
+        self._head_bytes = align(_FIXED.size)  # what the plans write for one: header, padding
+        self.num_heads = 0  # header-only messages sent by `send_head`
 
     def send(self, dest: int, msg: Message) -> bool:
         """Send `msg` to `dest` if a send plan covers it (else False: the Python path)."""
+        if not msg.tensors:
+            return self._send_head is not None and self._head(dest, msg)
         tr = self._tr
         found = tr._send_plans.lookup(msg)
         if found is None:
@@ -75,6 +90,26 @@ class NativePath:
             tr._maybe_idle()
         if tr._bell is not None:
             tr._bell.ring(dest)
+        tr._kick_after_send()
+        return True
+
+    def _head(self, dest: int, msg: Message) -> bool:
+        """A header-only message: `send`'s bookkeeping, with its tracking if not sent at once
+        and the doorbell's notice rule (a notice rings no peer whose loop computes)."""
+        tr = self._tr
+        seq = tr._seq[dest]
+        left = self._send_head(self._comm, dest, seq, msg.kind, msg.step, msg.stage,
+                               msg.microbatch, msg.tag, self._head_bytes)
+        if left is NotImplemented:  # a field the header cannot hold: the Python path raises
+            return False
+        tr._seq[dest] = (seq + 1) % self._seq_mod
+        self.num_heads += 1
+        if left is not None:
+            tr._track_send(self._request(left[1]), left[0], None, dest, False)
+        elif tr._sent_waiters:
+            tr._maybe_idle()
+        if tr._bell is not None:
+            tr._bell.ring(dest, msg.kind is MessageKind.NOTICE)
         tr._kick_after_send()
         return True
 

@@ -8,6 +8,9 @@ CASE = receive: a message the C `probe` takes through a receive plan equals, ten
 CASE = declined: headers that differ from the plan's (magic, version, count, kind, dtype code,
   shape) are declined by the C probe as by the Python plan; a message over the bound comes back
   unreceived (its handle still receives it); a field the header cannot hold is NotImplemented.
+CASE = heads: a header-only message (a notice) sent by the C `send_head` arrives as the bytes
+  the several-tensor plan and the general encoder write; a field the header cannot hold is
+  NotImplemented.
 CASE = errors: the same bad headers through a whole MPITransport: the error class and message
   the transport reports (run it with AIOREADY_MPI_NATIVE=0 and =1 and compare).
 """
@@ -146,6 +149,34 @@ def case_receive(mod, comm):
           f"header_only={int(header_only)}", flush=True)
 
 
+def case_heads(mod, comm):
+    from aioready.transports.header import _FIXED
+    from aioready.transports.wire import align
+    codec = WireCodec()
+    plans = SendPlans(codec, 1 << 16)
+    bad, num = [], 0
+    fields = [(MessageKind.NOTICE, 0, 1, 0, 0), (MessageKind.NOTICE, 7, 3, 5, (1 << 31) | 1234),
+              (MessageKind.NOTICE, (1 << 32) - 1, (1 << 16) - 1, (1 << 32) - 1, (1 << 32) - 1),
+              (MessageKind.ACTIVATION, 2, 1, 9, 4)]
+    for i, (kind, step, stage, mb, tag) in enumerate(fields):
+        msg = Message(step, kind, stage, mb, (), tag)
+        expected = plans.encode(msg)
+        general = codec.encode_inline(msg, *codec.describe(())[:2])
+        left = mod.send_head(comm.handle, 0, 40 + i, msg.kind, step, stage, mb, tag,
+                             align(_FIXED.size))
+        src, got_tag, count, raw, handle = c_probe(mod, comm, {})
+        if left is not None:
+            MPI.Request.fromhandle(left[1]).Wait()
+        num += 1
+        if (src, got_tag, handle) != (0, 40 + i, 0) or not bytes(raw) == expected == general:
+            bad.append(f"{kind.name}:{step}:{stage}:{mb}:{tag}")
+    overflow = mod.send_head(comm.handle, 0, 50, MessageKind.NOTICE, 1 << 32, 0, 0, 0,
+                             align(_FIXED.size))
+    short = mod.send_head(comm.handle, 0, 50, MessageKind.NOTICE, 0, 0, 0, 0, _FIXED.size - 1)
+    print(f"RESULT heads num={num} bad={len(bad)} first={bad[:3]} "
+          f"overflow={int(overflow is NotImplemented and short is NotImplemented)}", flush=True)
+
+
 def mutated(wire, where, value):
     out = bytearray(wire)
     out[where] = value
@@ -226,7 +257,8 @@ def main():
             asyncio.run(case_errors(mod, comm))
             continue
         assert mod is not None, native.status()
-        {"bytes": case_bytes, "receive": case_receive, "declined": case_declined}[case](mod, comm)
+        {"bytes": case_bytes, "receive": case_receive, "declined": case_declined,
+         "heads": case_heads}[case](mod, comm)
     comm.Free()
 
 
