@@ -1,7 +1,8 @@
-"""The compiled helper's header-only send (`NativePath._head`, docs/hot_path.md "Ready against
-strict"), its bookkeeping checked against fakes: the sequence number, a send not completed at
-once tracked, the doorbell's notice rule (a notice rings no peer whose loop computes, data
-does), a field the header cannot hold left to the Python path, and the switch."""
+"""The compiled helper's header-only and several-tensor sends (`NativePath._head`, `_several`,
+docs/hot_path.md "Ready against strict"), their bookkeeping checked against fakes: the sequence
+number, a send not completed at once tracked, the doorbell's notice rule (a notice rings no
+peer whose loop computes, data does), what they cannot take left to the Python path, and the
+switches."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from aioready.transports.mpi_native import NativePath
 
 
 class _Module:
-    """`_mpifast` with a `send_head` that records its arguments and answers `answer`."""
+    """`_mpifast` with a `send_head` and a `send_multi` that record their arguments and answer
+    `answer`."""
 
     def __init__(self, answer: Any = None) -> None:
         self.answer = answer
@@ -25,6 +27,8 @@ class _Module:
     def send_head(self, *args: Any) -> Any:
         self.calls.append(args)
         return self.answer
+
+    send_multi = send_head
 
 
 class _Transport:
@@ -39,6 +43,9 @@ class _Transport:
             (dest, notice)))
         self.tracked: list[tuple[Any, ...]] = []
         self.kicks = 0
+        self.hot_bytes = 1 << 16
+        self.parts: Any = (b"desc", ((1000, 8, 64), (2000, 16, 128)), 160)
+        self._send_plans = SimpleNamespace(parts=lambda msg: self.parts)
 
     def _track_send(self, *args: Any) -> None:
         self.tracked.append(args)
@@ -84,3 +91,26 @@ def test_the_switch_or_an_older_module_leaves_notices_to_the_python_path(
     path, tr = _path(module)
     assert not path.send(1, Message(3, MessageKind.NOTICE, 2, 6, (), 0))
     assert tr.rings == [] and tr._seq == [5, 9]
+
+
+def test_several_tensors_go_through_send_multi_unless_unplanned_or_large() -> None:
+    module = _Module()
+    path, tr = _path(module)
+    msg = Message(2, MessageKind.GRADIENT, 1, 4, (object(), None), 7)
+    assert path.send(0, msg)
+    assert module.calls == [(77, 0, 5, MessageKind.GRADIENT, 2, 1, 4, 7, b"desc", 2,
+                             ((1000, 8, 64), (2000, 16, 128)), 160)]
+    assert tr._seq == [6, 9] and tr.rings == [(0, False)] and path.num_multi == 1
+    tr.parts = None  # no plan: the Python path
+    assert not path.send(0, msg)
+    tr.parts = (b"desc", ((1000, 8, 64),), 1 << 16)  # tracked hot by the Python path
+    assert not path.send(0, msg)
+    assert len(module.calls) == 1 and tr._seq == [6, 9] and path.num_multi == 1
+
+
+def test_the_multi_switch_leaves_several_tensors_to_the_python_path(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AIOREADY_NATIVE_MULTI", "0")
+    path, tr = _path(_Module())
+    assert not path.send(0, Message(2, MessageKind.GRADIENT, 1, 4, (object(), None), 7))
+    assert tr.rings == [] and path.num_multi == 0

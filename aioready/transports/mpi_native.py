@@ -11,7 +11,9 @@ so the errors and the bytes are the same. Switch: `AIOREADY_MPI_NATIVE=0`.
 A header-only message (the reserving policy's notice, one a task that feeds a peer) is sent by
 `send_head`, where the Python path took a failed plan lookup, the several-tensor plan's `pack`
 and mpi4py's `Isend` and `Test` (docs/hot_path.md "Ready against strict"). Switch:
-`AIOREADY_NATIVE_HEADERS=0` (those go the Python way again).
+`AIOREADY_NATIVE_HEADERS=0` (those go the Python way again). Likewise a message of several
+tensors that a several-tensor plan covers (bench.e2e's activations with their tags, gradients
+with a None slot): `send_multi` copies each tensor to its offset; `AIOREADY_NATIVE_MULTI=0`.
 """
 
 from __future__ import annotations
@@ -59,11 +61,18 @@ class NativePath:
             "AIOREADY_NATIVE_HEADERS", "1") != "0" else None
         self._head_bytes = align(_FIXED.size)  # what the plans write for one: header, padding
         self.num_heads = 0  # header-only messages sent by `send_head`
+        # several tensors (None slots among them) through `send_multi`
+        self._send_multi = getattr(module, "send_multi", None) if os.environ.get(
+            "AIOREADY_NATIVE_MULTI", "1") != "0" else None
+        self.num_multi = 0
 
     def send(self, dest: int, msg: Message) -> bool:
         """Send `msg` to `dest` if a send plan covers it (else False: the Python path)."""
-        if not msg.tensors:
-            return self._send_head is not None and self._head(dest, msg)
+        n = len(msg.tensors)
+        if n != 1:
+            if n == 0:
+                return self._send_head is not None and self._head(dest, msg)
+            return self._send_multi is not None and self._several(dest, msg)
         tr = self._tr
         found = tr._send_plans.lookup(msg)
         if found is None:
@@ -104,6 +113,30 @@ class NativePath:
             return False
         tr._seq[dest] = (seq + 1) % self._seq_mod
         self.num_heads += 1
+        if left is not None:
+            tr._track_send(self._request(left[1]), left[0], None, dest, False)
+        elif tr._sent_waiters:
+            tr._maybe_idle()
+        if tr._bell is not None:
+            tr._bell.ring(dest, msg.kind is MessageKind.NOTICE)
+        tr._kick_after_send()
+        return True
+
+    def _several(self, dest: int, msg: Message) -> bool:
+        """A message of several tensors that a several-tensor plan covers (`SendPlans.parts`),
+        written and sent in C; a large one (tracked hot) or none planned: the Python path."""
+        tr = self._tr
+        found = tr._send_plans.parts(msg)
+        if found is None or found[2] >= tr.hot_bytes:
+            return False
+        desc, parts, total = found
+        seq = tr._seq[dest]
+        left = self._send_multi(self._comm, dest, seq, msg.kind, msg.step, msg.stage,
+                                msg.microbatch, msg.tag, desc, len(msg.tensors), parts, total)
+        if left is NotImplemented:  # a field the header cannot hold: the Python path raises
+            return False
+        tr._seq[dest] = (seq + 1) % self._seq_mod
+        self.num_multi += 1
         if left is not None:
             tr._track_send(self._request(left[1]), left[0], None, dest, False)
         elif tr._sent_waiters:

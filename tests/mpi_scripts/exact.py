@@ -293,11 +293,13 @@ async def multi(comm) -> None:
                 for x, y in zip(a, b))
         bad = [i for i in range(n) if not same(got[i], multi_payload(i))]
         taken_all = comm.allreduce(taken[0])
+        # sent by the compiled helper's send_multi (transports/native), where it is on
+        in_c = comm.allreduce(getattr(transport._native, "num_multi", 0))
     finally:
         wire_plans.ReceivePlans.message = message  # type: ignore[method-assign]
         await transport.close()
     if rank == 0:
-        say(f"RESULT multi bad={len(bad)} taken={taken_all}")
+        say(f"RESULT multi bad={len(bad)} taken={taken_all} native_multi={in_c}")
 
 
 async def main() -> None:
