@@ -90,36 +90,36 @@ class NativePath:
                                     not big)
         if left is NotImplemented:  # a field the header cannot hold: the plan raises it
             return False
-        tr._seq[dest] = (seq + 1) % self._seq_mod
         self.num_sent += 1
-        if left is not None:  # not sent at once: tracked, its memory kept
-            tr._track_send(self._request(left[1]), left[0] if tail is None else (left[0], t),
-                           None, dest, big)
+        self._went(dest, seq, left, None if tail is None else t, big, False)
+        return True
+
+    def _went(self, dest: int, seq: int, left: Any, tensor: Any, big: bool,
+              notice: bool) -> None:
+        """After a C send to `dest`: the next sequence number; a send not completed at once
+        tracked, its bytes (and `tensor`, sent from its own memory) kept until it completes;
+        the doorbell (a `notice` rings no peer whose loop computes) and the engine's kick."""
+        tr = self._tr
+        tr._seq[dest] = (seq + 1) % self._seq_mod
+        if left is not None:
+            tr._track_send(self._request(left[1]), left[0] if tensor is None else
+                           (left[0], tensor), None, dest, big)
         elif tr._sent_waiters:
             tr._maybe_idle()
         if tr._bell is not None:
-            tr._bell.ring(dest)
+            tr._bell.ring(dest, notice)
         tr._kick_after_send()
-        return True
 
     def _head(self, dest: int, msg: Message) -> bool:
-        """A header-only message: `send`'s bookkeeping, with its tracking if not sent at once
-        and the doorbell's notice rule (a notice rings no peer whose loop computes)."""
+        """A header-only message (a notice), written and sent in C; `send`'s bookkeeping."""
         tr = self._tr
         seq = tr._seq[dest]
         left = self._send_head(self._comm, dest, seq, msg.kind, msg.step, msg.stage,
                                msg.microbatch, msg.tag, self._head_bytes)
         if left is NotImplemented:  # a field the header cannot hold: the Python path raises
             return False
-        tr._seq[dest] = (seq + 1) % self._seq_mod
         self.num_heads += 1
-        if left is not None:
-            tr._track_send(self._request(left[1]), left[0], None, dest, False)
-        elif tr._sent_waiters:
-            tr._maybe_idle()
-        if tr._bell is not None:
-            tr._bell.ring(dest, msg.kind is MessageKind.NOTICE)
-        tr._kick_after_send()
+        self._went(dest, seq, left, None, False, msg.kind is MessageKind.NOTICE)
         return True
 
     def _several(self, dest: int, msg: Message) -> bool:
@@ -135,15 +135,8 @@ class NativePath:
                                 msg.microbatch, msg.tag, desc, len(msg.tensors), parts, total)
         if left is NotImplemented:  # a field the header cannot hold: the Python path raises
             return False
-        tr._seq[dest] = (seq + 1) % self._seq_mod
         self.num_multi += 1
-        if left is not None:
-            tr._track_send(self._request(left[1]), left[0], None, dest, False)
-        elif tr._sent_waiters:
-            tr._maybe_idle()
-        if tr._bell is not None:
-            tr._bell.ring(dest, msg.kind is MessageKind.NOTICE)
-        tr._kick_after_send()
+        self._went(dest, seq, left, None, False, msg.kind is MessageKind.NOTICE)
         return True
 
     def probe(self) -> int:
