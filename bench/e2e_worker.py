@@ -27,6 +27,7 @@ from aioready.runtime.rank import POLICIES
 from aioready.tasks import Kind
 
 from .e2e_compute import METER
+from .e2e_counts import Counts
 from .e2e_sized import read_sizes, split_order, step_costs
 
 __all__ = ["RunShape", "stage_seconds", "AIOREADY_SPLIT", "TORCH_SCHEDULES", "parse_straggler",
@@ -220,6 +221,7 @@ def parse_config(config: str) -> tuple[str, str, str, int | str | None]:
 
 
 SPANS_DIR = os.environ.get("AIOREADY_E2E_SPANS")  # DIR: every aioready step's spans as CSV
+COUNTS_DIR = os.environ.get("AIOREADY_E2E_COUNTS")  # DIR: per-task counters (bench/e2e_counts.py)
 
 
 def _dump_spans(spans: Any, config: str, rank: int, step: int) -> None:
@@ -290,17 +292,22 @@ def run_aioready(args: argparse.Namespace, trace: Any, configs: list[str],
                         num_stages=shape.placement.num_stages, cap=cap,
                         microbatch_order=order)
         times, cpu, compute, loss = [], [], [], None
+        counts = None if COUNTS_DIR is None else Counts(COUNTS_DIR)
         for step in range(args.warmup + args.steps):
             _begin_step(stages, injector, step, args.warmup)
             comm.Barrier()
             measured = profiler is not None and step >= args.warmup
             if measured:
                 profiler.enable()
+            if counts is not None and step >= args.warmup:
+                counts.begin(transport)
             m0, c0, t0 = METER.seconds, time.process_time(), time.perf_counter()
             out = await pipe.step(inputs, targets, costs=step_costs(sizes, step, pipe))
             times.append(time.perf_counter() - t0)
             cpu.append(time.process_time() - c0)
             compute.append(METER.seconds - m0)
+            if counts is not None and step >= args.warmup:
+                counts.end(transport, sum(len(rt._missing) for rt in pipe.runtimes))
             if measured:
                 profiler.disable()
             if SPANS_DIR:
@@ -309,6 +316,8 @@ def run_aioready(args: argparse.Namespace, trace: Any, configs: list[str],
                 loss = float(out)
         await transport.close()
         pipe.close()
+        if counts is not None:
+            counts.write(f"{hint}-{mode}", rank)
         all_times = comm.gather(times[args.warmup:], root=0)
         losses = comm.gather(loss, root=0)
         grad_sq = comm.reduce(_grad_sq(stages), op=MPI.SUM, root=0)

@@ -35,7 +35,8 @@ def test_the_helper_is_built_and_matches_the_python_plans() -> None:
     """It loads (make test builds it: `python -m aioready.transports.native build`); its send
     writes the Python send plan's bytes for every plannable dtype and shape; its receive builds
     the Python receive plan's message, tensors bit for bit, and declines what that declines."""
-    proc = run_mpi(1, [str(SCRIPTS / "native.py"), "bytes", "receive", "declined"],
+    proc = run_mpi(1, [str(SCRIPTS / "native.py"), "bytes", "receive", "declined", "heads",
+                       "multi"],
                    timeout=100, env={"AIOREADY_MPI_NATIVE": "1"})
     assert "STATUS on" in proc.stdout, (proc.stdout, proc.stderr[-2000:])
     results = _results(proc)
@@ -49,6 +50,12 @@ def test_the_helper_is_built_and_matches_the_python_plans() -> None:
     assert _field(declined, "taken") == "[]", declined  # every bad header went the Python way
     assert _field(declined, "bound") == "1", declined  # too large: matched, not received
     assert _field(declined, "overflow") == "1", declined
+    heads = results["heads"]  # send_head: a notice's bytes, as both Python encoders write them
+    assert _field(heads, "num") == "4" and _field(heads, "bad") == "0", heads
+    assert _field(heads, "overflow") == "1", heads
+    several = results["multi"]  # send_multi: several tensors and None slots, the plan's bytes
+    assert _field(several, "num") == "10" and _field(several, "bad") == "0", several
+    assert _field(several, "overflow") == "1", several
 
 
 @pytest.mark.timeout(120)
@@ -94,3 +101,35 @@ def test_exact_over_mpi_with_the_helper_on_and_off(native: str) -> None:
         assert native_in > 0 and native_out > 0, plans
     else:
         assert native_in == native_out == 0, plans
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("heads", ["1", "0"], ids=["notices-in-c", "switch-off"])
+def test_exact_over_mpi_with_notices_sent_by_the_helper_or_not(heads: str) -> None:
+    """The reserving policy's 1F1B over two ranks, its notices sent by the compiled helper's
+    `send_head` (`AIOREADY_NATIVE_HEADERS`, docs/hot_path.md "Ready against strict") and by the
+    Python path: the same losses and gradients as the unsplit model either way, and notices
+    went through the helper exactly where the switch is on."""
+    case = "1f1b:ready:1:1"
+    proc = run_mpi(2, [str(SCRIPTS / "exact.py"), case], timeout=150,
+                   env={"AIOREADY_MPI_NATIVE": "1", "AIOREADY_NATIVE_HEADERS": heads})
+    result = _results(proc)[case]
+    assert _field(result, "loss_seen") == "1", result
+    assert float(_field(result, "loss_diff")) <= TOL, result
+    assert float(_field(result, "grad_diff")) <= TOL, result
+    sent = int(_field(result, "heads"))
+    assert (sent > 0) if heads == "1" else sent == 0, result
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("multi", ["1", "0"], ids=["several-in-c", "switch-off"])
+def test_several_tensors_there_and_back_with_the_helpers_send_or_not(multi: str) -> None:
+    """Messages of several tensors with None slots, sent by the compiled helper's `send_multi`
+    (`AIOREADY_NATIVE_MULTI`, docs/hot_path.md "Ready against strict") and by the Python plan:
+    every tensor and None slot comes back as sent, through the C send exactly where it is on."""
+    proc = run_mpi(2, [str(SCRIPTS / "exact.py"), "multi"], timeout=100,
+                   env={"AIOREADY_MPI_NATIVE": "1", "AIOREADY_NATIVE_MULTI": multi})
+    result = _results(proc)["multi"]
+    assert _field(result, "bad") == "0" and int(_field(result, "taken")) > 0, result
+    sent = int(_field(result, "native_multi"))
+    assert (sent > 0) if multi == "1" else sent == 0, result

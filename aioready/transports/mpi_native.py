@@ -7,10 +7,18 @@ Python path does in ten (docs/hot_path.md, "The compiled helper"); what the C ca
 take (a plan it does not know, a message no plan takes, several tensors, a receive that did not
 complete at once, a message too large) goes back to the very Python code that handled it before,
 so the errors and the bytes are the same. Switch: `AIOREADY_MPI_NATIVE=0`.
+
+A header-only message (the reserving policy's notice, one a task that feeds a peer) is sent by
+`send_head`, where the Python path took a failed plan lookup, the several-tensor plan's `pack`
+and mpi4py's `Isend` and `Test` (docs/hot_path.md "Ready against strict"). Switch:
+`AIOREADY_NATIVE_HEADERS=0` (those go the Python way again). Likewise a message of several
+tensors that a several-tensor plan covers (bench.e2e's activations with their tags, gradients
+with a None slot): `send_multi` copies each tensor to its offset; `AIOREADY_NATIVE_MULTI=0`.
 """
 
 from __future__ import annotations
 
+import os
 from functools import partial
 from types import ModuleType
 from typing import Any
@@ -18,7 +26,9 @@ from typing import Any
 import numpy as np
 
 from ..errors import ProtocolError
-from .base import Message
+from .base import Message, MessageKind
+from .header import _FIXED
+from .wire import align
 
 __all__ = ["NativePath", "header_too_large"]
 
@@ -46,9 +56,23 @@ class NativePath:
         self._by_len = tr._recv_plans._by_len  # length -> receive plan (wire_plans.py)
         self._request = tr._MPI.Request.fromhandle
         self.num_sent = self.num_received = 0  # by the C calls (tests prove they are used)
+        # header-only messages through `send_head` (a module built before it has none)
+        self._send_head = getattr(module, "send_head", None) if os.environ.get(
+            "AIOREADY_NATIVE_HEADERS", "1") != "0" else None
+        self._head_bytes = align(_FIXED.size)  # what the plans write for one: header, padding
+        self.num_heads = 0  # header-only messages sent by `send_head`
+        # several tensors (None slots among them) through `send_multi`
+        self._send_multi = getattr(module, "send_multi", None) if os.environ.get(
+            "AIOREADY_NATIVE_MULTI", "1") != "0" else None
+        self.num_multi = 0
 
     def send(self, dest: int, msg: Message) -> bool:
         """Send `msg` to `dest` if a send plan covers it (else False: the Python path)."""
+        n = len(msg.tensors)
+        if n != 1:
+            if n == 0:
+                return self._send_head is not None and self._head(dest, msg)
+            return self._send_multi is not None and self._several(dest, msg)
         tr = self._tr
         found = tr._send_plans.lookup(msg)
         if found is None:
@@ -66,16 +90,53 @@ class NativePath:
                                     not big)
         if left is NotImplemented:  # a field the header cannot hold: the plan raises it
             return False
-        tr._seq[dest] = (seq + 1) % self._seq_mod
         self.num_sent += 1
-        if left is not None:  # not sent at once: tracked, its memory kept
-            tr._track_send(self._request(left[1]), left[0] if tail is None else (left[0], t),
-                           None, dest, big)
+        self._went(dest, seq, left, None if tail is None else t, big, False)
+        return True
+
+    def _went(self, dest: int, seq: int, left: Any, tensor: Any, big: bool,
+              notice: bool) -> None:
+        """After a C send to `dest`: the next sequence number; a send not completed at once
+        tracked, its bytes (and `tensor`, sent from its own memory) kept until it completes;
+        the doorbell (a `notice` rings no peer whose loop computes) and the engine's kick."""
+        tr = self._tr
+        tr._seq[dest] = (seq + 1) % self._seq_mod
+        if left is not None:
+            tr._track_send(self._request(left[1]), left[0] if tensor is None else
+                           (left[0], tensor), None, dest, big)
         elif tr._sent_waiters:
             tr._maybe_idle()
         if tr._bell is not None:
-            tr._bell.ring(dest)
+            tr._bell.ring(dest, notice)
         tr._kick_after_send()
+
+    def _head(self, dest: int, msg: Message) -> bool:
+        """A header-only message (a notice), written and sent in C; `send`'s bookkeeping."""
+        tr = self._tr
+        seq = tr._seq[dest]
+        left = self._send_head(self._comm, dest, seq, msg.kind, msg.step, msg.stage,
+                               msg.microbatch, msg.tag, self._head_bytes)
+        if left is NotImplemented:  # a field the header cannot hold: the Python path raises
+            return False
+        self.num_heads += 1
+        self._went(dest, seq, left, None, False, msg.kind is MessageKind.NOTICE)
+        return True
+
+    def _several(self, dest: int, msg: Message) -> bool:
+        """A message of several tensors that a several-tensor plan covers (`SendPlans.parts`),
+        written and sent in C; a large one (tracked hot) or none planned: the Python path."""
+        tr = self._tr
+        found = tr._send_plans.parts(msg)
+        if found is None or found[2] >= tr.hot_bytes:
+            return False
+        desc, parts, total = found
+        seq = tr._seq[dest]
+        left = self._send_multi(self._comm, dest, seq, msg.kind, msg.step, msg.stage,
+                                msg.microbatch, msg.tag, desc, len(msg.tensors), parts, total)
+        if left is NotImplemented:  # a field the header cannot hold: the Python path raises
+            return False
+        self.num_multi += 1
+        self._went(dest, seq, left, None, False, msg.kind is MessageKind.NOTICE)
         return True
 
     def probe(self) -> int:

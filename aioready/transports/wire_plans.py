@@ -119,6 +119,11 @@ class SendPlans:
         return pack(HEADER_MAGIC, _VERSION, msg.kind, msg.step, msg.stage, msg.microbatch,
                     msg.tag, 1, desc), t, n, tail
 
+    def parts(self, msg: Message) -> tuple[bytes, tuple[tuple[int, int, int], ...], int] | None:
+        """`MultiPlans.parts` of a message of several tensors (or None slots), else None."""
+        multi = self._multi
+        return None if multi is None or len(msg.tensors) < 2 else multi.parts(msg)
+
     def lookup(self, msg: Message) -> tuple[Any, tuple[Any, bytes, int, Any, int, int]] | None:
         """(its tensor, its plan) for `msg` or None, as `encode` finds them; a plan is (pack,
         descriptor block, payload bytes, None or the zero bytes after a zero-copy payload,
@@ -151,8 +156,9 @@ class MultiPlans:
         self._inline_bytes = inline_bytes
         self._plans: dict[tuple[Any, ...], Any] = {}
 
-    def encode(self, msg: Message) -> bytes | None:
-        tensors = msg.tensors
+    def _plan(self, tensors: tuple[Any, ...]) -> Any:
+        """The plan of `tensors`' layout (pack, descriptor block, payload offsets, message
+        bytes), or None: the general path."""
         try:
             key = tuple([None if t is None else (t.dtype, t.shape, t.layout) for t in tensors])
         except AttributeError:  # not a tensor: the general path's business
@@ -160,9 +166,14 @@ class MultiPlans:
         plan = self._plans.get(key, False)
         if plan is False:
             plan = self._learn(tensors, key)
+        return plan
+
+    def encode(self, msg: Message) -> bytes | None:
+        tensors = msg.tensors
+        plan = self._plan(tensors)
         if plan is None:
             return None
-        pack, desc = plan
+        pack, desc, _, _ = plan
         payloads = []
         for t in tensors:
             if t is not None:
@@ -171,6 +182,25 @@ class MultiPlans:
                 payloads.append(_string_at(t.data_ptr(), t.nbytes))
         return pack(HEADER_MAGIC, _VERSION, msg.kind, msg.step, msg.stage, msg.microbatch,
                     msg.tag, len(tensors), desc, *payloads)
+
+    def parts(self, msg: Message) -> tuple[bytes, tuple[tuple[int, int, int], ...], int] | None:
+        """What `encode` writes, as (descriptor block, (pointer, bytes, offset) of each tensor,
+        message bytes) for a sender that copies the tensors itself (the compiled helper's
+        `send_multi`); None where `encode` gives None."""
+        tensors = msg.tensors
+        plan = self._plan(tensors)
+        if plan is None:
+            return None
+        _, desc, offsets, total = plan
+        parts = []
+        i = 0
+        for t in tensors:
+            if t is not None:
+                if not t.is_cpu or not t.is_contiguous() or t.is_neg():
+                    return None
+                parts.append((t.data_ptr(), t.nbytes, offsets[i]))
+                i += 1
+        return desc, tuple(parts), total
 
     def _learn(self, tensors: tuple[Any, ...], key: tuple[Any, ...]) -> Any:
         strided = torch_module().strided
@@ -187,7 +217,12 @@ class MultiPlans:
             return self._keep(key, None)
         fmt = _head_format(desc) + "".join(
             f"{n}s{align(n) - n}x" for k, n in zip(key, sizes) if k is not None)
-        return self._keep(key, (struct.Struct(fmt).pack, desc))
+        offsets, at = [], align(_FIXED.size + len(desc))  # where the pack puts each payload
+        for k, n in zip(key, sizes):
+            if k is not None:
+                offsets.append(at)
+                at += align(n)
+        return self._keep(key, (struct.Struct(fmt).pack, desc, tuple(offsets), at))
 
     def _keep(self, key: tuple[Any, ...], plan: Any) -> Any:
         if len(self._plans) < _CACHE_MAX:

@@ -79,6 +79,7 @@ async def one_case(comm, case: str, seed: int) -> None:
     quiet = comm.allreduce(sum(getattr(rt.device, "num_quiet", 0) for rt in pipe.runtimes))
     disarms = comm.allreduce(ProgressEngine.for_loop().num_inline_disarms)  # since the start
     hushes = comm.allreduce(ProgressEngine.for_loop().num_inline_hushes)
+    heads = comm.allreduce(getattr(transport._native, "num_heads", 0))  # notices sent in C
     ref_loss, ref = reference_step(make_mlp_stages(S, width=WIDTH, seed=seed), mse_loss, xs, ys)
     gdiff = 0.0
     for s in mine:
@@ -90,7 +91,7 @@ async def one_case(comm, case: str, seed: int) -> None:
     if rank == 0:
         say(f"RESULT {case} loss_diff={ldiff:.3e} grad_diff={gdiff:.3e} "
             f"loss_seen={int(has_loss)} quiet={quiet} disarms={disarms} "
-            f"hushes={hushes}")
+            f"hushes={hushes} heads={heads}")
 
 
 async def out_of_order(comm, seed: int) -> None:
@@ -292,11 +293,13 @@ async def multi(comm) -> None:
                 for x, y in zip(a, b))
         bad = [i for i in range(n) if not same(got[i], multi_payload(i))]
         taken_all = comm.allreduce(taken[0])
+        # sent by the compiled helper's send_multi (transports/native), where it is on
+        in_c = comm.allreduce(getattr(transport._native, "num_multi", 0))
     finally:
         wire_plans.ReceivePlans.message = message  # type: ignore[method-assign]
         await transport.close()
     if rank == 0:
-        say(f"RESULT multi bad={len(bad)} taken={taken_all}")
+        say(f"RESULT multi bad={len(bad)} taken={taken_all} native_multi={in_c}")
 
 
 async def main() -> None:

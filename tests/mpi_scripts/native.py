@@ -8,6 +8,11 @@ CASE = receive: a message the C `probe` takes through a receive plan equals, ten
 CASE = declined: headers that differ from the plan's (magic, version, count, kind, dtype code,
   shape) are declined by the C probe as by the Python plan; a message over the bound comes back
   unreceived (its handle still receives it); a field the header cannot hold is NotImplemented.
+CASE = heads: a header-only message (a notice) sent by the C `send_head` arrives as the bytes
+  the several-tensor plan and the general encoder write; a field the header cannot hold is
+  NotImplemented.
+CASE = multi: messages of several tensors, None slots among them, sent by the C `send_multi`
+  from the several-tensor plan's parts arrive as the bytes that plan packs.
 CASE = errors: the same bad headers through a whole MPITransport: the error class and message
   the transport reports (run it with AIOREADY_MPI_NATIVE=0 and =1 and compare).
 """
@@ -146,6 +151,68 @@ def case_receive(mod, comm):
           f"header_only={int(header_only)}", flush=True)
 
 
+def case_heads(mod, comm):
+    from aioready.transports.header import _FIXED
+    from aioready.transports.wire import align
+    codec = WireCodec()
+    plans = SendPlans(codec, 1 << 16)
+    bad, num = [], 0
+    fields = [(MessageKind.NOTICE, 0, 1, 0, 0), (MessageKind.NOTICE, 7, 3, 5, (1 << 31) | 1234),
+              (MessageKind.NOTICE, (1 << 32) - 1, (1 << 16) - 1, (1 << 32) - 1, (1 << 32) - 1),
+              (MessageKind.ACTIVATION, 2, 1, 9, 4)]
+    for i, (kind, step, stage, mb, tag) in enumerate(fields):
+        msg = Message(step, kind, stage, mb, (), tag)
+        expected = plans.encode(msg)
+        general = codec.encode_inline(msg, *codec.describe(())[:2])
+        left = mod.send_head(comm.handle, 0, 40 + i, msg.kind, step, stage, mb, tag,
+                             align(_FIXED.size))
+        src, got_tag, count, raw, handle = c_probe(mod, comm, {})
+        if left is not None:
+            MPI.Request.fromhandle(left[1]).Wait()
+        num += 1
+        if (src, got_tag, handle) != (0, 40 + i, 0) or not bytes(raw) == expected == general:
+            bad.append(f"{kind.name}:{step}:{stage}:{mb}:{tag}")
+    overflow = mod.send_head(comm.handle, 0, 50, MessageKind.NOTICE, 1 << 32, 0, 0, 0,
+                             align(_FIXED.size))
+    short = mod.send_head(comm.handle, 0, 50, MessageKind.NOTICE, 0, 0, 0, 0, _FIXED.size - 1)
+    print(f"RESULT heads num={num} bad={len(bad)} first={bad[:3]} "
+          f"overflow={int(overflow is NotImplemented and short is NotImplemented)}", flush=True)
+
+
+def several(i):
+    gen = torch.Generator().manual_seed(i)
+    x = torch.randn(2, 16, 8, generator=gen)
+    return [(x, torch.arange(32).reshape(2, 16) + i), (x, None), (None, x.double()),
+            (x > 0, x[0], None), (x.half(), x.to(torch.int8), x.to(torch.int32), x[1, 2])][i % 5]
+
+
+def case_multi(mod, comm):
+    plans = SendPlans(WireCodec(), 1 << 16)
+    bad, num = [], 0
+    for i in range(10):
+        msg = Message(3 + i, MessageKind.ACTIVATION if i % 2 else MessageKind.GRADIENT, 1, i,
+                      several(i), tag=(1 << 32) - 1 - i)
+        expected = plans.encode(msg)
+        desc, parts, total = plans.parts(msg)
+        left = mod.send_multi(comm.handle, 0, 60 + i, msg.kind, msg.step, msg.stage,
+                              msg.microbatch, msg.tag, desc, len(msg.tensors), parts, total)
+        src, got_tag, count, raw, handle = c_probe(mod, comm, {})
+        if left is not None:
+            MPI.Request.fromhandle(left[1]).Wait()
+        num += 1
+        if (src, got_tag, handle) != (0, 60 + i, 0) or bytes(raw) != expected:
+            bad.append(i)
+    msg = Message(0, MessageKind.ACTIVATION, 1, 0, several(0))
+    desc, parts, total = plans.parts(msg)
+    overflow = mod.send_multi(comm.handle, 0, 70, msg.kind, 1 << 32, 0, 0, 0, desc, 2, parts,
+                              total)
+    outside = mod.send_multi(comm.handle, 0, 70, msg.kind, 0, 0, 0, 0, desc, 2, parts,
+                             parts[-1][2] + parts[-1][1] - 1)  # the last part past the end
+    print(f"RESULT multi num={num} bad={len(bad)} first={bad[:3]} "
+          f"overflow={int(overflow is NotImplemented and outside is NotImplemented)}",
+          flush=True)
+
+
 def mutated(wire, where, value):
     out = bytearray(wire)
     out[where] = value
@@ -226,7 +293,8 @@ def main():
             asyncio.run(case_errors(mod, comm))
             continue
         assert mod is not None, native.status()
-        {"bytes": case_bytes, "receive": case_receive, "declined": case_declined}[case](mod, comm)
+        {"bytes": case_bytes, "receive": case_receive, "declined": case_declined,
+         "heads": case_heads, "multi": case_multi}[case](mod, comm)
     comm.Free()
 
 

@@ -4,6 +4,8 @@
  *        padding, the tensor's bytes, padding) into one bytes object, MPI_Isend and MPI_Test it.
  * send_parts: from ZERO_COPY payload bytes, the header alone, and the header, the tensor's own
  *        memory and the zero padding through one hindexed datatype (MPITransport._isend_parts).
+ * send_head: a header-only message (no tensors: the reserving policy's notices), as send.
+ * send_multi: the inline message of several CPU tensors (None slots among them), as send.
  * probe: MPI_Improbe up to `tries` times; on a match read source, tag and size, receive the
  *        message into a bytearray with MPI_Imrecv + MPI_Test, and if a receive plan of its
  *        length takes it (the very checks of wire_plans.ReceivePlans.message) build its tensor
@@ -100,15 +102,35 @@ static int parse_message(PyObject *const *args, message_args *m) {
             m->off) >= 0 && FIXED + PyBytes_GET_SIZE(m->desc) <= m->off;
 }
 
-/* the fixed header, the descriptor block and its zero padding up to the payload's offset */
-static void write_header(char *p, const message_args *m) {
-    Py_ssize_t dlen = PyBytes_GET_SIZE(m->desc);
+/* the fixed header of `count` tensors */
+static void write_fixed(char *p, const message_args *m, char count) {
     put16(p, (unsigned long)g_magic); p[2] = (char)g_version; p[3] = (char)m->kind;
     put32(p + 4, m->step); put16(p + 8, m->stage); put32(p + 10, m->mb);
     put32(p + 14, m->msgtag);
-    p[18] = 1;
+    p[18] = count;
+}
+
+/* the fixed header, the descriptor block and its zero padding up to the payload's offset */
+static void write_header(char *p, const message_args *m) {
+    Py_ssize_t dlen = PyBytes_GET_SIZE(m->desc);
+    write_fixed(p, m, 1);
     memcpy(p + FIXED, PyBytes_AS_STRING(m->desc), dlen);
     memset(p + FIXED + dlen, 0, m->off - FIXED - dlen);
+}
+
+/* MPI_Isend and MPI_Test of buf's `total` bytes: None if MPI completed it at once (buf
+ * released), else (buf, the request's handle) to keep until it completes; NULL: an error */
+static PyObject *isend_test(PyObject *buf, long total, const message_args *m) {
+    MPI_Request req;
+    int flag = 0, rc = MPI_Isend(PyBytes_AS_STRING(buf), (int)total, MPI_BYTE, (int)m->dest,
+                                 (int)m->tag, m->comm, &req);
+    if (rc != MPI_SUCCESS) { Py_DECREF(buf); return mpi_error("MPI_Isend", rc); }
+    rc = MPI_Test(&req, &flag, MPI_STATUS_IGNORE);
+    if (rc != MPI_SUCCESS) { Py_DECREF(buf); return mpi_error("MPI_Test", rc); }
+    if (flag) { Py_DECREF(buf); Py_RETURN_NONE; }
+    PyObject *h = handle_out(req);
+    if (h == NULL) { Py_DECREF(buf); return NULL; }
+    return Py_BuildValue("(NN)", buf, h);
 }
 
 PyDoc_STRVAR(send_doc,
@@ -132,16 +154,33 @@ static PyObject *send(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     write_header(p, &m);
     memcpy(p + m.off, m.ptr, m.n);
     memset(p + m.off + m.n, 0, total - m.off - m.n);
-    MPI_Request req;
-    int flag = 0,
-        rc = MPI_Isend(p, (int)total, MPI_BYTE, (int)m.dest, (int)m.tag, m.comm, &req);
-    if (rc != MPI_SUCCESS) { Py_DECREF(buf); return mpi_error("MPI_Isend", rc); }
-    rc = MPI_Test(&req, &flag, MPI_STATUS_IGNORE);
-    if (rc != MPI_SUCCESS) { Py_DECREF(buf); return mpi_error("MPI_Test", rc); }
-    if (flag) { Py_DECREF(buf); Py_RETURN_NONE; }
-    PyObject *h = handle_out(req);
-    if (h == NULL) { Py_DECREF(buf); return NULL; }
-    return Py_BuildValue("(NN)", buf, h);
+    return isend_test(buf, total, &m);
+}
+
+PyDoc_STRVAR(send_head_doc,
+"send_head(comm, dest, tag, kind, step, stage, microbatch, msgtag, total)\n"
+"A header-only message (tensor count 0: a notice): the fixed header and zero padding up to\n"
+"`total` bytes, what the Python plan packs for it; sent and answered as `send`.");
+static PyObject *send_head(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 9) {
+        PyErr_SetString(PyExc_TypeError, "send_head takes 9 arguments");
+        return NULL;
+    }
+    message_args m;
+    m.comm = (MPI_Comm)handle_in(args[0]);
+    m.dest = bounded(args[1], 0x7fffffffL); m.tag = bounded(args[2], 0x7fffffffL);
+    m.kind = bounded(args[3], 0xff); m.step = bounded(args[4], 0xffffffffL);
+    m.stage = bounded(args[5], 0xffff); m.mb = bounded(args[6], 0xffffffffL);
+    m.msgtag = bounded(args[7], 0xffffffffL);
+    long total = bounded(args[8], 0x7fffffffL);
+    if ((m.dest | m.tag | m.kind | m.step | m.stage | m.mb | m.msgtag) < 0 || total < FIXED)
+        Py_RETURN_NOTIMPLEMENTED;
+    PyObject *buf = PyBytes_FromStringAndSize(NULL, total);
+    if (buf == NULL) return NULL;
+    char *p = PyBytes_AS_STRING(buf);
+    write_fixed(p, &m, 0);
+    memset(p + FIXED, 0, total - FIXED);
+    return isend_test(buf, total, &m);
 }
 
 PyDoc_STRVAR(send_parts_doc,
@@ -297,10 +336,64 @@ static PyObject *probe(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
     return Py_BuildValue("(iiiNi)", src, tag, count, buf, 0);
 }
 
+PyDoc_STRVAR(send_multi_doc,
+"send_multi(comm, dest, tag, kind, step, stage, microbatch, msgtag, desc, count, parts, total)\n"
+"The inline message of `count` tensor slots: the fixed header, the descriptor block `desc`,\n"
+"and each part (ptr, n, off) of `parts` copied to its offset, every other byte zero (what\n"
+"wire_plans.MultiPlans packs); sent and answered as `send`.");
+static PyObject *send_multi(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 12) {
+        PyErr_SetString(PyExc_TypeError, "send_multi takes 12 arguments");
+        return NULL;
+    }
+    message_args m;
+    m.comm = (MPI_Comm)handle_in(args[0]);
+    m.dest = bounded(args[1], 0x7fffffffL); m.tag = bounded(args[2], 0x7fffffffL);
+    m.kind = bounded(args[3], 0xff); m.step = bounded(args[4], 0xffffffffL);
+    m.stage = bounded(args[5], 0xffff); m.mb = bounded(args[6], 0xffffffffL);
+    m.msgtag = bounded(args[7], 0xffffffffL);
+    if (!PyBytes_Check(args[8]) || !PyTuple_Check(args[10])) {
+        PyErr_SetString(PyExc_TypeError, "send_multi: desc must be bytes, parts a tuple");
+        return NULL;
+    }
+    long count = bounded(args[9], 0xff), total = bounded(args[11], 0x7fffffffL);
+    Py_ssize_t dlen = PyBytes_GET_SIZE(args[8]), nparts = PyTuple_GET_SIZE(args[10]);
+    if ((m.dest | m.tag | m.kind | m.step | m.stage | m.mb | m.msgtag | count | total) < 0 ||
+            FIXED + dlen > total)
+        Py_RETURN_NOTIMPLEMENTED;
+    void *ptrs[256];
+    long sizes[256], offs[256];
+    if (nparts > count) Py_RETURN_NOTIMPLEMENTED;
+    for (Py_ssize_t i = 0; i < nparts; i++) {
+        PyObject *part = PyTuple_GET_ITEM(args[10], i);
+        if (!PyTuple_Check(part) || PyTuple_GET_SIZE(part) != 3) {
+            PyErr_SetString(PyExc_TypeError, "send_multi: a part is (ptr, n, off)");
+            return NULL;
+        }
+        ptrs[i] = PyLong_AsVoidPtr(PyTuple_GET_ITEM(part, 0));
+        if (ptrs[i] == NULL && PyErr_Occurred()) return NULL;
+        sizes[i] = bounded(PyTuple_GET_ITEM(part, 1), 0x7fffffffL);
+        offs[i] = bounded(PyTuple_GET_ITEM(part, 2), 0x7fffffffL);
+        if (sizes[i] < 0 || offs[i] < FIXED + dlen || offs[i] + sizes[i] > total)
+            Py_RETURN_NOTIMPLEMENTED;
+    }
+    PyObject *buf = PyBytes_FromStringAndSize(NULL, total);
+    if (buf == NULL) return NULL;
+    char *p = PyBytes_AS_STRING(buf);
+    memset(p, 0, total);
+    write_fixed(p, &m, (char)count);
+    memcpy(p + FIXED, PyBytes_AS_STRING(args[8]), dlen);
+    for (Py_ssize_t i = 0; i < nparts; i++)
+        if (sizes[i]) memcpy(p + offs[i], ptrs[i], sizes[i]);
+    return isend_test(buf, total, &m);
+}
+
 static PyMethodDef methods[] = {
     {"setup", setup, METH_VARARGS, setup_doc},
     {"send", (PyCFunction)(void (*)(void))send, METH_FASTCALL, send_doc},
     {"send_parts", (PyCFunction)(void (*)(void))send_parts, METH_FASTCALL, send_parts_doc},
+    {"send_head", (PyCFunction)(void (*)(void))send_head, METH_FASTCALL, send_head_doc},
+    {"send_multi", (PyCFunction)(void (*)(void))send_multi, METH_FASTCALL, send_multi_doc},
     {"probe", (PyCFunction)(void (*)(void))probe, METH_FASTCALL, probe_doc},
     {NULL, NULL, 0, NULL},
 };
