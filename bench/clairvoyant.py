@@ -20,11 +20,12 @@ earlier class; otherwise the rank idles for that task. `guard` keeps memory head
 `held >= cap - guard` a ready W runs before an entry forward. `improve` searches these knobs
 per rank (coordinate descent on the makespan, each trial a full schedule).
 
-Run: python -m bench.clairvoyant [--stages 128] [--jitters lognormal:0.5] [--budgets per-rank,256]
+Run at S=128: python -m bench.clairvoyant_large
 """
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from dataclasses import dataclass, replace
@@ -32,13 +33,9 @@ from typing import Sequence
 
 import numpy as np
 
-from aioready.placement import Placement
-from aioready.tasks import Kind
-from aioready.telemetry.bounds import lower_bound_table
-
 from .optimum import Instance, TaskKey
 
-__all__ = ["Rule", "Schedule", "list_schedule", "improve", "as_schedule", "memory_bound"]
+__all__ = ["Rule", "Schedule", "list_schedule", "improve", "as_schedule"]
 
 CLASSES = "BFAW"
 """B backward, F non-entry forward, A entry forward (admits), W weight gradient."""
@@ -56,12 +53,14 @@ class Rule:
     """units a later-class task may overrun the next earlier-class arrival (inf: greedy)"""
     guard: int = 0
     """run W before an entry forward when held >= cap - guard"""
-    window: float = INF
-    """a forward whose activation goes to another rank waits while that many of this stage's
-    forwards have started and the next stage's have not (a kanban against running ahead)"""
-    strict_window: bool = False
-    """hold the window even when the rank would idle (else a blocked forward runs when
-    nothing else can)"""
+    protect: str = "BFA"
+    """the classes whose arrival a reservation protects"""
+    drain_only: bool = False
+    """reserve only once the rank has started all its forwards"""
+    fit: bool = True
+    """under a reservation, run the longest W that fits before the arrival"""
+    w_pick: str = "short"
+    """which W otherwise: "short" or "long" """
 
 
 @dataclass(frozen=True)
@@ -109,6 +108,7 @@ def list_schedule(inst: Instance, rules: Sequence[Rule] | Rule = Rule(),
     ready_at = [0] * n
     start = [-1] * n
     pos = [[r.order.index(c) for c in CLASSES] for r in rules]  # class -> rank of preference
+    prot = [[c in r.protect for c in CLASSES] for r in rules]
     caps = list(inst.caps)
     rdy = [[[] for _ in range(4)] for _ in range(R)]  # heaps of (prio, tid) ready now
     fut = [[[] for _ in range(4)] for _ in range(R)]  # heaps of (ready_at, prio, tid)
@@ -118,9 +118,9 @@ def list_schedule(inst: Instance, rules: Sequence[Rule] | Rule = Rule(),
     last_end = [[0] * M for _ in range(R)]
     free = [0] * R
     nextdec = [INF] * R
-    ahead = [0] * S  # forwards started at stage s and not yet at s + 1
     events: list[tuple[float, int]] = []
 
+    fwd_left = [M * p for p in pieces0]
     def wake(r: int, at: float) -> None:
         at = max(at, free[r])
         if at < nextdec[r]:
@@ -147,66 +147,69 @@ def list_schedule(inst: Instance, rules: Sequence[Rule] | Rule = Rule(),
             f = fut[r][c]
             while f and f[0][0] <= now:
                 _, p, t = heapq.heappop(f)
-                heapq.heappush(rdy[r][c], (p, t))
+                if c == 3:  # weight gradients: sorted by duration, to fit gaps
+                    bisect.insort(rdy[r][3], (dur[t], t))
+                else:
+                    heapq.heappush(rdy[r][c], (p, t))
         rh = rel[r]
         while rh and rh[0] <= now:
             heapq.heappop(rh)
             held[r] -= 1
         room = held[r] < caps[r]
-        usable = [False] * 4
-        blocked = [False] * 4  # a forward held back by the window
-        for c in range(4):
-            h = rdy[r][c]
-            if h and (c != 2 or room):
-                usable[c] = True
-                if 0 < c < 3 and rule.window < INF:
-                    sf = h[0][1] // (M * K)
-                    blocked[c] = sf < S - 1 and rank_of[sf + 1] != r and \
-                        ahead[sf] >= rule.window
         best_c, best_pos = -1, 99
         for c in range(4):
-            if usable[c] and not blocked[c] and order[c] < best_pos:
+            if rdy[r][c] and (c != 2 or room) and order[c] < best_pos:
                 best_c, best_pos = c, order[c]
-        if best_c < 0 and not rule.strict_window:
-            for c in range(4):
-                if usable[c] and order[c] < best_pos:
-                    best_c, best_pos = c, order[c]
         guarded = best_c == 2 and rdy[r][3] and held[r] >= caps[r] - rule.guard
         if guarded:
             best_c, best_pos = 3, order[3]
+        if best_c < 0:  # idle until the next arrival or release
+            at = min((f[0][0] for f in fut[r] if f), default=INF)
+            if (rdy[r][2] or fut[r][2]) and rh:
+                at = min(at, rh[0])
+            if at < INF:
+                wake(r, at)
+            continue
         soonest = INF  # earliest known arrival of a better class
-        for c in range(4):
-            if order[c] < best_pos and not guarded and not blocked[c]:
+        if not guarded and (not rule.drain_only or fwd_left[r] == 0):
+            for c in range(4):
+                if not prot[r][c] or order[c] >= best_pos:
+                    continue
                 at = fut[r][c][0][0] if fut[r][c] else INF
-                if c == 2:
+                if c == 2 and held[r] >= caps[r]:  # an entry forward waits for memory
                     if rdy[r][2]:
                         at = now
-                    if held[r] >= caps[r]:
-                        at = max(at, rh[0]) if rh else INF
+                    at = max(at, rh[0]) if rh else INF
                 soonest = min(soonest, at)
-        if best_c < 0:
-            if soonest < INF:
+        if best_c == 3:
+            wl = rdy[r][3]
+            if soonest < INF and rule.fit:  # the longest W that fits
+                i = bisect.bisect_right(wl, (soonest + rule.reserve - now, n)) - 1
+            else:
+                i = 0 if rule.w_pick == "short" else len(wl) - 1
+            t = wl[max(i, 0)][1]
+            if soonest < INF and now + dur[t] > soonest + rule.reserve:
                 wake(r, soonest)
-            continue
-        p, t = rdy[r][best_c][0]
-        if soonest < INF and now + dur[t] > soonest + rule.reserve:
-            wake(r, soonest)
-            continue
-        heapq.heappop(rdy[r][best_c])
+                continue
+            del wl[max(i, 0)]
+        else:
+            p, t = rdy[r][best_c][0]
+            if soonest < INF and now + dur[t] > soonest + rule.reserve:
+                wake(r, soonest)
+                continue
+            heapq.heappop(rdy[r][best_c])
         start[t] = now
         end = now + dur[t]
         free[r] = end
         done += 1
         if best_c == 2:
             held[r] += 1
+        if best_c in (1, 2):
+            fwd_left[r] -= 1
         st, rest = divmod(t, M * K)
         m, k = divmod(rest, K)
         if k == 0:  # F -> F(s+1), B(s)
-            if st > 0:
-                ahead[st - 1] -= 1
-                wake(rank_of[st - 1], now)
             if st < S - 1:
-                ahead[st] += 1
                 u = t + M * K
                 ready_at[u] = max(ready_at[u], end + comm[st + 1][m][0])
                 npred[u] -= 1
@@ -271,51 +274,3 @@ def improve(inst: Instance, rules: Sequence[Rule], *, candidates: Sequence[dict]
                     if log is not None:
                         log.append(f"ranks {lo}-{hi - 1} {change}: {sch.makespan}")
     return rules, best
-
-
-def first_idle(sch: Schedule, inst: Instance) -> np.ndarray:
-    """Per rank: time idle between its first start and the makespan (units)."""
-    K, M = sch.kinds, sch.microbatches
-    S = inst.placement.num_stages
-    st = sch.start.reshape(S, M, K)
-    busy = inst.durations[:, :, :K].sum(axis=(1, 2))
-    out = np.zeros(inst.placement.num_ranks)
-    for r in range(inst.placement.num_ranks):
-        stages = list(inst.placement.stages_of(r))
-        out[r] = sch.makespan - st[stages].min() - busy[stages].sum()
-    return out
-
-
-def memory_bound(placement: Placement, table: np.ndarray, split_backward: bool,
-                 caps: Sequence[int]) -> float:
-    """A lower bound on any schedule that respects `caps` (docs/policy.md "A memory-aware lower
-    bound"); at least telemetry.bounds.lower_bound_table. Communication is ignored (a delay only
-    lengthens a schedule), so it holds with it too.
-
-    On rank r, once its last backward B ends (at b), only weight gradients are left, and each
-    belongs to a microbatch the rank still holds: at most caps[r] microbatches, so at most the
-    caps[r] largest per-microbatch W sums. The rank started no earlier than its head, and runs
-    one task at a time, so b >= head + busy - those W. Before its first B starts only forwards
-    ran, of at most caps[r] admitted microbatches (nothing is released before a backward), so
-    also b >= reach + busy - the largest F sums - the largest W sums, where reach is the least
-    time a gradient can reach r. After b the gradient of that microbatch still has to travel
-    down to stage 0 (and run stage 0's W there): the tail.
-    """
-    F, B = table[:, :, Kind.F], table[:, :, Kind.B]
-    W = table[:, :, Kind.W] if split_backward else np.zeros_like(F)
-    before_f = np.vstack([np.zeros((1, F.shape[1])), np.cumsum(F, axis=0)])  # F of < s
-    before_b = np.vstack([np.zeros((1, B.shape[1])), np.cumsum(B, axis=0)])  # B of < s
-    after_b = B.sum(axis=0) - before_b[1:]  # B of stages > s, per (s, m)
-    best = lower_bound_table(placement, table, split_backward)
-    for rank in range(placement.num_ranks):
-        stages = list(placement.stages_of(rank))
-        cap = int(caps[rank])
-        busy = float(table[stages][:, :, :3 if split_backward else 2].sum())
-        head = float(before_f[stages].min())
-        reach = float((F.sum(axis=0) + after_b[stages]).min())
-        tails = [before_b[s] + W[0] if s > 0 else np.zeros(F.shape[1]) for s in stages]
-        tail = float(np.min(tails))
-        top_w = float(np.sort(W[stages].sum(axis=0))[::-1][:cap].sum())
-        top_f = float(np.sort(F[stages].sum(axis=0))[::-1][:cap].sum())
-        best = max(best, max(head + busy - top_w, reach + busy - top_f - top_w) + tail)
-    return best

@@ -1,0 +1,55 @@
+"""A memory-aware lower bound on one pipeline step: what a cap on in-flight microbatches costs
+at the end of a step, whatever the schedule (docs/policy.md "A memory-aware lower bound").
+
+telemetry.bounds.lower_bound_table lets a split backward's W fill the gradient's way back to
+stage 0 (the tail) on every rank. But W can only wait while its microbatch stays held, so a rank
+with a small cap (the last ones under 2(S - r)) cannot keep enough W for the tail: the tail
+comes back. This bound is exact (1789 against the greedy list schedule's 1789) on S=128, M=512
+without jitter under 2(S - r), where the lower bound says 1663.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from aioready.placement import Placement
+from aioready.tasks import Kind
+from aioready.telemetry.bounds import lower_bound_table
+
+__all__ = ["memory_bound"]
+
+
+def memory_bound(placement: Placement, table: np.ndarray, split_backward: bool,
+                 caps: Sequence[int]) -> float:
+    """A lower bound on any schedule that respects `caps` (the module's note); at least telemetry.bounds.lower_bound_table. Communication is ignored (a delay only
+    lengthens a schedule), so it holds with it too.
+
+    On rank r, once its last backward B ends (at b), only weight gradients are left, and each
+    belongs to a microbatch the rank still holds: at most caps[r] microbatches, so at most the
+    caps[r] largest per-microbatch W sums. The rank started no earlier than its head, and runs
+    one task at a time, so b >= head + busy - those W. Before its first B starts only forwards
+    ran, of at most caps[r] admitted microbatches (nothing is released before a backward), so
+    also b >= reach + busy - the largest F sums - the largest W sums, where reach is the least
+    time a gradient can reach r. After b the gradient of that microbatch still has to travel
+    down to stage 0 (and run stage 0's W there): the tail.
+    """
+    F, B = table[:, :, Kind.F], table[:, :, Kind.B]
+    W = table[:, :, Kind.W] if split_backward else np.zeros_like(F)
+    before_f = np.vstack([np.zeros((1, F.shape[1])), np.cumsum(F, axis=0)])  # F of < s
+    before_b = np.vstack([np.zeros((1, B.shape[1])), np.cumsum(B, axis=0)])  # B of < s
+    after_b = B.sum(axis=0) - before_b[1:]  # B of stages > s, per (s, m)
+    best = lower_bound_table(placement, table, split_backward)
+    for rank in range(placement.num_ranks):
+        stages = list(placement.stages_of(rank))
+        cap = int(caps[rank])
+        busy = float(table[stages][:, :, :3 if split_backward else 2].sum())
+        head = float(before_f[stages].min())
+        reach = float((F.sum(axis=0) + after_b[stages]).min())
+        tails = [before_b[s] + W[0] if s > 0 else np.zeros(F.shape[1]) for s in stages]
+        tail = float(np.min(tails))
+        top_w = float(np.sort(W[stages].sum(axis=0))[::-1][:cap].sum())
+        top_f = float(np.sort(F[stages].sum(axis=0))[::-1][:cap].sum())
+        best = max(best, max(head + busy - top_w, reach + busy - top_f - top_w) + tail)
+    return best
