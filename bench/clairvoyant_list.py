@@ -35,7 +35,8 @@ import numpy as np
 
 from .optimum import Instance, TaskKey
 
-__all__ = ["Rule", "Schedule", "list_schedule", "improve", "as_schedule"]
+__all__ = ["Rule", "Schedule", "list_schedule", "improve", "as_schedule", "ready_times",
+           "overtaking", "in_order"]
 
 CLASSES = "BFAW"
 """B backward, F non-entry forward, A entry forward (admits), W weight gradient."""
@@ -57,6 +58,10 @@ class Rule:
     """the classes whose arrival a reservation protects"""
     drain_only: bool = False
     """reserve only once the rank has started all its forwards"""
+    drain_keep: float = 0.0
+    """after its last forward, a rank keeps this many times its tail (the least time from
+    its backward to the end of stage 0's W) in ready W, running none below it until its last
+    backward: the rank stays free for the gradients passing through, and the W fill the tail"""
     fit: bool = True
     """under a reservation, run the longest W that fits before the arrival"""
     w_pick: str = "short"
@@ -75,9 +80,12 @@ class Schedule:
 
 
 def list_schedule(inst: Instance, rules: Sequence[Rule] | Rule = Rule(),
-                  prio: np.ndarray | None = None) -> Schedule:
+                  prio: np.ndarray | None = None, predict: np.ndarray | None = None
+                  ) -> Schedule:
     """One schedule by clairvoyant list scheduling; `rules` one per rank (or one for all),
-    `prio` a priority per task id (default: the microbatch index, so FIFO within a class)."""
+    `prio` a priority per task id (default: the microbatch index, so FIFO within a class).
+    `predict` (per task id, say `ready_times` of an earlier schedule): a reservation also
+    protects the predicted arrival of a task whose inputs are not placed yet."""
     pl = inst.placement
     S, M, R = pl.num_stages, inst.num_microbatches, pl.num_ranks
     K = 3 if inst.split_backward else 2
@@ -121,13 +129,29 @@ def list_schedule(inst: Instance, rules: Sequence[Rule] | Rule = Rule(),
     events: list[tuple[float, int]] = []
 
     fwd_left = [M * p for p in pieces0]
+    b_left = [M * p for p in pieces0]
+    wsum = [0] * R  # ready W work per rank
+    tails = inst.durations[:, :, 1].cumsum(axis=0) - inst.durations[:, :, 1]  # B of stages < s
+    keep_w = [rules[q].drain_keep * float(min(
+        (tails[s] + inst.durations[0, :, K - 1] * (K == 3)).min() if s > 0 else 0.0
+        for s in pl.stages_of(q))) for q in range(R)]
     def wake(r: int, at: float) -> None:
         at = max(at, free[r])
         if at < nextdec[r]:
             nextdec[r] = at
             heapq.heappush(events, (at, r))
 
+    known = [False] * n
+    pred_h: list[list[list[tuple[int, int]]]] = [[[] for _ in range(4)] for _ in range(R)]
+    if predict is not None:
+        for t, at in enumerate(np.asarray(predict).tolist()):
+            pred_h[rank_of[t // (M * K)]][cls_of[t]].append((at, t))
+        for heaps in pred_h:
+            for h in heaps:
+                heapq.heapify(h)
+
     def release_task(t: int, r: int) -> None:
+        known[t] = True
         heapq.heappush(fut[r][cls_of[t]], (ready_at[t], key[t], t))
         wake(r, ready_at[t])
 
@@ -149,6 +173,7 @@ def list_schedule(inst: Instance, rules: Sequence[Rule] | Rule = Rule(),
                 _, p, t = heapq.heappop(f)
                 if c == 3:  # weight gradients: sorted by duration, to fit gaps
                     bisect.insort(rdy[r][3], (dur[t], t))
+                    wsum[r] += dur[t]
                 else:
                     heapq.heappush(rdy[r][c], (p, t))
         rh = rel[r]
@@ -156,9 +181,10 @@ def list_schedule(inst: Instance, rules: Sequence[Rule] | Rule = Rule(),
             heapq.heappop(rh)
             held[r] -= 1
         room = held[r] < caps[r]
+        keep = fwd_left[r] == 0 and b_left[r] > 0 and wsum[r] <= keep_w[r]
         best_c, best_pos = -1, 99
         for c in range(4):
-            if rdy[r][c] and (c != 2 or room) and order[c] < best_pos:
+            if rdy[r][c] and (c != 2 or room) and order[c] < best_pos and not (c == 3 and keep):
                 best_c, best_pos = c, order[c]
         guarded = best_c == 2 and rdy[r][3] and held[r] >= caps[r] - rule.guard
         if guarded:
@@ -176,11 +202,18 @@ def list_schedule(inst: Instance, rules: Sequence[Rule] | Rule = Rule(),
                 if not prot[r][c] or order[c] >= best_pos:
                     continue
                 at = fut[r][c][0][0] if fut[r][c] else INF
+                ph = pred_h[r][c]
+                while ph and (known[ph[0][1]] or ph[0][0] <= now):
+                    heapq.heappop(ph)
+                if ph and ph[0][0] < at:
+                    at = ph[0][0]
                 if c == 2 and held[r] >= caps[r]:  # an entry forward waits for memory
                     if rdy[r][2]:
                         at = now
                     at = max(at, rh[0]) if rh else INF
                 soonest = min(soonest, at)
+        if soonest <= now:  # nothing to wait for (a wait must end later than now)
+            soonest = INF
         if best_c == 3:
             wl = rdy[r][3]
             if soonest < INF and rule.fit:  # the longest W that fits
@@ -192,6 +225,7 @@ def list_schedule(inst: Instance, rules: Sequence[Rule] | Rule = Rule(),
                 wake(r, soonest)
                 continue
             del wl[max(i, 0)]
+            wsum[r] -= dur[t]
         else:
             p, t = rdy[r][best_c][0]
             if soonest < INF and now + dur[t] > soonest + rule.reserve:
@@ -206,6 +240,8 @@ def list_schedule(inst: Instance, rules: Sequence[Rule] | Rule = Rule(),
             held[r] += 1
         if best_c in (1, 2):
             fwd_left[r] -= 1
+        elif best_c == 0:
+            b_left[r] -= 1
         st, rest = divmod(t, M * K)
         m, k = divmod(rest, K)
         if k == 0:  # F -> F(s+1), B(s)
@@ -243,6 +279,19 @@ def list_schedule(inst: Instance, rules: Sequence[Rule] | Rule = Rule(),
     return Schedule(s_arr, e_arr, int(e_arr.max()), K, M)
 
 
+def ready_times(inst: Instance, sch: Schedule) -> np.ndarray:
+    """When each task of `sch` had its inputs (its predecessors' ends plus delays)."""
+    S, M, K = inst.placement.num_stages, sch.microbatches, sch.kinds
+    end = sch.end.reshape(S, M, K)
+    out = np.zeros((S, M, K), dtype=np.int64)
+    out[1:, :, 0] = end[:-1, :, 0] + inst.comm[1:, :, 0]
+    out[:, :, 1] = end[:, :, 0]
+    out[:-1, :, 1] = np.maximum(out[:-1, :, 1], end[1:, :, 1] + inst.comm[:-1, :, 1])
+    if K == 3:
+        out[:, :, 2] = end[:, :, 1]
+    return out.reshape(-1)
+
+
 def as_schedule(sch: Schedule) -> dict[TaskKey, tuple[int, int]]:
     """The schedule as bench/optimum.py's task -> (start, end), for `check`."""
     K, M = sch.kinds, sch.microbatches
@@ -254,13 +303,32 @@ def as_schedule(sch: Schedule) -> dict[TaskKey, tuple[int, int]]:
     return out
 
 
+def overtaking(inst: Instance, weight: float) -> np.ndarray:
+    """Priorities for `list_schedule`: the microbatch index, plus for forwards `weight` times
+    the forward's duration over the mean forward, so a short forward overtakes up to about
+    `weight` microbatches that are ready with it (0: forwards in microbatch order)."""
+    S, M = inst.placement.num_stages, inst.num_microbatches
+    K = 3 if inst.split_backward else 2
+    key = np.broadcast_to(np.arange(M, dtype=np.float64)[None, :, None], (S, M, K)).copy()
+    F = inst.durations[:, :, 0].astype(np.float64)
+    key[:, :, 0] += weight * F / max(F.mean(), 1e-12)
+    return key.reshape(-1)
+
+
+def in_order(sch: Schedule, stages: int) -> bool:
+    """Whether every stage ran its forwards in microbatch order."""
+    first = sch.start.reshape(stages, sch.microbatches, sch.kinds)[:, :, 0]
+    return bool(np.all(np.diff(first, axis=1) > 0))
+
+
 def improve(inst: Instance, rules: Sequence[Rule], *, candidates: Sequence[dict],
-            groups: int = 8, rounds: int = 1, log: list[str] | None = None
+            groups: int = 8, rounds: int = 1, log: list[str] | None = None,
+            prio: np.ndarray | None = None, predict: np.ndarray | None = None
             ) -> tuple[list[Rule], Schedule]:
     """Coordinate descent over the ranks' rules: ranks in `groups` contiguous blocks; for each
     block and each candidate change (a dict of Rule fields), keep it if the makespan drops."""
     rules = list(rules)
-    best = list_schedule(inst, rules)
+    best = list_schedule(inst, rules, prio, predict)
     R = len(rules)
     bounds = np.linspace(0, R, groups + 1).round().astype(int)
     for _ in range(rounds):
@@ -268,7 +336,7 @@ def improve(inst: Instance, rules: Sequence[Rule], *, candidates: Sequence[dict]
             lo, hi = int(bounds[g]), int(bounds[g + 1])
             for change in candidates:
                 trial = rules[:lo] + [replace(x, **change) for x in rules[lo:hi]] + rules[hi:]
-                sch = list_schedule(inst, trial)
+                sch = list_schedule(inst, trial, prio, predict)
                 if sch.makespan < best.makespan:
                     rules, best = trial, sch
                     if log is not None:

@@ -1,4 +1,4 @@
-"""bench/clairvoyant_list.py and bench/memory_bound.py: the clairvoyant list scheduler emits
+"""bench/clairvoyant_list.py and bench/step_bounds.py: the clairvoyant list scheduler emits
 valid schedules (bench/optimum.py's independent checker), never beats CP-SAT's proven optimum,
 and the memory-aware lower bound never exceeds it; where the bound binds (no jitter, caps
 2(S - r)) a schedule meets it exactly, so neither side can be off there.
@@ -13,7 +13,7 @@ from aioready.sim.variability import JitterModel
 from aioready.tasks import Kind
 from aioready.telemetry.bounds import lower_bound_table
 from bench.clairvoyant_list import Rule, as_schedule, improve, list_schedule
-from bench.memory_bound import memory_bound
+from bench.step_bounds import in_order_rank_bound, memory_bound
 from bench.optimum import Instance, check, instance, solve
 
 RULES = [Rule(), Rule(w_pick="long"), Rule(order="ABFW"), Rule(guard=1),
