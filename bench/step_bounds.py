@@ -23,7 +23,7 @@ import numpy as np
 
 from aioready.placement import Placement
 from aioready.tasks import Kind
-from aioready.telemetry.bounds import lower_bound_table
+from aioready.telemetry.bounds import in_order_bound, lower_bound_table
 
 __all__ = ["memory_bound", "in_order_rank_bound", "forward_flow"]
 
@@ -85,12 +85,13 @@ def in_order_rank_bound(table: np.ndarray, split_backward: bool) -> float:
     the stages after s (its gradient's way back); W(s, m) that plus B(s, m). A rank runs one task
     at a time, so for every time x the tasks released at or after x end no earlier than x plus
     their total duration: the step lasts at least max over x of that (exact for one machine with
-    release dates). Communication is ignored (it only delays)."""
+    release dates). Communication is ignored (it only delays). At least
+    telemetry.bounds.in_order_bound, whose value it starts from."""
     F, B = table[:, :, Kind.F], table[:, :, Kind.B]
     W = table[:, :, Kind.W] if split_backward else np.zeros_like(F)
     end = forward_flow(F)
     back = np.maximum(end[-1][None, :] + B.sum(axis=0) - np.cumsum(B, axis=0), end)
-    best = 0.0
+    best = in_order_bound(Placement.linear(F.shape[0]), table, split_backward)
     for s in range(F.shape[0]):
         release = np.concatenate([end[s] - F[s], back[s], back[s] + B[s]])
         work = np.concatenate([F[s], B[s], W[s]])

@@ -1,7 +1,9 @@
 """bench/clairvoyant_list.py and bench/step_bounds.py: the clairvoyant list scheduler emits
 valid schedules (bench/optimum.py's independent checker), never beats CP-SAT's proven optimum,
 and the memory-aware lower bound never exceeds it; where the bound binds (no jitter, caps
-2(S - r)) a schedule meets it exactly, so neither side can be off there.
+2(S - r)) a schedule meets it exactly, so neither side can be off there. The in-order rank
+bound never exceeds the optimum of schedules that keep forwards in order (CP-SAT with that
+constraint) nor any such schedule the scheduler or the runtime produces.
 """
 
 from __future__ import annotations
@@ -9,12 +11,20 @@ from __future__ import annotations
 import pytest
 
 from aioready.schedulers import make_hint
+from aioready.sim.simulator import simulate
 from aioready.sim.variability import JitterModel
 from aioready.tasks import Kind
-from aioready.telemetry.bounds import lower_bound_table
-from bench.clairvoyant_list import Rule, as_schedule, improve, list_schedule
-from bench.step_bounds import in_order_rank_bound, memory_bound
+from aioready.telemetry.bounds import in_order_bound, lower_bound_table
+from bench.clairvoyant_list import (
+    Rule,
+    as_schedule,
+    improve,
+    in_order,
+    list_schedule,
+    overtaking,
+)
 from bench.optimum import Instance, check, instance, solve
+from bench.step_bounds import in_order_rank_bound, memory_bound
 
 RULES = [Rule(), Rule(w_pick="long"), Rule(order="ABFW"), Rule(guard=1),
          Rule(protect="B", reserve=0, drain_only=True), Rule(protect="BA", reserve=0),
@@ -114,3 +124,62 @@ def test_improve_keeps_the_best_and_stays_valid() -> None:
     assert best.makespan <= list_schedule(inst, start).makespan
     assert best.makespan == list_schedule(inst, rules).makespan
     assert check(inst, as_schedule(best)) == []
+
+
+def _in_order_optimum(inst: Instance) -> int:
+    """CP-SAT's proven optimum over schedules that run each stage's forwards in microbatch
+    order, with no memory limit (what `in_order_rank_bound` bounds)."""
+    from ortools.sat.python import cp_model
+    model = cp_model.CpModel()
+    horizon = int(inst.durations.sum() + inst.comm.sum()) + 1
+    start, end = {}, {}
+    per_rank: list[list[object]] = [[] for _ in range(inst.placement.num_ranks)]
+    for key in inst.tasks():
+        start[key] = model.new_int_var(0, horizon, "")
+        end[key] = model.new_int_var(0, horizon, "")
+        per_rank[inst.placement.rank_of(key[1])].append(
+            model.new_interval_var(start[key], inst.duration(key), end[key], ""))
+    for key in inst.tasks():
+        for pred, delay in inst.predecessors(key):
+            model.add(start[key] >= end[pred] + delay)
+        kind, s, m = key
+        if kind == Kind.F and m > 0:
+            model.add(start[key] >= end[(kind, s, m - 1)])
+    for intervals in per_rank:
+        model.add_no_overlap(intervals)
+    makespan = model.new_int_var(0, horizon, "")
+    model.add_max_equality(makespan, list(end.values()))
+    model.minimize(makespan)
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = 30.0
+    solver.parameters.num_workers = 1
+    assert solver.solve(model) == cp_model.OPTIMAL
+    return int(solver.objective_value)
+
+
+@pytest.mark.parametrize("split,jitter,seed", [
+    (True, "lognormal:0.5", 0), (True, "lognormal:0.5", 1), (True, "multimodal:0.3:3", 2),
+    (False, "lognormal:0.5", 3), (False, "multimodal:0.3:3", 4), (True, "none", 0)])
+def test_in_order_rank_bound_is_below_the_in_order_optimum(split: bool, jitter: str,
+                                                          seed: int) -> None:
+    inst = _instance("1f1b", 3, 4, jitter, seed, split, (4, 4, 4))
+    table = inst.durations.astype(float)
+    bound = in_order_rank_bound(table, split)
+    assert bound >= in_order_bound(inst.placement, table, split) - 1e-9
+    assert bound <= _in_order_optimum(inst) + 1e-9
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_in_order_rank_bound_is_below_in_order_schedules(seed: int) -> None:
+    # the scheduler's schedules with forwards in order, and the runtime's strict and greedy ones
+    for split in (True, False):
+        inst = _instance("1f1b", 6, 24, "lognormal:0.5", seed, split, "2x")
+        bound = in_order_rank_bound(inst.durations.astype(float), split)
+        for rule in RULES:
+            sch = list_schedule(inst, rule, overtaking(inst, 0.0))
+            assert in_order(sch, 6)
+            assert sch.makespan >= bound - 1e-9, rule
+        for hint, mode in (("1f1b", "strict"), ("bfw" if split else "1f1b", "ready")):
+            run = simulate(stages=6, microbatches=24, hint=hint, mode=mode, policy="greedy",
+                           trace=inst.trace(), split_backward=split, cap="2x")
+            assert run.step_time / inst.unit_ms >= bound - 1e-6, (hint, mode)
