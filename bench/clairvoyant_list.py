@@ -9,16 +9,17 @@ microbatch is held on a rank from the start of its entry F to the end of its las
 there, at most `cap` at once (a release at t before an admit at t). Every schedule it returns
 is replayed by bench/optimum.py's `check`, which was written without this scheduler.
 
-How it decides (docs/policy.md "A clairvoyant schedule at S=128"): time advances over every
-rank's decisions in time order; a rank that is free picks, among its tasks whose inputs are
-placed (so their arrival times are known, unlike online), the first class of `Rule.order`
-(B: backward, F: a forward that admits nothing, A: an entry forward that admits a microbatch,
-W: weight gradient) that has a task ready now and memory to run it, the smallest priority
-first within a class. Clairvoyance enters as a reservation: a task of a later class starts only
-if it ends no later than `reserve` units after the earliest known arrival of a task of an
-earlier class; otherwise the rank idles for that task. `guard` keeps memory headroom: with
-`held >= cap - guard` a ready W runs before an entry forward. `improve` searches these knobs
-per rank (coordinate descent on the makespan, each trial a full schedule).
+How it decides (docs/policy.md "The true limit at S=128"): time advances over every rank's
+decisions in time order; a rank that is free picks, among its tasks whose inputs are placed (so
+their arrival times are known, unlike online), the first class of `Rule.order` (B: backward,
+F: a forward that admits nothing, A: an entry forward that admits a microbatch, W: weight
+gradient) that has a task ready now and memory to run it, the least priority first within a
+class (the microbatch index, or `overtaking`'s). Clairvoyance enters as a reservation: a task of
+a later class starts only if it ends no later than `reserve` units after the earliest known
+arrival of a task of an earlier class (of `protect`; with `predict`, also the arrivals an earlier
+schedule had); a W under a reservation is the longest that fits; otherwise the rank idles for
+that task. `improve` searches the rules per block of ranks (coordinate descent on the makespan,
+each trial a full schedule: about a second at S=128).
 
 Run at S=128: python -m bench.clairvoyant
 """
