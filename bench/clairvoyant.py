@@ -199,10 +199,12 @@ def main() -> None:
              "bench/step_bounds.py's). max ratio: the baseline over the larger of lower and "
              "memory, the most any schedule can reach. clairvoyant: the best valid schedule "
              "bench/clairvoyant_list.py found (checked by bench/optimum.py's check), in "
-             "order: whether it keeps forwards in microbatch order.", "",
+             "order: whether it keeps forwards in microbatch order; efficiency: lower, in-order "
+             "and the larger of lower and memory, each over the clairvoyant step.", "",
              "| jitter | budget | unsplit 1F1B | goal | lower | memory | in-order | in-order "
-             "rank | max ratio | max ratio in order | clairvoyant | vs unsplit | in order |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "rank | max ratio | max ratio in order | clairvoyant | vs unsplit | in order "
+             "| efficiency: lower, in-order, best bound |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     details: list[str] = []
     for jitter in args.jitters.split(","):
         unsplit = simulate(stages=S, microbatches=4 * S, hint="1f1b", mode="strict",
@@ -218,7 +220,8 @@ def main() -> None:
                 f"{d['lb']:.1f} | {d['memory']:.1f} | {d['in_order']:.1f} | "
                 f"{d['rank_in_order']:.1f} | {unsplit / floor:.3f}x | {unsplit / ordered:.3f}x "
                 f"| {d['step']:.1f} | {unsplit / d['step']:.3f}x | "
-                f"{'yes' if d['ordered'] else 'no'} |")
+                f"{'yes' if d['ordered'] else 'no'} | {d['lb'] / d['step']:.3f}, "
+                f"{d['in_order'] / d['step']:.3f}, {floor / d['step']:.3f} |")
             details += ["", f"### {jitter}, {_budget_text(budget)}: {d['how']} "
                         f"(CPU {d['cpu_s']:.0f} s)", "", "Tried: " + "; ".join(d["log"]) + ".",
                         "", "Critical path of the clairvoyant schedule (runs of 3 or more "
