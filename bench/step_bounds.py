@@ -1,0 +1,100 @@
+"""Two lower bounds on one pipeline step, tighter than telemetry.bounds where it matters at
+S=128 (docs/policy.md "The true limit at S=128"). Benchmark helpers, not library code.
+
+`memory_bound` (any schedule within per-rank caps): telemetry.bounds.lower_bound_table lets a
+split backward's W fill the gradient's way back to stage 0 (the tail) on every rank. But W can
+only wait while its microbatch stays held, so a rank with a small cap (the last ones under
+2(S - r)) cannot keep enough W for the tail: the tail comes back. Exact (1789 against the greedy
+list schedule's 1789) on S=128, M=512 without jitter under 2(S - r), where the lower bound says
+1663.
+
+`in_order_rank_bound` (any schedule, any memory, that runs each stage's forwards in microbatch
+order, as every hint does under strict, greedy and reserve): the one-machine relaxation of each
+rank with release dates. telemetry.bounds.in_order_bound counts, after F(s, m), only the work of
+microbatches m and later; but the backward pieces of the earlier ones cannot start before their
+gradient can have come back from the last stage, so they too are left after a point in time.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from aioready.placement import Placement
+from aioready.tasks import Kind
+from aioready.telemetry.bounds import in_order_bound, lower_bound_table
+
+__all__ = ["memory_bound", "in_order_rank_bound", "forward_flow"]
+
+
+def memory_bound(placement: Placement, table: np.ndarray, split_backward: bool,
+                 caps: Sequence[int]) -> float:
+    """A lower bound on any schedule that respects `caps` (the module's note); at least telemetry.bounds.lower_bound_table. Communication is ignored (a delay only
+    lengthens a schedule), so it holds with it too.
+
+    On rank r, once its last backward B ends (at b), only weight gradients are left, and each
+    belongs to a microbatch the rank still holds: at most caps[r] microbatches, so at most the
+    caps[r] largest per-microbatch W sums. The rank started no earlier than its head, and runs
+    one task at a time, so b >= head + busy - those W. Before its first B starts only forwards
+    ran, of at most caps[r] admitted microbatches (nothing is released before a backward), so
+    also b >= reach + busy - the largest F sums - the largest W sums, where reach is the least
+    time a gradient can reach r. After b the gradient of that microbatch still has to travel
+    down to stage 0 (and run stage 0's W there): the tail.
+    """
+    F, B = table[:, :, Kind.F], table[:, :, Kind.B]
+    W = table[:, :, Kind.W] if split_backward else np.zeros_like(F)
+    before_f = np.vstack([np.zeros((1, F.shape[1])), np.cumsum(F, axis=0)])  # F of < s
+    before_b = np.vstack([np.zeros((1, B.shape[1])), np.cumsum(B, axis=0)])  # B of < s
+    after_b = B.sum(axis=0) - before_b[1:]  # B of stages > s, per (s, m)
+    best = lower_bound_table(placement, table, split_backward)
+    for rank in range(placement.num_ranks):
+        stages = list(placement.stages_of(rank))
+        cap = int(caps[rank])
+        busy = float(table[stages][:, :, :3 if split_backward else 2].sum())
+        head = float(before_f[stages].min())
+        reach = float((F.sum(axis=0) + after_b[stages]).min())
+        tails = [before_b[s] + W[0] if s > 0 else np.zeros(F.shape[1]) for s in stages]
+        tail = float(np.min(tails))
+        top_w = float(np.sort(W[stages].sum(axis=0))[::-1][:cap].sum())
+        top_f = float(np.sort(F[stages].sum(axis=0))[::-1][:cap].sum())
+        best = max(best, max(head + busy - top_w, reach + busy - top_f - top_w) + tail)
+    return best
+
+
+def forward_flow(F: np.ndarray) -> np.ndarray:
+    """Least end of each F(s, m) (stages, M) when every stage runs its forwards in microbatch
+    order: after F(s-1, m) and after F(s, m-1) (the flow-shop recurrence)."""
+    stages, micro = F.shape
+    end = np.zeros_like(F, dtype=np.float64)
+    for s in range(stages):
+        prev = end[s - 1] if s else np.zeros(micro)
+        row, t = end[s], 0.0
+        for m in range(micro):
+            t = max(t, prev[m]) + F[s, m]
+            row[m] = t
+    return end
+
+
+def in_order_rank_bound(table: np.ndarray, split_backward: bool) -> float:
+    """A lower bound on any schedule of a linear placement (rank s holds stage s) that runs each
+    stage's forwards in microbatch order, whatever the memory; at least in_order_bound there.
+
+    Each task gets a release date it cannot start before, in every such schedule: F(s, m) the
+    flow-shop start (`forward_flow`); B(s, m) the least end of F(S-1, m) plus the backwards of
+    the stages after s (its gradient's way back); W(s, m) that plus B(s, m). A rank runs one task
+    at a time, so for every time x the tasks released at or after x end no earlier than x plus
+    their total duration: the step lasts at least max over x of that (exact for one machine with
+    release dates). Communication is ignored (it only delays). At least
+    telemetry.bounds.in_order_bound, whose value it starts from."""
+    F, B = table[:, :, Kind.F], table[:, :, Kind.B]
+    W = table[:, :, Kind.W] if split_backward else np.zeros_like(F)
+    end = forward_flow(F)
+    back = np.maximum(end[-1][None, :] + B.sum(axis=0) - np.cumsum(B, axis=0), end)
+    best = in_order_bound(Placement.linear(F.shape[0]), table, split_backward)
+    for s in range(F.shape[0]):
+        release = np.concatenate([end[s] - F[s], back[s], back[s] + B[s]])
+        work = np.concatenate([F[s], B[s], W[s]])
+        order = np.argsort(-release, kind="stable")
+        best = max(best, float(np.max(release[order] + np.cumsum(work[order]))))
+    return best
