@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shlex
 import sys
 import time
@@ -623,8 +624,9 @@ def main(argv: list[str] | None = None) -> str:
     ap.add_argument("--jitters", default=None,
                     help=f"comma-separated jitter specs (default {','.join(JITTERS)})")
     ap.add_argument("--rows", default=None,
-                    help="only these rows, by label, comma-separated; 'auto*' all whose label "
-                    "starts with 'auto'; results then go to policy_rows.md/.json")
+                    help="only these rows, by label, comma-separated (a comma and a space "
+                    "belong to a label); 'auto*' all whose label starts with 'auto'; results "
+                    "then go to policy_rows.md/.json")
     ap.add_argument("--update", action="store_true",
                     help="with --rows: then put those rows into bench/results/policy.md and "
                     ".json in place of their old figures, the header saying which command and "
@@ -643,7 +645,8 @@ def main(argv: list[str] | None = None) -> str:
     args = ap.parse_args(argv)
     if (args.update or args.merge) and not args.rows:
         ap.error("--update and --merge replace the rows named by --rows")
-    wanted = args.rows.split(",") if args.rows else []
+    # a comma followed by a space is part of a label ("auto bytes, held-out")
+    wanted = re.split(r",(?! )", args.rows) if args.rows else []
     order = [c.name for c in CONFIGS] + [c.name for c in sorted(
         {_strict(c.baseline or c.hint) for c in CONFIGS}, key=lambda c: c.hint)]
     if args.merge:
