@@ -314,8 +314,8 @@ def _auto(cfg: Config, S: int, M: int, jitter: str, seed: int, extra: dict[str, 
     gate = auto_gate(cfg, S, M, extra, lambda: _simulate(
         Config("1f1b", mode="strict", split=split), S, M, jitter, seed, {},
         memo).peak_activation_bytes)
-    durations = source["trace"] if held else JitterModel(jitter, seed=seed, placement=Placement.linear(
-        S), num_microbatches=M, split_backward=split)
+    durations = source["trace"] if held else JitterModel(
+        jitter, seed=seed, placement=Placement.linear(S), num_microbatches=M, split_backward=split)
     # what decides the choice (the unit's S, jitter and seed fix the durations): rows that
     # differ only in their label ("auto split" and "auto split, given order" where the
     # durations carry no sizes) are one choice
