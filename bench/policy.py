@@ -29,6 +29,11 @@ chooses from the step it measured), and the chosen hint, mode, policy, caps and 
 run on the scored durations (bench/policy_held.py). A held-out row is never faster than its
 hindsight row: the hindsight row is the fastest fitting candidate of the same set.
 
+`auto bytes` rows give auto the column's budget in activation bytes (`memory="2x"`: twice
+strict 1F1B's peak bytes per rank, sim/budget.py; held out: those bytes as a number), and
+`--peak-bytes` adds a section with every row's peak bytes against strict 1F1B's on the same
+durations, so that equal memory is measured (docs/policy.md "Auto at twice the bytes").
+
 A row is one line in CONFIGS (a new policy: `Config("auto", hint="auto", baseline="1f1b")`); a
 budget is one entry of BUDGETS (keyword arguments to simulate and Pipeline). Within one (S,
 jitter, seed) each distinct configuration is simulated once: the auto rows (sim/choice.py, with
