@@ -272,8 +272,8 @@ def auto_gate(cfg: Config, S: int, M: int, extra: dict[str, Any],
     (1F1B's) strict peak bytes per rank on the durations chosen on, which are the scored ones
     (sim/budget.py). Held out: the same bytes as a number per rank, from `scored_peak()`
     (strict 1F1B's peak bytes per rank on the scored step): a device's memory is known before
-    the step, and "2x" of the choice draw's own strict peak would be another budget, up to 7 %
-    larger on a rank at S=4."""
+    the step, and "2x" of the choice draw's own strict peak would be another budget, 9 %
+    larger on one rank at S=4 in a trial (seeds 0-1)."""
     budget = _auto_budget(cfg, S, M, extra)
     kwargs = dict(cfg.kwargs)
     if not kwargs.get("bytes"):
