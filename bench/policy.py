@@ -29,6 +29,11 @@ chooses from the step it measured), and the chosen hint, mode, policy, caps and 
 run on the scored durations (bench/policy_held.py). A held-out row is never faster than its
 hindsight row: the hindsight row is the fastest fitting candidate of the same set.
 
+`auto bytes` rows give auto the column's budget in activation bytes (`memory="2x"`: twice
+strict 1F1B's peak bytes per rank, sim/budget.py; held out: those bytes as a number), and
+`--peak-bytes` adds a section with every row's peak bytes against strict 1F1B's on the same
+durations, so that equal memory is measured (docs/policy.md "Auto at twice the bytes").
+
 A row is one line in CONFIGS (a new policy: `Config("auto", hint="auto", baseline="1f1b")`); a
 budget is one entry of BUDGETS (keyword arguments to simulate and Pipeline). Within one (S,
 jitter, seed) each distinct configuration is simulated once: the auto rows (sim/choice.py, with
@@ -58,15 +63,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shlex
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any
+from typing import Any, Callable, Sequence
 
-from aioready.caps import resolve_caps
+from aioready.caps import parse_factor, resolve_caps
 from aioready.clock import run_virtual
 from aioready.devices import SimDevice
 from aioready.hints import HintOrder
@@ -77,6 +83,7 @@ from aioready.schedulers.order import cost_order
 from aioready.sim.choice import choose_auto
 from aioready.sim.cutoff import Exceeded
 from aioready.sim.durations import device_duration
+from aioready.sim.memory import mean_bytes
 from aioready.sim.order import known_costs
 from aioready.sim.simulator import simulate
 from aioready.sim.variability import JitterModel
@@ -143,6 +150,13 @@ CONFIGS: list[Config] = [
       for label, split, extra in (("auto", False, ()), ("auto split", True, ()),
                                   ("auto split, 2S each", True, (("uniform", True),)))
       for known, suffix in (("sizes", ""), ("step", ", last step"))),
+    # a budget in activation bytes, not microbatches: the column's "2x" as memory="2x", twice
+    # what strict 1F1B holds at its peak on each rank on the durations chosen on (sim/budget.py),
+    # so a light microbatch costs less than a heavy one; hindsight and held out ("sizes")
+    *(Config("auto", label=f"auto bytes{label}{suffix}", baseline="1f1b", split=split,
+             budgets=("2x",), kwargs=(("bytes", True), *held))
+      for label, split in (("", False), (" split", True))
+      for held, suffix in (((), ""), ((("held", "sizes"),), ", held-out"))),
 ]
 BUDGETS: dict[str, dict[str, Any]] = {"default": {}, "2x": {"cap": "2x"}}
 JITTERS = ("lognormal:0.5", "multimodal:0.3:3", "lognormal:0.2+straggler:1:1.5")
@@ -188,6 +202,7 @@ def sim_unit(S: int, jitter: str, seed: int) -> dict[str, Any]:
     M = 4 * S
     rows: dict[str, Any] = {}
     strict: dict[str, float] = {}
+    strict_bytes: dict[str, list[int]] = {}  # peak activation bytes per rank (sim/memory.py)
     memo: dict[tuple[object, ...], Any] = {}  # one simulation per distinct configuration
     began = time.process_time()
     # auto rows in the given order first: their runs (finished, or stopped past a bound the
@@ -204,6 +219,7 @@ def sim_unit(S: int, jitter: str, seed: int) -> dict[str, Any]:
                 rows[f"{cfg.name}|{budget}"] = {
                     "t": r.step_time, "eff": r.efficiency, "peak": max(r.peak_in_flight),
                     "cap0": r.cap[0], "ranks": r.ranks, "chosen": r.hint,
+                    "pkb": list(r.peak_activation_bytes),
                     "ord": _in_order(cfg.hint, S, M, cfg.split_backward, jitter, seed)
                     / r.step_time}
             else:
@@ -213,9 +229,10 @@ def sim_unit(S: int, jitter: str, seed: int) -> dict[str, Any]:
         for base in (cfg.baseline or cfg.hint, "1f1b"):  # strict on the same durations
             key = f"{base}/{int(cfg.split_backward)}"
             if key not in strict:
-                strict[key] = _simulate(Config(base, mode="strict", split=cfg.split_backward),
-                                        S, M, jitter, seed, {}, memo).step_time
-    return {"rows": rows, "strict": strict, "ranks_1f1b": S,
+                r = _simulate(Config(base, mode="strict", split=cfg.split_backward), S, M,
+                              jitter, seed, {}, memo)
+                strict[key], strict_bytes[key] = r.step_time, list(r.peak_activation_bytes)
+    return {"rows": rows, "strict": strict, "strict_bytes": strict_bytes, "ranks_1f1b": S,
             "cpu_s": time.process_time() - began}
 
 
@@ -248,6 +265,31 @@ def _auto_budget(cfg: Config, S: int, M: int, extra: dict[str, Any]) -> Any:
     return budget
 
 
+def auto_gate(cfg: Config, S: int, M: int, extra: dict[str, Any],
+              scored_peak: Callable[[], Sequence[int]]) -> dict[str, Any]:
+    """The keyword simulate(hint="auto") takes for an auto row's budget: `cap=`, or for a
+    `bytes` row `memory=`. Hindsight: the column's "2x" as it is, twice the start hint's
+    (1F1B's) strict peak bytes per rank on the durations chosen on, which are the scored ones
+    (sim/budget.py). Held out: the same bytes as a number per rank, from `scored_peak()`
+    (strict 1F1B's peak bytes per rank on the scored step): a device's memory is known before
+    the step, and "2x" of the choice draw's own strict peak would be another budget, 9 %
+    larger on one rank at S=4 in a trial (seeds 0-1)."""
+    budget = _auto_budget(cfg, S, M, extra)
+    kwargs = dict(cfg.kwargs)
+    if not kwargs.get("bytes"):
+        return {"cap": budget}
+    if not kwargs.get("held"):
+        return {"memory": budget}
+    factor = parse_factor(budget, "bytes row budget", "'Nx'")
+    return {"memory": [int(factor * b) for b in scored_peak()]}
+
+
+def _gated(caps: Any, memory: Any) -> dict[str, Any]:
+    """simulate's gate keyword for a candidate: its byte budgets where it has them (the
+    caps are then the microbatch count, unused), else its caps."""
+    return {"memory": list(memory)} if memory else {"cap": list(caps)}
+
+
 def _auto(cfg: Config, S: int, M: int, jitter: str, seed: int, extra: dict[str, Any],
           memo: dict[tuple[object, ...], Any]) -> dict[str, Any]:
     """What simulate(hint="auto") returns, with the unit's simulations reused: the choice
@@ -265,21 +307,29 @@ def _auto(cfg: Config, S: int, M: int, jitter: str, seed: int, extra: dict[str, 
     draw = memo if not held else memo.setdefault(("draw", held), {})
 
     def run(order: HintOrder, mode: str, caps: tuple[int, ...], policy: str,
-            bound: float | None = None, **how: str) -> Any:
+            bound: float | None = None, memory: tuple[int, ...] | None = None,
+            **how: str) -> Any:
         mb_order = how.get("microbatch_order", "given")
-        key = _memo_key(order, mode, caps, policy) + ((mb_order,) if how else ())
+        key = _memo_key(order, mode, caps, policy) + ((mb_order,) if how else ()) + (
+            (("memory", memory),) if memory else ())
         return _reuse(draw, key, bound, lambda: simulate(
             stages=S, microbatches=M, hint=order, mode=mode, split_backward=split,
-            policy=policy, cap=list(caps), stop_after=bound, order=mb_order, **source))
+            policy=policy, stop_after=bound, order=mb_order, **_gated(caps, memory), **source))
     reorder = None if kwargs.get("order") == "given" or not sized else (lambda order: True)
-    budget = _auto_budget(cfg, S, M, extra)
+    gate = auto_gate(cfg, S, M, extra, lambda: _simulate(
+        Config("1f1b", mode="strict", split=split), S, M, jitter, seed, {},
+        memo).peak_activation_bytes)
+    durations = source["trace"] if held else JitterModel(
+        jitter, seed=seed, placement=Placement.linear(S), num_microbatches=M, split_backward=split)
     # what decides the choice (the unit's S, jitter and seed fix the durations): rows that
     # differ only in their label ("auto split" and "auto split, given order" where the
     # durations carry no sizes) are one choice
-    row_key = ("auto", cfg.hint, split, str(budget), reorder is not None, held)
+    row_key = ("auto", cfg.hint, split, str(gate), reorder is not None, held)
     if row_key not in memo:
         tuning = choose_auto(run, cfg.hint, num_stages=S, num_ranks=None, num_microbatches=M,
-                             split_backward=split, budget=budget, reorder=reorder)
+                             split_backward=split, budget=gate.get("cap"),
+                             memory=gate.get("memory"), reorder=reorder,
+                             mean_bytes=lambda o: mean_bytes(durations, o.placement, 1))
         best = tuning.best
         choice, order = best.candidate.choice, best.candidate.order
         scored: Any = best
@@ -287,14 +337,24 @@ def _auto(cfg: Config, S: int, M: int, jitter: str, seed: int, extra: dict[str, 
             hint = _hint(choice.hint, S, M, split)
             assert isinstance(hint, HintOrder)
             key = _memo_key(hint, choice.mode, choice.cap, choice.policy) + (
-                (order,) if order != "given" else ())
+                (order,) if order != "given" else ()) + (
+                (("memory", choice.memory),) if choice.memory else ())
             scored = _reuse(memo, key, None, lambda: simulate(
                 stages=S, microbatches=M, hint=hint, mode=choice.mode, jitter=jitter,
-                seed=seed, split_backward=split, policy=choice.policy, cap=list(choice.cap),
-                order=order))
+                seed=seed, split_backward=split, policy=choice.policy, order=order,
+                **_gated(choice.cap, choice.memory)))
+        else:
+            scored = draw[_memo_key(_hint(choice.hint, S, M, split), choice.mode,  # type: ignore
+                                    choice.cap, choice.policy) + (
+                (order,) if order != "given" else ()) + (
+                (("memory", choice.memory),) if choice.memory else ())]
         memo[row_key] = {
             "t": scored.step_time, "eff": scored.efficiency,
             "peak": max(scored.peak_in_flight), "cap0": choice.cap[0], "ranks": len(choice.cap),
+            "pkb": list(scored.peak_activation_bytes),
+            # the byte budget per rank it was chosen within (None: a count budget)
+            "limit_bytes": list(tuning.limit) if tuning.in_bytes else None,
+            "memory": None if choice.memory is None else list(choice.memory),
             "chosen": f"auto:{best.candidate.label}", "hint": choice.hint,
             "mode": choice.mode, "policy": choice.policy, "order": order,
             "stopped": sum(r.stopped for r in tuning.rows), "candidates": len(tuning.rows),
@@ -396,8 +456,8 @@ def opt_unit(S: int, M: int, jitter: str, seed: int, time_limit: float,
     runs: dict[str, Any] = {}
     for cfg in [*CONFIGS, *{_strict(c.baseline or c.hint) for c in CONFIGS}]:
         for budget, extra in (BUDGETS.items() if cfg.mode != "strict" else [("default", {})]):
-            if not cfg.runs(budget, S):
-                continue
+            if not cfg.runs(budget, S) or dict(cfg.kwargs).get("bytes"):
+                continue  # the optimum's memory bound is a count (bench/optimum.py)
             split = cfg.split_backward
             placement = _placement(cfg, S, M, extra, _probe(jitter, seed, Placement.linear(S),
                                                            M, split))
@@ -449,8 +509,56 @@ def _summary(units: list[dict[str, Any]]) -> dict[str, Any]:
                          "eff_seeds": [u["rows"][name]["eff"] for u in units],
                          "speedup_seeds": speed,
                          "peak": max(u["rows"][name]["peak"] for u in units),
-                         "cap0": units[0]["rows"][name]["cap0"]}
+                         "cap0": units[0]["rows"][name]["cap0"],
+                         **_bytes_summary(units, name, f"1f1b/{split}", same)}
     return out
+
+
+def _bytes_summary(units: list[dict[str, Any]], name: str, base: str, same: bool
+                   ) -> dict[str, Any]:
+    """Peak activation bytes against strict 1F1B's on the same durations, per seed the
+    largest ratio over ranks (rank r's peak / 1F1B's on rank r; the machine's ranks must
+    match), and the most bytes any rank held (the model's, sim/memory.py)."""
+    if not same or "strict_bytes" not in units[0]:
+        return {}
+    ratios = [max(p / max(b, 1) for p, b in zip(u["rows"][name]["pkb"], u["strict_bytes"][base]))
+              for u in units]
+    limits = [u["rows"][name].get("limit_bytes") for u in units]
+    return {"bytes_vs_1f1b": median(ratios), "bytes_vs_1f1b_max": max(ratios),
+            "bytes_vs_1f1b_seeds": ratios,
+            "peak_bytes": max(max(u["rows"][name]["pkb"]) for u in units),
+            "strict_peak_bytes": max(max(u["strict_bytes"][base]) for u in units),
+            # a byte row: the most any rank held over its own budget (<= 1: within it)
+            "bytes_vs_limit_max": None if None in limits else max(
+                max(p / m for p, m in zip(u["rows"][name]["pkb"], lim))
+                for u, lim in zip(units, limits))}
+
+
+def bytes_table(results: dict[str, Any]) -> str:
+    """Every row's peak activation bytes against strict 1F1B's on the same durations (split
+    backward where the row's is), per jitter: the equal-memory check of the byte rows."""
+    lines = []
+    for jitter in dict.fromkeys(k.rsplit("@", 1)[0] for k in results):
+        head = ["S", "configuration", "budget", "peak bytes / strict 1f1b's, rank by rank: "
+                "median (worst seed)", "most held on a rank (MiB)", "strict 1f1b's (MiB)",
+                "peak / own byte budget, worst"]
+        lines += [f"### peak bytes: {jitter}", "", "| " + " | ".join(head) + " |",
+                  "|" + "---|" * len(head)]
+        for key in sorted((k for k in results if k.rsplit("@", 1)[0] == jitter),
+                          key=lambda k: int(k.rsplit("@", 1)[1])):
+            for cfg in CONFIGS:
+                for budget in BUDGETS:
+                    v = results[key].get(f"{cfg.name}|{budget}")
+                    if v is None or "bytes_vs_1f1b" not in v:
+                        continue
+                    own = v["bytes_vs_limit_max"]
+                    lines.append("| " + " | ".join([
+                        key.rsplit("@", 1)[1], cfg.name, budget,
+                        f"{v['bytes_vs_1f1b']:.3f} ({v['bytes_vs_1f1b_max']:.3f})",
+                        f"{v['peak_bytes'] / 2**20:.1f}", f"{v['strict_peak_bytes'] / 2**20:.1f}",
+                        "-" if own is None else f"{own:.3f}"]) + " |")
+        lines.append("")
+    return "\n".join(lines)
 
 
 def sim_table(results: dict[str, Any]) -> str:
@@ -521,8 +629,9 @@ def main(argv: list[str] | None = None) -> str:
     ap.add_argument("--jitters", default=None,
                     help=f"comma-separated jitter specs (default {','.join(JITTERS)})")
     ap.add_argument("--rows", default=None,
-                    help="only these rows, by label, comma-separated; 'auto*' all whose label "
-                    "starts with 'auto'; results then go to policy_rows.md/.json")
+                    help="only these rows, by label, comma-separated (a comma and a space "
+                    "belong to a label); 'auto*' all whose label starts with 'auto'; results "
+                    "then go to policy_rows.md/.json")
     ap.add_argument("--update", action="store_true",
                     help="with --rows: then put those rows into bench/results/policy.md and "
                     ".json in place of their old figures, the header saying which command and "
@@ -532,12 +641,17 @@ def main(argv: list[str] | None = None) -> str:
                     "NAME into policy.md and .json, without running anything")
     ap.add_argument("--seed-from", type=int, default=0,
                     help="the first seed (say 5: held-out seeds 5.. when 0-4 tuned a change)")
+    ap.add_argument("--peak-bytes", action="store_true",
+                    help="add a section with every row's peak activation bytes against strict "
+                    "1F1B's on the same durations (not in policy.md: --update would refuse "
+                    "its tables)")
     ap.add_argument("--out", default=None, help="bench/results/OUT.md and .json (default "
                     "policy, or policy_rows with --rows)")
     args = ap.parse_args(argv)
     if (args.update or args.merge) and not args.rows:
         ap.error("--update and --merge replace the rows named by --rows")
-    wanted = args.rows.split(",") if args.rows else []
+    # a comma followed by a space is part of a label ("auto bytes, held-out")
+    wanted = re.split(r",(?! )", args.rows) if args.rows else []
     order = [c.name for c in CONFIGS] + [c.name for c in sorted(
         {_strict(c.baseline or c.hint) for c in CONFIGS}, key=lambda c: c.hint)]
     if args.merge:
@@ -594,6 +708,14 @@ def main(argv: list[str] | None = None) -> str:
         "the same seed with the scored step's microbatch sizes, `..., held-out, last step` on "
         "step 1 as drawn, and run their choice on the scored step (bench/policy_held.py).", "",
         sim_table(results),
+        *(["## Peak activation bytes against strict 1F1B", "",
+            "Per seed, the largest over ranks of the row's peak activation bytes on rank r over "
+            "strict 1F1B's on rank r, same durations (split backward where the row's is; the "
+            "simulator's model, 1 MiB per ms of a forward, sim/memory.py); median over seeds "
+            "(worst seed). A row at or under 2.000 held at most twice 1F1B's bytes on every "
+            "rank. The last column, for rows with a byte budget: the peak over the budget it "
+            "was chosen within, on the rank and seed where it is largest.", "",
+            bytes_table(results)] if args.peak_bytes else []),
         "## Against the offline optimum (bench/optimum.py)", "",
         f"CP-SAT, {args.time_limit:g} s per instance, {2 if jobs == 1 else 1} worker(s) in "
         f"each of {jobs} processes, durations quantised to "

@@ -33,13 +33,17 @@ def test_auto_rows_with_the_memo_choose_what_simulate_chooses(jitter: str, monke
         given = dict(cfg.kwargs).get("order") == "given"
         fresh = simulate(stages=S, microbatches=M, hint="auto", jitter=jitter, seed=0,
                          split_backward=cfg.split_backward,
-                         cap=policy._auto_budget(cfg, S, M, extra),
-                         order="given" if given else None)
+                         order="given" if given else None,
+                         **policy.auto_gate(cfg, S, M, extra, _no_scored_peak))
         best = fresh.tuning.best
         assert (row["chosen"], row["t"], row["cap0"], row["peak"]) == (
             fresh.hint, fresh.step_time, best.candidate.choice.cap[0],
             max(best.peak_in_flight)), cfg.name
         assert row["candidates"] == len(fresh.tuning.rows), cfg.name
+
+
+def _no_scored_peak() -> list[int]:
+    raise AssertionError("a hindsight row's byte budget is '2x' of the durations chosen on")
 
 
 def test_a_stopped_run_is_reused_only_under_a_bound_it_exceeds() -> None:
