@@ -621,7 +621,9 @@ def main(argv: list[str] | None = None) -> str:
         "unsplit rows draw different durations (the kinds differ). Auto rows choose on the "
         "scored durations themselves (hindsight); `..., held-out` rows choose on step 1 of "
         "the same seed with the scored step's microbatch sizes, `..., held-out, last step` on "
-        "step 1 as drawn, and run their choice on the scored step (bench/policy_held.py).", "",
+        f"step 1 as drawn, `..., held-out, window {WINDOW}` on steps 1-{WINDOW} with the scored "
+        "step's sizes (their mean step time), and run their choice on the scored step "
+        "(bench/policy_held.py).", "",
         sim_table(results),
         "## Against the offline optimum (bench/optimum.py)", "",
         f"CP-SAT, {args.time_limit:g} s per instance, {2 if jobs == 1 else 1} worker(s) in "
