@@ -26,8 +26,10 @@ simulated on the very durations the row is scored on, the best of them in hindsi
 (`..., held-out`): the choice is made on another draw of the same jitter, step 1 of the seed,
 with the scored step's microbatch sizes (`, last step`: without them, as Pipeline(hint="auto")
 chooses from the step it measured), and the chosen hint, mode, policy, caps and order rule then
-run on the scored durations (bench/policy_held.py). A held-out row is never faster than its
-hindsight row: the hindsight row is the fastest fitting candidate of the same set.
+run on the scored durations (bench/policy_held.py); `..., held-out, window 4` chooses on steps
+1-4 (their mean step time, as Pipeline(hint=AutoHint(window=4))). A held-out row is never
+faster than its hindsight row: the hindsight row is the fastest fitting candidate of the same
+set.
 
 `auto bytes` rows give auto the column's budget in activation bytes (`memory="2x"`: twice
 strict 1F1B's peak bytes per rank, sim/budget.py; held out: those bytes as a number), and
@@ -91,7 +93,7 @@ from aioready.telemetry.bounds import in_order_bound
 
 from .common import RESULTS, lean_gc, median, write_result
 from .optimum import Instance, instance, schedule_of, solve
-from .policy_held import KNOWN, choice_draw
+from .policy_held import KNOWN, WINDOW, choice_draw
 from .policy_page import matches, update
 
 
@@ -157,6 +159,12 @@ CONFIGS: list[Config] = [
              budgets=("2x",), kwargs=(("bytes", True), *held))
       for label, split in (("", False), (" split", True))
       for held, suffix in (((), ""), ((("held", "sizes"),), ", held-out"))),
+    # held out over a window: chosen on steps 1..WINDOW (their mean step time), as
+    # Pipeline(hint=AutoHint(window=WINDOW)) chooses from its last steps (bench/policy_held.py)
+    *(Config("auto", label=f"{label}, held-out, window {WINDOW}", baseline="1f1b", split=split,
+             budgets=("2x",), kwargs=(*extra, ("held", "sizes"), ("window", WINDOW)))
+      for label, split, extra in (("auto", False, ()), ("auto split", True, ()),
+                                  ("auto split, 2S each", True, (("uniform", True),)))),
 ]
 BUDGETS: dict[str, dict[str, Any]] = {"default": {}, "2x": {"cap": "2x"}}
 JITTERS = ("lognormal:0.5", "multimodal:0.3:3", "lognormal:0.2+straggler:1:1.5")
@@ -302,9 +310,11 @@ def _auto(cfg: Config, S: int, M: int, jitter: str, seed: int, extra: dict[str, 
                                     num_microbatches=M), 0) is not None
     # without sizes both held-out readings choose on the same draw: one choice
     held = kwargs.get("held") and (kwargs["held"] if sized else KNOWN[0])
+    window = kwargs.get("window", 1)
     source: dict[str, Any] = ({"jitter": jitter, "seed": seed} if not held else
-                              {"trace": choice_draw(jitter, seed, S, M, split, held)})
-    draw = memo if not held else memo.setdefault(("draw", held), {})
+                              {"trace": choice_draw(jitter, seed, S, M, split, held,
+                                                    window=window), "steps": window})
+    draw = memo if not held else memo.setdefault(("draw", held, window), {})
 
     def run(order: HintOrder, mode: str, caps: tuple[int, ...], policy: str,
             bound: float | None = None, memory: tuple[int, ...] | None = None,
@@ -324,7 +334,7 @@ def _auto(cfg: Config, S: int, M: int, jitter: str, seed: int, extra: dict[str, 
     # what decides the choice (the unit's S, jitter and seed fix the durations): rows that
     # differ only in their label ("auto split" and "auto split, given order" where the
     # durations carry no sizes) are one choice
-    row_key = ("auto", cfg.hint, split, str(gate), reorder is not None, held)
+    row_key = ("auto", cfg.hint, split, str(gate), reorder is not None, held, window)
     if row_key not in memo:
         tuning = choose_auto(run, cfg.hint, num_stages=S, num_ranks=None, num_microbatches=M,
                              split_backward=split, budget=gate.get("cap"),
@@ -428,12 +438,12 @@ def _as_chosen(cfg: Config, S: int, M: int, probe: Instance, extra: dict[str, An
     if cfg.hint in HINTS:
         return cfg, extra, None
     order = dict(cfg.kwargs).get("order")
-    held = _held(cfg)
-    trace = probe.trace() if held is None else choice_draw(jitter, seed, S, M,
-                                                            cfg.split_backward, held)
+    held, window = _held(cfg), dict(cfg.kwargs).get("window", 1)
+    trace = probe.trace() if held is None else choice_draw(
+        jitter, seed, S, M, cfg.split_backward, held, window=window)
     best = simulate(stages=S, microbatches=M, hint=cfg.hint, trace=trace,
                     split_backward=cfg.split_backward, cap=_auto_budget(cfg, S, M, extra),
-                    order=order).tuning.best.candidate
+                    order=order, steps=window if held else 1).tuning.best.candidate
     chosen = best.choice
     slots = (None if best.order == "given" or probe.sizes is None
              else cost_order(list(probe.sizes), best.order, S, cfg.split_backward))
@@ -613,6 +623,25 @@ def opt_table(units: dict[str, list[dict[str, Any]]]) -> str:
     return "\n".join(lines)
 
 
+def opt_seeds_list(units: dict[str, list[dict[str, Any]]]) -> str:
+    """opt/t of each auto row over its seeds: median, the worst seed, how many reach 0.95. A
+    list, not a table: bench/policy_page.py merges tables that policy.md has, and only those."""
+    lines = []
+    for case, found in units.items():
+        S, M, jitter = case.split("@")
+        for cfg in (c for c in CONFIGS if c.hint not in HINTS):
+            name = f"{cfg.name}|2x"
+            mine = [(u["seed"], u["rows"][name]["opt_eff"]) for u in found if name in u["rows"]]
+            if not mine:
+                continue
+            seed, worst = min(mine, key=lambda sv: sv[1])
+            lines.append(f"- S, M = {S}, {M}, {jitter}, {cfg.name}: opt/t median "
+                         f"{median(v for _, v in mine):.3f}, worst {worst:.3f} (seed {seed}), "
+                         f"{sum(v >= 0.95 for _, v in mine)}/{len(mine)} seeds >= 0.95 "
+                         f"(seeds {mine[0][0]}-{mine[-1][0]})")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> str:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -685,12 +714,12 @@ def main(argv: list[str] | None = None) -> str:
         # one CP-SAT worker per process: the processes fill the cores, as the solver's own
         # workers would, and the per-instance time limit stays the same
         opt_points = [(S, M, j, seed) for S, M in cases for j in jitters
-                      for seed in range(opt_seeds)]
+                      for seed in range(first, first + opt_seeds)]
         found = list(pool.map(opt_unit, *zip(*opt_points), [args.time_limit] * len(opt_points),
                               [2 if jobs == 1 else 1] * len(opt_points))) if opt_points else []
     optimum: dict[str, list[dict[str, Any]]] = {}
-    for (S, M, jitter, _), unit in zip(opt_points, found):
-        optimum.setdefault(f"{S}@{M}@{jitter}", []).append(unit)
+    for (S, M, jitter, seed), unit in zip(opt_points, found):
+        optimum.setdefault(f"{S}@{M}@{jitter}", []).append({**unit, "seed": seed})
     opt_s = time.perf_counter() - began - sim_s
     body = "\n".join([
         f"M = 4S, {seeds} seeds per point (from seed {first}), jitters {', '.join(jitters)}; budgets: "
@@ -706,7 +735,9 @@ def main(argv: list[str] | None = None) -> str:
         "unsplit rows draw different durations (the kinds differ). Auto rows choose on the "
         "scored durations themselves (hindsight); `..., held-out` rows choose on step 1 of "
         "the same seed with the scored step's microbatch sizes, `..., held-out, last step` on "
-        "step 1 as drawn, and run their choice on the scored step (bench/policy_held.py).", "",
+        f"step 1 as drawn, `..., held-out, window {WINDOW}` on steps 1-{WINDOW} with the scored "
+        "step's sizes (their mean step time), and run their choice on the scored step "
+        "(bench/policy_held.py).", "",
         sim_table(results),
         *(["## Peak activation bytes against strict 1F1B", "",
             "Per seed, the largest over ranks of the row's peak activation bytes on rank r over "
@@ -725,6 +756,7 @@ def main(argv: list[str] | None = None) -> str:
         "opt/t where every instance is proven optimal (proven: how many were). The search "
         "starts from the simulated schedules, so opt/t <= 1: a 1.000 can mean the solver did "
         "not improve on the policy in its time.", "", opt_table(optimum), "",
+        "Per seed, the auto rows (opt/t):", "", opt_seeds_list(optimum), "",
         f"Running time: simulations {sim_s:.0f} s ({len(points)} points, {jobs} processes, "
         f"{sum(u['cpu_s'] for u in done):.0f} s of CPU), optimum {opt_s:.0f} s."])
     (RESULTS / f"{out}.json").write_text(json.dumps(

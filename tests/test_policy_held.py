@@ -13,10 +13,16 @@ import numpy as np
 import pytest
 
 import bench.policy as policy
+from aioready.clock import run_virtual
+from aioready.devices import SimDevice
 from aioready.placement import Placement
+from aioready.runtime.autotune import AutoHint
+from aioready.runtime.pipeline import Pipeline
+from aioready.sim.durations import device_duration
 from aioready.sim.simulator import simulate
+from aioready.sim.tune import SimChooser
 from aioready.sim.variability import JitterModel
-from bench.policy_held import HELD_STEP, choice_draw
+from bench.policy_held import HELD_STEP, WINDOW, choice_draw
 
 S, M = 4, 16
 
@@ -33,7 +39,12 @@ def units() -> dict[str, dict]:
 
 
 def _held_rows() -> list[policy.Config]:
-    return [c for c in policy.CONFIGS if c.hint == "auto" and "held" in dict(c.kwargs)]
+    return [c for c in policy.CONFIGS if c.hint == "auto" and "held" in dict(c.kwargs)
+            and "window" not in dict(c.kwargs)]
+
+
+def _window_rows() -> list[policy.Config]:
+    return [c for c in policy.CONFIGS if c.hint == "auto" and "window" in dict(c.kwargs)]
 
 
 @pytest.mark.parametrize("jitter", ["lognormal:0.5", "multimodal:0.3:3"])
@@ -103,3 +114,78 @@ def test_the_choice_draw_differs_only_in_per_task_noise_and_step_zero_is_the_sco
     direct = simulate(stages=S, microbatches=M, hint="auto", jitter=jitter, seed=3,
                       split_backward=True, cap="2x")
     assert (via_trace.hint, via_trace.step_time) == (direct.hint, direct.step_time)
+
+
+@pytest.mark.parametrize("jitter", ["lognormal:0.5", "multimodal:0.3:3"])
+def test_a_window_row_is_a_fresh_choice_on_steps_one_to_k_run_on_the_scored_one(
+        units: dict[str, dict], jitter: str) -> None:
+    rows = _window_rows()
+    assert len(rows) == 3 and {dict(c.kwargs)["window"] for c in rows} == {WINDOW}
+    for cfg in rows:
+        row = units[jitter]["rows"][f"{cfg.name}|2x"]
+        split, budget = cfg.split_backward, policy._auto_budget(cfg, S, M, policy.BUDGETS["2x"])
+        draw = choice_draw(jitter, 0, S, M, split, "sizes", window=WINDOW)
+        chosen = simulate(stages=S, microbatches=M, hint="auto", trace=draw, steps=WINDOW,
+                          split_backward=split, cap=budget)
+        best = chosen.tuning.best
+        c = best.candidate.choice
+        scored = simulate(stages=S, microbatches=M, hint=c.hint, mode=c.mode, policy=c.policy,
+                          cap=list(c.cap), jitter=jitter, seed=0, split_backward=split,
+                          order=best.candidate.order)
+        assert (row["chosen"], row["t_chosen_on"], row["t"], row["eff"], row["cap0"],
+                row["peak"]) == (chosen.hint, chosen.step_time, scored.step_time,
+                                 scored.efficiency, c.cap[0], max(scored.peak_in_flight)), \
+            cfg.name
+        assert row["candidates"] == len(chosen.tuning.rows), cfg.name
+
+
+def test_a_window_is_its_steps_drawn_one_by_one_and_never_the_scored_step() -> None:
+    for jitter in ("lognormal:0.5", "multimodal:0.3:3"):
+        window = choice_draw(jitter, 2, S, M, True, "sizes", window=3)
+        assert window.num_steps == 3
+        for i in range(3):
+            one = choice_draw(jitter, 2, S, M, True, "sizes", step=HELD_STEP + i)
+            assert np.array_equal(window.table(i), one.table(0))
+            if one.sizes(0) is not None:
+                assert np.array_equal(window.sizes(i), one.sizes(0))
+        scored = choice_draw(jitter, 2, S, M, True, "sizes", step=0)
+        assert not any(np.allclose(window.table(i), scored.table(0)) for i in range(3))
+    with pytest.raises(ValueError, match="window"):
+        choice_draw("lognormal:0.5", 0, S, M, True, "sizes", window=0)
+
+
+def test_the_window_changes_the_choice_where_one_step_misleads() -> None:
+    """lognormal:0.5, split, seed 0, the 2x budget: step 1 alone picks zb-h2 under `light`,
+    steps 1-4 bfw under greedy, so the window is not a relabelled one-step choice."""
+    picks = []
+    for window in (1, WINDOW):
+        draw = choice_draw("lognormal:0.5", 0, S, M, True, "sizes", window=window)
+        best = simulate(stages=S, microbatches=M, hint="auto", trace=draw, steps=window,
+                        split_backward=True, cap="2x").tuning.best.candidate
+        picks.append((best.label, best.choice.mode, best.choice.cap, best.choice.policy))
+    assert picks[0][0] == "zb-h2" and picks[1][0] == "bfw", picks
+
+
+def test_a_pipeline_with_a_window_chooses_what_the_window_row_chooses() -> None:
+    """Pipeline(hint=AutoHint(window=k)) measures k steps under its start hint and chooses on
+    their spans: the choice the bench's window row makes on the same k steps' durations."""
+    draw = choice_draw("lognormal:0.5", 0, S, M, True, "sizes", window=WINDOW)
+    chooser = SimChooser()
+
+    async def main() -> Pipeline:
+        pipe = Pipeline([None] * S, None, microbatches=M, split_backward=True, cap="2x",
+                        hint=AutoHint(window=WINDOW, chooser=chooser),
+                        device=SimDevice(device_duration(draw, 1.0), run_compute=False))
+        for _ in range(WINDOW):
+            await pipe.step()
+        return pipe
+    pipe = run_virtual(main())
+    row = simulate(stages=S, microbatches=M, hint="auto", trace=draw, steps=WINDOW,
+                   split_backward=True, cap="2x")
+    assert chooser.last is not None and len(pipe.auto.choices) == 1
+    best, want = chooser.last.best, row.tuning.best
+    assert (best.candidate.label, best.candidate.choice.cap, best.candidate.choice.mode,
+            best.candidate.choice.policy) == (want.candidate.label, want.candidate.choice.cap,
+                                              want.candidate.choice.mode,
+                                              want.candidate.choice.policy)
+    assert best.step_time == pytest.approx(want.step_time, rel=1e-9)
