@@ -83,13 +83,20 @@ typedef struct {
     PyObject *desc;
 } message_args;
 
-/* 1: parsed; 0: a field out of range (the caller answers NotImplemented); -1: an exception */
-static int parse_message(PyObject *const *args, message_args *m) {
+/* the route and header fields every send takes first (comm, dest, tag, kind, step, stage,
+   microbatch, msgtag): 1 if each is in range, else 0 (the caller answers NotImplemented) */
+static int parse_route(PyObject *const *args, message_args *m) {
     m->comm = (MPI_Comm)handle_in(args[0]);
     m->dest = bounded(args[1], 0x7fffffffL); m->tag = bounded(args[2], 0x7fffffffL);
     m->kind = bounded(args[3], 0xff); m->step = bounded(args[4], 0xffffffffL);
     m->stage = bounded(args[5], 0xffff); m->mb = bounded(args[6], 0xffffffffL);
     m->msgtag = bounded(args[7], 0xffffffffL);
+    return (m->dest | m->tag | m->kind | m->step | m->stage | m->mb | m->msgtag) >= 0;
+}
+
+/* 1: parsed; 0: a field out of range (the caller answers NotImplemented); -1: an exception */
+static int parse_message(PyObject *const *args, message_args *m) {
+    int route = parse_route(args, m);
     m->n = bounded(args[10], 0x7fffffffL); m->off = bounded(args[11], 0x7fffffffL);
     m->ptr = PyLong_AsVoidPtr(args[9]);
     if (m->ptr == NULL && PyErr_Occurred()) return -1;
@@ -98,8 +105,7 @@ static int parse_message(PyObject *const *args, message_args *m) {
         return -1;
     }
     m->desc = args[8];
-    return (m->dest | m->tag | m->kind | m->step | m->stage | m->mb | m->msgtag | m->n |
-            m->off) >= 0 && FIXED + PyBytes_GET_SIZE(m->desc) <= m->off;
+    return route && (m->n | m->off) >= 0 && FIXED + PyBytes_GET_SIZE(m->desc) <= m->off;
 }
 
 /* the fixed header of `count` tensors */
@@ -167,13 +173,9 @@ static PyObject *send_head(PyObject *self, PyObject *const *args, Py_ssize_t nar
         return NULL;
     }
     message_args m;
-    m.comm = (MPI_Comm)handle_in(args[0]);
-    m.dest = bounded(args[1], 0x7fffffffL); m.tag = bounded(args[2], 0x7fffffffL);
-    m.kind = bounded(args[3], 0xff); m.step = bounded(args[4], 0xffffffffL);
-    m.stage = bounded(args[5], 0xffff); m.mb = bounded(args[6], 0xffffffffL);
-    m.msgtag = bounded(args[7], 0xffffffffL);
+    int route = parse_route(args, &m);
     long total = bounded(args[8], 0x7fffffffL);
-    if ((m.dest | m.tag | m.kind | m.step | m.stage | m.mb | m.msgtag) < 0 || total < FIXED)
+    if (!route || total < FIXED)
         Py_RETURN_NOTIMPLEMENTED;
     PyObject *buf = PyBytes_FromStringAndSize(NULL, total);
     if (buf == NULL) return NULL;
@@ -347,19 +349,14 @@ static PyObject *send_multi(PyObject *self, PyObject *const *args, Py_ssize_t na
         return NULL;
     }
     message_args m;
-    m.comm = (MPI_Comm)handle_in(args[0]);
-    m.dest = bounded(args[1], 0x7fffffffL); m.tag = bounded(args[2], 0x7fffffffL);
-    m.kind = bounded(args[3], 0xff); m.step = bounded(args[4], 0xffffffffL);
-    m.stage = bounded(args[5], 0xffff); m.mb = bounded(args[6], 0xffffffffL);
-    m.msgtag = bounded(args[7], 0xffffffffL);
+    int route = parse_route(args, &m);
     if (!PyBytes_Check(args[8]) || !PyTuple_Check(args[10])) {
         PyErr_SetString(PyExc_TypeError, "send_multi: desc must be bytes, parts a tuple");
         return NULL;
     }
     long count = bounded(args[9], 0xff), total = bounded(args[11], 0x7fffffffL);
     Py_ssize_t dlen = PyBytes_GET_SIZE(args[8]), nparts = PyTuple_GET_SIZE(args[10]);
-    if ((m.dest | m.tag | m.kind | m.step | m.stage | m.mb | m.msgtag | count | total) < 0 ||
-            FIXED + dlen > total)
+    if (!route || (count | total) < 0 || FIXED + dlen > total)
         Py_RETURN_NOTIMPLEMENTED;
     void *ptrs[256];
     long sizes[256], offs[256];
