@@ -23,7 +23,7 @@ import numpy as np
 
 from aioready.placement import Placement
 from aioready.tasks import Kind
-from aioready.telemetry.bounds import in_order_bound, lower_bound_table
+from aioready.telemetry.bounds import forward_flow, in_order_bound, lower_bound_table
 
 __all__ = ["memory_bound", "in_order_rank_bound", "forward_flow"]
 
@@ -60,20 +60,6 @@ def memory_bound(placement: Placement, table: np.ndarray, split_backward: bool,
         top_f = float(np.sort(F[stages].sum(axis=0))[::-1][:cap].sum())
         best = max(best, max(head + busy - top_w, reach + busy - top_f - top_w) + tail)
     return best
-
-
-def forward_flow(F: np.ndarray) -> np.ndarray:
-    """Least end of each F(s, m) (stages, M) when every stage runs its forwards in microbatch
-    order: after F(s-1, m) and after F(s, m-1) (the flow-shop recurrence)."""
-    stages, micro = F.shape
-    end = np.zeros_like(F, dtype=np.float64)
-    for s in range(stages):
-        prev = end[s - 1] if s else np.zeros(micro)
-        row, t = end[s], 0.0
-        for m in range(micro):
-            t = max(t, prev[m]) + F[s, m]
-            row[m] = t
-    return end
 
 
 def in_order_rank_bound(table: np.ndarray, split_backward: bool) -> float:

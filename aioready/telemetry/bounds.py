@@ -19,8 +19,8 @@ from ..tasks import Kind
 if TYPE_CHECKING:
     from ..placement import Placement
 
-__all__ = ["lower_bound", "lower_bound_table", "chain_bound", "any_placement_bound",
-           "in_order_bound"]
+__all__ = ["lower_bound", "lower_bound_table", "forward_flow", "chain_bound",
+           "any_placement_bound", "in_order_bound"]
 
 
 def lower_bound_table(placement: Placement, table: np.ndarray, split_backward: bool) -> float:
@@ -72,6 +72,20 @@ def lower_bound(placement: Placement, num_microbatches: int, split_backward: boo
     return lower_bound_table(placement, table, split_backward)
 
 
+def forward_flow(F: np.ndarray) -> np.ndarray:
+    """Least end of each F(s, m) (stages, microbatches) when every stage runs its forwards in
+    microbatch order: after F(s-1, m) and after F(s, m-1) (the flow-shop recurrence)."""
+    stages, micro = F.shape
+    end = np.zeros_like(F, dtype=np.float64)
+    for s in range(stages):
+        prev = end[s - 1] if s else np.zeros(micro)
+        row, t = end[s], 0.0
+        for m in range(micro):
+            t = max(t, prev[m]) + F[s, m]
+            row[m] = t
+    return end
+
+
 def in_order_bound(placement: Placement, table: np.ndarray, split_backward: bool) -> float:
     """A lower bound for schedules that run each stage's forwards in microbatch order, as every
     library hint does in strict and ready mode (entry forwards are admitted in hint order, so
@@ -88,14 +102,7 @@ def in_order_bound(placement: Placement, table: np.ndarray, split_backward: bool
     """
     F, B = table[:, :, Kind.F], table[:, :, Kind.B]
     W = table[:, :, Kind.W] if split_backward else np.zeros_like(F)
-    stages, micro = F.shape
-    end = np.zeros_like(F)
-    for s in range(stages):
-        prev = end[s - 1] if s else np.zeros(micro)
-        row, t = end[s], 0.0
-        for m in range(micro):
-            t = max(t, prev[m]) + F[s, m]
-            row[m] = t
+    end = forward_flow(F)
     start = end - F
     best = lower_bound_table(placement, table, split_backward)
     for rank in range(placement.num_ranks):
