@@ -26,6 +26,7 @@ from .e2e_worker import (
     _record,
     parse_straggler,
 )
+from .wire_json import all_gather_json_torch
 
 __all__ = ["run_torch"]
 
@@ -87,12 +88,10 @@ def run_torch(args: argparse.Namespace, trace: Any, configs: list[str],
             compute.append(METER.seconds - m0)
             if has_last:
                 loss = float(sum(float(v.detach()) for v in losses) / M)
-        gathered: list[Any] = [None] * size
-        dist.all_gather_object(gathered, (times[args.warmup:], loss if has_last else None,
-                                          _grad_sq(modules), list(injector.slept),
-                                          list(injector.count), _per_step(cpu, args.warmup),
-                                          injector.peak_activations(),
-                                          _per_step(compute, args.warmup)))
+        gathered = all_gather_json_torch([
+            times[args.warmup:], loss if has_last else None, _grad_sq(modules),
+            list(injector.slept), list(injector.count), _per_step(cpu, args.warmup),
+            injector.peak_activations(), _per_step(compute, args.warmup)])
         if rank == 0:
             all_times = [g[0] for g in gathered]
             the_loss = next(g[1] for g in gathered if g[1] is not None)

@@ -29,6 +29,7 @@ from aioready.tasks import Kind
 from .e2e_compute import METER
 from .e2e_counts import Counts
 from .e2e_sized import read_sizes, split_order, step_costs
+from .wire_json import bcast_int, gather_json, reduce_sum_float
 
 __all__ = ["RunShape", "stage_seconds", "AIOREADY_SPLIT", "TORCH_SCHEDULES", "parse_straggler",
            "parse_config", "DEFAULT", "default_start"]
@@ -318,17 +319,15 @@ def run_aioready(args: argparse.Namespace, trace: Any, configs: list[str],
         pipe.close()
         if counts is not None:
             counts.write(f"{hint}-{mode}", rank)
-        all_times = comm.gather(times[args.warmup:], root=0)
-        losses = comm.gather(loss, root=0)
-        grad_sq = comm.reduce(_grad_sq(stages), op=MPI.SUM, root=0)
-        slept = comm.gather(list(injector.slept), root=0)
-        counts = comm.gather(list(injector.count), root=0)
-        cpus = comm.gather(_per_step(cpu, args.warmup), root=0)
-        peaks = comm.gather(injector.peak_activations(), root=0)
-        computes = comm.gather(_per_step(compute, args.warmup), root=0)
-        caps = comm.gather([rt.cap for rt in pipe.runtimes], root=0)
-        if rank != 0:
+        grad_sq = reduce_sum_float(comm, _grad_sq(stages))
+        gathered = gather_json(comm, [
+            times[args.warmup:], loss, list(injector.slept), list(injector.count),
+            _per_step(cpu, args.warmup), injector.peak_activations(),
+            _per_step(compute, args.warmup), [rt.cap for rt in pipe.runtimes]])
+        if gathered is None:
             return {}
+        all_times, losses, slept, counts, cpus, peaks, computes, caps = (
+            [g[i] for g in gathered] for i in range(8))
         the_loss = next(v for v in losses if v is not None)
         name = (DEFAULT if start is not None else f"{hint}/{mode}"
                 + (f":{policy}" if policy != "reserve" else "") + (f"@{cap}" if cap else "")
@@ -387,7 +386,7 @@ def _gloo_env_from_mpi() -> None:
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
-    port = comm.bcast(port, root=0)
+    port = bcast_int(comm, port)
     os.environ.update(RANK=str(comm.Get_rank()), WORLD_SIZE=str(comm.Get_size()),
                       LOCAL_RANK=str(comm.Get_rank()), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
