@@ -36,6 +36,19 @@ _CONTROL = int(MessageKind.CONTROL)
 _string_at = ctypes.string_at
 
 
+def _plain(t: Any) -> bool:
+    """Whether a plan may copy `t`'s memory as its values: on the CPU, contiguous, and with no
+    lazy negation (a plan's key has its dtype, shape and layout, not these)."""
+    return t.is_cpu and t.is_contiguous() and not t.is_neg()
+
+
+def _plain_present(tensors: tuple[Any, ...]) -> list[Any] | None:
+    """The tensors of a several-tensor message without its None slots, or None if one is not
+    `_plain`: what both a packed and a pointer send of its plan copy, in order."""
+    present = [t for t in tensors if t is not None]
+    return present if all(_plain(t) for t in present) else None
+
+
 class LayoutPlans:
     """Per (dtype, shape, layout) of a lone CPU tensor, the plan `build(descriptor, payload
     bytes)` made for it (None: none); shared by the MPI transport's `SendPlans` and the gloo
@@ -61,7 +74,7 @@ class LayoutPlans:
         plan = self._plans.get(key, False)
         if plan is False:
             plan = self._learn(t, key)
-        if plan is None or not t.is_cpu or not t.is_contiguous() or t.is_neg():
+        if plan is None or not _plain(t):
             return None  # (a complex dtype, which a lazy conjugate has, has no plan)
         return t, plan
 
@@ -173,15 +186,13 @@ class MultiPlans:
         plan = self._plan(tensors)
         if plan is None:
             return None
+        present = _plain_present(tensors)
+        if present is None:
+            return None
         pack, desc, _, _ = plan
-        payloads = []
-        for t in tensors:
-            if t is not None:
-                if not t.is_cpu or not t.is_contiguous() or t.is_neg():
-                    return None
-                payloads.append(_string_at(t.data_ptr(), t.nbytes))
         return pack(HEADER_MAGIC, _VERSION, msg.kind, msg.step, msg.stage, msg.microbatch,
-                    msg.tag, len(tensors), desc, *payloads)
+                    msg.tag, len(tensors), desc,
+                    *(_string_at(t.data_ptr(), t.nbytes) for t in present))
 
     def parts(self, msg: Message) -> tuple[bytes, tuple[tuple[int, int, int], ...], int] | None:
         """What `encode` writes, as (descriptor block, (pointer, bytes, offset) of each tensor,
@@ -191,16 +202,12 @@ class MultiPlans:
         plan = self._plan(tensors)
         if plan is None:
             return None
+        present = _plain_present(tensors)
+        if present is None:
+            return None
         _, desc, offsets, total = plan
-        parts = []
-        i = 0
-        for t in tensors:
-            if t is not None:
-                if not t.is_cpu or not t.is_contiguous() or t.is_neg():
-                    return None
-                parts.append((t.data_ptr(), t.nbytes, offsets[i]))
-                i += 1
-        return desc, tuple(parts), total
+        parts = tuple((t.data_ptr(), t.nbytes, off) for t, off in zip(present, offsets))
+        return desc, parts, total
 
     def _learn(self, tensors: tuple[Any, ...], key: tuple[Any, ...]) -> Any:
         strided = torch_module().strided
