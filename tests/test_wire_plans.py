@@ -22,6 +22,13 @@ def general(codec: WireCodec, msg: Message) -> np.ndarray:
     return np.frombuffer(codec.encode_inline(msg, descriptors, sizes), np.uint8).copy()
 
 
+def same_as_general(codec: WireCodec, msg: Message, wire: bytes | None) -> np.ndarray:
+    """`wire`, a send plan's bytes for `msg`, checked to be the general encoder's, as a fresh
+    buffer for a receive plan to read."""
+    assert wire is not None and wire == general(codec, msg).tobytes()
+    return np.frombuffer(wire, np.uint8).copy()
+
+
 def learned(codec: WireCodec, plans: ReceivePlans, wire: np.ndarray) -> None:
     _, layout = codec.decode(wire, source=1)
     plans.learn(wire, layout)
@@ -40,8 +47,7 @@ def test_plans_write_and_read_what_the_general_path_does(dtype: str) -> None:
         if dt.is_complex:  # no plan: a lazy conjugate of the same key needs resolving
             assert wire is None
             continue
-        assert wire is not None and wire == general(codec, msg).tobytes()
-        buf = np.frombuffer(wire, np.uint8).copy()
+        buf = same_as_general(codec, msg, wire)
         got = receive.message(buf, 4)
         if step == 0:
             assert got is None  # nothing learned yet
@@ -154,8 +160,7 @@ def test_a_large_payload_travels_as_the_general_path_writes_it(nbytes: int,
     x = torch.randn(nbytes // dtype.itemsize, requires_grad=True).to(dtype)
     msg = Message(4, MessageKind.ACTIVATION, 1, 2, (x,), tag=3)
     wire = send.encode(msg)
-    assert wire is not None and wire == general(codec, msg).tobytes()
-    buf = np.frombuffer(wire, np.uint8).copy()
+    buf = same_as_general(codec, msg, wire)
     learned(codec, receive, buf)
     if dtype != torch.bfloat16:  # (no numpy dtype: the general path's)
         for into in (buf, bytearray(wire)):
