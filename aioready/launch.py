@@ -49,6 +49,10 @@ MPI_VARS = ("PMI_SIZE", "PMI_RANK", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK")
 T = TypeVar("T")
 LEAVE_LINGER_S = 0.5
 """How long a failing rank waits before leaving a torchrun job (module note)."""
+ABORT_DRAIN_S = 0.1
+"""How long a failing rank waits between printing its error and MPI_Abort: mpiexec forwards a
+rank's output through a pipe that the abort's kill can cut before it is read, and a CI run once
+lost the whole error text (an empty stderr) that way."""
 
 
 def say(*parts: object) -> None:
@@ -107,6 +111,7 @@ def abort_on_error(exit_code: int = 1) -> Iterator[None]:
             # the error would blame this rank: leave a moment later (the module note)
             time.sleep(LEAVE_LINGER_S)
             os._exit(exit_code)
+        time.sleep(ABORT_DRAIN_S)
         mpi.COMM_WORLD.Abort(exit_code)  # type: ignore[attr-defined]
         raise
 
