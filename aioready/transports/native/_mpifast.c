@@ -10,7 +10,9 @@
  *        message into a bytearray with MPI_Imrecv + MPI_Test, and if a receive plan of its
  *        length takes it (the very checks of wire_plans.ReceivePlans.message) build its tensor
  *        and its Message. Anything else goes back to Python as it is, which takes the path it
- *        took without this helper (and raises what is wrong there).
+ *        took without this helper (and raises what is wrong there). A header-only NOTICE that
+ *        the plan takes goes, where a notice handler is given, straight to it as four integers
+ *        (step, stage, microbatch, tag): no Message is built for it.
  *
  * The wire format is header.py's `_FIXED` = "<HBBIHIIB" (19 bytes), little-endian.
  */
@@ -22,7 +24,7 @@
 #define FIXED 19
 
 static PyObject *g_kinds, *g_message, *g_ndarray, *g_from_numpy;
-static long g_control, g_magic, g_version;
+static long g_control, g_magic, g_version, g_notice = -1;
 static PyObject *s_desc, *s_n, *s_one, *s_views;
 
 static PyObject *mpi_error(const char *call, int code) {
@@ -59,18 +61,20 @@ static long bounded(PyObject *o, long hi) {
     return v < 0 || v > hi ? -1 : v;
 }
 
-PyDoc_STRVAR(setup_doc, "setup(kinds, control, Message, ndarray, from_numpy, magic, version)");
+PyDoc_STRVAR(setup_doc,
+"setup(kinds, control, Message, ndarray, from_numpy, magic, version, notice=-1)");
 static PyObject *setup(PyObject *self, PyObject *args) {
     PyObject *kinds, *message, *ndarray, *from_numpy;
     long control, magic, version;
-    if (!PyArg_ParseTuple(args, "O!lOOOll", &PyTuple_Type, &kinds, &control, &message,
-                          &ndarray, &from_numpy, &magic, &version))
+    long notice = -1;
+    if (!PyArg_ParseTuple(args, "O!lOOOll|l", &PyTuple_Type, &kinds, &control, &message,
+                          &ndarray, &from_numpy, &magic, &version, &notice))
         return NULL;
     Py_INCREF(kinds); Py_XSETREF(g_kinds, kinds);
     Py_INCREF(message); Py_XSETREF(g_message, message);
     Py_INCREF(ndarray); Py_XSETREF(g_ndarray, ndarray);
     Py_INCREF(from_numpy); Py_XSETREF(g_from_numpy, from_numpy);
-    g_control = control; g_magic = magic; g_version = version;
+    g_control = control; g_magic = magic; g_version = version; g_notice = notice;
     Py_RETURN_NONE;
 }
 
@@ -234,8 +238,40 @@ static PyObject *send_parts(PyObject *self, PyObject *const *args, Py_ssize_t na
     return Py_BuildValue("(NN)", head, h);
 }
 
-/* the Message in buf if the receive plan of its length takes it; Py_None if not; NULL: error */
-static PyObject *planned(PyObject *plans, PyObject *buf, int count, int src) {
+/* a header-only notice's fields to `on_notice`: Py_True, or (the exception it raised,) */
+static PyObject *notice_to(PyObject *on_notice, const unsigned char *p) {
+    PyObject *fields[4] = {PyLong_FromUnsignedLong(get32(p + 4)),
+                           PyLong_FromUnsignedLong(get16(p + 8)),
+                           PyLong_FromUnsignedLong(get32(p + 10)),
+                           PyLong_FromUnsignedLong(get32(p + 14))};
+    PyObject *out = NULL;
+    if (fields[0] && fields[1] && fields[2] && fields[3]) {
+        PyObject *r = PyObject_Vectorcall(on_notice, fields, 4, NULL);
+        if (r != NULL) {
+            Py_DECREF(r);
+            out = Py_NewRef(Py_True);
+        } else if (PyErr_ExceptionMatches(PyExc_Exception)) {  /* the handler's: to Python */
+#if PY_VERSION_HEX >= 0x030C0000
+            PyObject *value = PyErr_GetRaisedException();
+#else
+            PyObject *type, *value, *tb;
+            PyErr_Fetch(&type, &value, &tb);
+            PyErr_NormalizeException(&type, &value, &tb);
+            if (value != NULL && tb != NULL) PyException_SetTraceback(value, tb);
+            Py_XDECREF(type); Py_XDECREF(tb);
+#endif
+            out = value == NULL ? NULL : PyTuple_Pack(1, value);
+            Py_XDECREF(value);
+        }
+    }
+    for (int i = 0; i < 4; i++) Py_XDECREF(fields[i]);
+    return out;
+}
+
+/* the Message in buf if the receive plan of its length takes it (a notice, where `on_notice`
+ * is not None, handed to it: notice_to's answer); Py_None if not; NULL: error */
+static PyObject *planned(PyObject *plans, PyObject *buf, int count, int src,
+                         PyObject *on_notice) {
     PyObject *key = PyLong_FromLong(count);
     if (key == NULL) return NULL;
     PyObject *plan = PyDict_GetItemWithError(plans, key);  /* borrowed */
@@ -276,6 +312,10 @@ static PyObject *planned(PyObject *plans, PyObject *buf, int count, int src) {
             out = Py_NewRef(Py_None);  /* several tensors: the Python plan builds them */
             goto done;
         }
+        if (kind == g_notice && on_notice != Py_None) {  /* the plan's checks made: no Message */
+            out = notice_to(on_notice, p);
+            goto done;
+        }
         tensors = PyTuple_New(0);  /* header only */
     }
     if (tensors == NULL) goto done;
@@ -294,14 +334,18 @@ done:
 }
 
 PyDoc_STRVAR(probe_doc,
-"probe(comm, tries, max_count, plans) -> None | Message | (src, tag, count, buf, handle)\n"
+"probe(comm, tries, max_count, plans, on_notice=None)\n"
+"    -> None | Message | True | (exc,) | (src, tag, count, buf, handle)\n"
 "None: nothing matched in `tries` MPI_Improbe calls. A Message: received, and a receive plan\n"
-"of `plans` (length -> plan) took it. Else a tuple: buf a bytearray received (handle 0) or\n"
+"of `plans` (length -> plan) took it. True: a header-only notice the plan took, handed to\n"
+"on_notice(step, stage, microbatch, tag) (no Message); (exc,): what on_notice raised.\n"
+"Else a tuple: buf a bytearray received (handle 0) or\n"
 "being received (handle: its request's); buf None when count > max_count (handle: the matched\n"
 "message's, not received: the caller raises).");
 static PyObject *probe(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 4 || !PyDict_Check(args[3])) {
-        PyErr_SetString(PyExc_TypeError, "probe(comm, tries, max_count, plans: dict)");
+    if (nargs < 4 || nargs > 5 || !PyDict_Check(args[3])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "probe(comm, tries, max_count, plans: dict, on_notice=None)");
         return NULL;
     }
     if (g_message == NULL) {
@@ -332,7 +376,7 @@ static PyObject *probe(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
     if (rc != MPI_SUCCESS) { Py_DECREF(buf); return mpi_error("MPI_Imrecv/MPI_Test", rc); }
     if (!flag)
         return Py_BuildValue("(iiiNN)", src, tag, count, buf, handle_out(req));
-    PyObject *msg = planned(args[3], buf, count, src);
+    PyObject *msg = planned(args[3], buf, count, src, nargs == 5 ? args[4] : Py_None);
     if (msg != Py_None) { Py_DECREF(buf); return msg; }  /* a Message, or NULL: its error */
     Py_DECREF(msg);
     return Py_BuildValue("(iiiNi)", src, tag, count, buf, 0);
