@@ -56,6 +56,7 @@ def test_the_helper_is_built_and_matches_the_python_plans() -> None:
     several = results["multi"]  # send_multi: several tensors and None slots, the plan's bytes
     assert _field(several, "num") == "10" and _field(several, "bad") == "0", several
     assert _field(several, "overflow") == "1", several
+    assert _field(several, "received") == "10", several  # viewed in C as the plan views them
     notices = results["notices"]  # a notice's fields to the handler, as the Python plan reads
     assert _field(notices, "num") == "3" and _field(notices, "bad") == "0", notices
     assert _field(notices, "taken") == "[]", notices  # bad notice headers: the Python way
@@ -172,10 +173,30 @@ def test_exact_over_mpi_with_notices_read_by_the_helper_or_not(recv: str) -> Non
 def test_several_tensors_there_and_back_with_the_helpers_send_or_not(multi: str) -> None:
     """Messages of several tensors with None slots, sent by the compiled helper's `send_multi`
     (`AIOREADY_NATIVE_MULTI`, docs/hot_path.md "Ready against strict") and by the Python plan:
-    every tensor and None slot comes back as sent, through the C send exactly where it is on."""
+    every tensor and None slot comes back as sent, through the C send exactly where it is on
+    (received by the Python plan: AIOREADY_NATIVE_RECV_MULTI=0, the test below has the C one)."""
     proc = run_mpi(2, [str(SCRIPTS / "exact.py"), "multi"], timeout=100,
-                   env={"AIOREADY_MPI_NATIVE": "1", "AIOREADY_NATIVE_MULTI": multi})
+                   env={"AIOREADY_MPI_NATIVE": "1", "AIOREADY_NATIVE_MULTI": multi,
+                        "AIOREADY_NATIVE_RECV_MULTI": "0"})
     result = _results(proc)["multi"]
     assert _field(result, "bad") == "0" and int(_field(result, "taken")) > 0, result
     sent = int(_field(result, "native_multi"))
     assert (sent > 0) if multi == "1" else sent == 0, result
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("recv", ["1", "0"], ids=["viewed-in-c", "switch-off"])
+def test_several_tensors_there_and_back_received_by_the_helper_or_not(recv: str) -> None:
+    """The same messages received by the C probe, which views several tensors from the receive
+    plan (`AIOREADY_NATIVE_RECV_MULTI`, docs/hot_path.md "The notice's read in one C call"), or
+    by the Python plan: every tensor and None slot comes back as sent either way, through the
+    C receive exactly where it is on."""
+    proc = run_mpi(2, [str(SCRIPTS / "exact.py"), "multi"], timeout=100,
+                   env={"AIOREADY_MPI_NATIVE": "1", "AIOREADY_NATIVE_RECV_MULTI": recv})
+    result = _results(proc)["multi"]
+    assert _field(result, "bad") == "0", result
+    in_c, python = int(_field(result, "native_in")), int(_field(result, "taken"))
+    if recv == "1":
+        assert in_c > 0, result
+    else:
+        assert in_c == 0 and python > 0, result

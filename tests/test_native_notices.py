@@ -1,8 +1,9 @@
 """A notice read by the compiled probe and handed to the runtime as its fields
 (`NativePath.route_notices`, docs/hot_path.md "The notice's read in one C call"), checked
 against fakes: what the probe's answers do (counted, nothing handed over as a Message, a
-handler's error failing the step as deliver's does), the switch, and the runtime's reading of
-the fields equal to its reading of the Message (the same task, duration and error)."""
+handler's error failing the step as deliver's does), the switches (this one and
+`AIOREADY_NATIVE_RECV_MULTI`, several tensors viewed in C), and the runtime's reading of the
+fields equal to its reading of the Message (the same task, duration and error)."""
 
 from __future__ import annotations
 
@@ -65,7 +66,7 @@ def test_notices_taken_in_c_are_counted_and_a_handlers_error_fails_the_step() ->
     path = NativePath(tr, module, seq_mod=8, probes=16, rung_probes=16)
     assert path.route_notices(_handler)
     assert path.probe() == 4
-    assert [call[4] for call in module.calls] == [_handler] * 5  # the last: nothing matched
+    assert [call[4:] for call in module.calls] == [(_handler, True)] * 5  # last: no match
     assert path.num_notices == 2 and tr.num_received == 4
     assert tr.handed == [msg] and tr.failed == [boom]
     assert not path.route_notices(None)
@@ -73,13 +74,15 @@ def test_notices_taken_in_c_are_counted_and_a_handlers_error_fails_the_step() ->
     assert module.calls[-1][4] is None  # Messages again
 
 
-def test_the_switch_leaves_notices_to_deliver(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_switches_leave_notices_to_deliver_and_several_tensors_to_python(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AIOREADY_NATIVE_RECV_HEADS", "0")
+    monkeypatch.setenv("AIOREADY_NATIVE_RECV_MULTI", "0")
     module = _Module([])
     path = NativePath(_Transport(), module, seq_mod=8, probes=16, rung_probes=16)
     assert not path.route_notices(_handler)
     path.probe()
-    assert module.calls[-1][4] is None
+    assert module.calls[-1][4:] == (None, False)
 
 
 def test_a_transport_without_the_helper_does_not_route_notices() -> None:

@@ -18,7 +18,9 @@ with a None slot): `send_multi` copies each tensor to its offset; `AIOREADY_NATI
 A header-only notice received is handed by the C probe, after the receive plan's checks, straight
 to the receiver's notice handler (`route_notices`) as four integers: no Message, no routing by
 kind (docs/hot_path.md "The notice's read in one C call"). Switch: `AIOREADY_NATIVE_RECV_HEADS=0`
-(a notice is a Message delivered as before).
+(a notice is a Message delivered as before). Likewise a received message of several tensors
+that a receive plan takes is viewed in C from the plan's views (the Python plan's work, ~50 us
+cold a message); `AIOREADY_NATIVE_RECV_MULTI=0`: the Python plan again.
 """
 
 from __future__ import annotations
@@ -74,6 +76,8 @@ class NativePath:
         self._recv_heads = os.environ.get("AIOREADY_NATIVE_RECV_HEADS", "1") != "0"
         self._on_notice: Callable[[int, int, int, int], None] | None = None
         self.num_notices = 0  # notices handed to it by the C probe
+        # a received message of several tensors viewed in C from its plan (else the Python plan)
+        self._recv_multi = os.environ.get("AIOREADY_NATIVE_RECV_MULTI", "1") != "0"
 
     def route_notices(self, handler: Callable[[int, int, int, int], None] | None) -> bool:
         """Hand each received notice's (step, stage, microbatch, tag) to `handler` in place of
@@ -160,12 +164,13 @@ class NativePath:
         the same hand-over."""
         tr = self._tr
         probe, by_len, comm, on_notice = self._probe, self._by_len, self._comm, self._on_notice
+        multi = self._recv_multi
         limit = tr._max_header_message
         tries = 2 + self._rung_probes if tr._rung else 2
         after_match = 2 if tr._probe_again else 1  # as _probe: an empty probe is repeated
         n = 0
         while n < self._probes:
-            got = probe(comm, tries, limit, by_len, on_notice)
+            got = probe(comm, tries, limit, by_len, on_notice, multi)
             if got is None:
                 break
             n += 1

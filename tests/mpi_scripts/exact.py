@@ -297,11 +297,14 @@ async def multi(comm) -> None:
         taken_all = comm.allreduce(taken[0])
         # sent by the compiled helper's send_multi (transports/native), where it is on
         in_c = comm.allreduce(getattr(transport._native, "num_multi", 0))
+        # received and viewed by the C probe (every message here has several tensors)
+        in_c_received = comm.allreduce(getattr(transport._native, "num_received", 0))
     finally:
         wire_plans.ReceivePlans.message = message  # type: ignore[method-assign]
         await transport.close()
     if rank == 0:
-        say(f"RESULT multi bad={len(bad)} taken={taken_all} native_multi={in_c}")
+        say(f"RESULT multi bad={len(bad)} taken={taken_all} native_multi={in_c} "
+            f"native_in={in_c_received}")
 
 
 async def main() -> None:

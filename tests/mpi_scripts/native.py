@@ -12,7 +12,10 @@ CASE = heads: a header-only message (a notice) sent by the C `send_head` arrives
   the several-tensor plan and the general encoder write; a field the header cannot hold is
   NotImplemented.
 CASE = multi: messages of several tensors, None slots among them, sent by the C `send_multi`
-  from the several-tensor plan's parts arrive as the bytes that plan packs.
+  from the several-tensor plan's parts arrive as the bytes that plan packs; received by the C
+  `probe` through a learned receive plan (`multi`), they equal, tensor bit for bit and None slot
+  for None slot, the Message the Python plan builds from the same bytes (without `multi`: the
+  bytes come back to Python).
 CASE = notices: a header-only NOTICE the C `probe` takes through its receive plan is handed to
   the notice handler as the very fields the Python plan's Message holds (no Message); another
   kind stays a Message; bad headers (magic, version, count, kind) are declined as by the Python
@@ -208,13 +211,14 @@ def case_multi(mod, comm):
         num += 1
         if (src, got_tag, handle) != (0, 60 + i, 0) or bytes(raw) != expected:
             bad.append(i)
+    received = multi_received(mod, comm, plans)
     msg = Message(0, MessageKind.ACTIVATION, 1, 0, several(0))
     desc, parts, total = plans.parts(msg)
     overflow = mod.send_multi(comm.handle, 0, 70, msg.kind, 1 << 32, 0, 0, 0, desc, 2, parts,
                               total)
     outside = mod.send_multi(comm.handle, 0, 70, msg.kind, 0, 0, 0, 0, desc, 2, parts,
                              parts[-1][2] + parts[-1][1] - 1)  # the last part past the end
-    print(f"RESULT multi num={num} bad={len(bad)} first={bad[:3]} "
+    print(f"RESULT multi received={received} num={num} bad={len(bad)} first={bad[:3]} "
           f"overflow={int(overflow is NotImplemented and outside is NotImplemented)}",
           flush=True)
 
@@ -270,6 +274,38 @@ def case_notices(mod, comm):
                  and isinstance(raised[0], ValueError) and str(raised[0]) == "handler failed")
     print(f"RESULT notices num={num} bad={len(bad)} first={bad[:3]} taken={taken} "
           f"untouched={int(untouched)} raised={int(raised_ok)}", flush=True)
+
+
+def same_message(a, b):
+    return type(a) is Message and type(b) is Message and all(
+        getattr(a, f) == getattr(b, f)
+        for f in ("step", "kind", "stage", "microbatch", "tag", "source")) and len(
+        a.tensors) == len(b.tensors) and all(
+        (x is None and y is None) or (x is not None and y is not None and x.dtype == y.dtype
+                                      and x.shape == y.shape
+                                      and x.numpy().tobytes() == y.numpy().tobytes())
+        for x, y in zip(a.tensors, b.tensors))
+
+
+def multi_received(mod, comm, plans):
+    """Messages of several tensors through learned receive plans: (taken by the C probe and
+    equal to the Python plan's and to what was sent, declined without `multi`) of 10."""
+    codec, good = WireCodec(), 0
+    for i in range(10):
+        msg = Message(3 + i, MessageKind.ACTIVATION, 1, i, several(i), tag=i, source=0)
+        wire = plans.encode(msg)
+        receive = ReceivePlans()
+        learn(codec, receive, wire)
+        python = receive.message(bytearray(wire), 0)
+        req = comm.Isend(wire, 0, 80 + i)
+        got = c_probe(mod, comm, receive._by_len, 1 << 24, None, True)
+        req.Wait()
+        req = comm.Isend(wire, 0, 90 + i)
+        left = c_probe(mod, comm, receive._by_len, 1 << 24, None, False)
+        req.Wait()
+        good += (same_message(got, python) and same_message(got, msg)
+                 and type(left) is tuple and bytes(left[3]) == wire)
+    return good
 
 
 def mutated(wire, where, value):

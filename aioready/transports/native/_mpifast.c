@@ -12,7 +12,8 @@
  *        and its Message. Anything else goes back to Python as it is, which takes the path it
  *        took without this helper (and raises what is wrong there). A header-only NOTICE that
  *        the plan takes goes, where a notice handler is given, straight to it as four integers
- *        (step, stage, microbatch, tag): no Message is built for it.
+ *        (step, stage, microbatch, tag): no Message is built for it. Several tensors (None slots
+ *        among them) are viewed from the plan's views where asked (`multi`).
  *
  * The wire format is header.py's `_FIXED` = "<HBBIHIIB" (19 bytes), little-endian.
  */
@@ -268,10 +269,40 @@ static PyObject *notice_to(PyObject *on_notice, const unsigned char *p) {
     return out;
 }
 
+/* one tensor viewing buf as `view` = (shape, numpy dtype, offset) describes */
+static PyObject *tensor_of(PyObject *view, PyObject *buf) {
+    if (!PyTuple_Check(view) || PyTuple_GET_SIZE(view) != 3) {
+        PyErr_SetString(PyExc_TypeError, "a receive plan's view is (shape, dtype, offset)");
+        return NULL;
+    }
+    PyObject *vargs[4] = {PyTuple_GET_ITEM(view, 0), PyTuple_GET_ITEM(view, 1), buf,
+                          PyTuple_GET_ITEM(view, 2)};
+    PyObject *arr = PyObject_Vectorcall(g_ndarray, vargs, 4, NULL);
+    if (arr == NULL) return NULL;
+    PyObject *t = PyObject_CallOneArg(g_from_numpy, arr);
+    Py_DECREF(arr);
+    return t;
+}
+
+/* the tensors of a several-tensor plan's `views` (None slots as None), each viewing buf */
+static PyObject *several(PyObject *views, PyObject *buf) {
+    Py_ssize_t nv = PyList_GET_SIZE(views);
+    PyObject *out = PyTuple_New(nv);
+    if (out == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < nv; i++) {
+        PyObject *view = PyList_GET_ITEM(views, i);
+        PyObject *t = view == Py_None ? Py_NewRef(Py_None) : tensor_of(view, buf);
+        if (t == NULL) { Py_DECREF(out); return NULL; }
+        PyTuple_SET_ITEM(out, i, t);
+    }
+    return out;
+}
+
 /* the Message in buf if the receive plan of its length takes it (a notice, where `on_notice`
- * is not None, handed to it: notice_to's answer); Py_None if not; NULL: error */
+ * is not None, handed to it: notice_to's answer; several tensors only if `multi`); Py_None if
+ * not; NULL: error */
 static PyObject *planned(PyObject *plans, PyObject *buf, int count, int src,
-                         PyObject *on_notice) {
+                         PyObject *on_notice, int multi) {
     PyObject *key = PyLong_FromLong(count);
     if (key == NULL) return NULL;
     PyObject *plan = PyDict_GetItemWithError(plans, key);  /* borrowed */
@@ -292,31 +323,27 @@ static PyObject *planned(PyObject *plans, PyObject *buf, int count, int src,
     one = PyObject_GetAttr(plan, s_one);
     if (one == NULL) goto done;
     if (one != Py_None) {  /* (shape, numpy dtype, offset): one view of buf */
-        if (!PyTuple_Check(one) || PyTuple_GET_SIZE(one) != 3) {
-            PyErr_SetString(PyExc_TypeError, "a receive plan's view is (shape, dtype, offset)");
-            goto done;
-        }
-        PyObject *vargs[4] = {PyTuple_GET_ITEM(one, 0), PyTuple_GET_ITEM(one, 1), buf,
-                              PyTuple_GET_ITEM(one, 2)};
-        PyObject *arr = PyObject_Vectorcall(g_ndarray, vargs, 4, NULL);
-        if (arr == NULL) goto done;
-        PyObject *t = PyObject_CallOneArg(g_from_numpy, arr);
-        Py_DECREF(arr);
+        PyObject *t = tensor_of(one, buf);
         if (t == NULL) goto done;
         tensors = PyTuple_Pack(1, t);
         Py_DECREF(t);
     } else {
         views = PyObject_GetAttr(plan, s_views);
         if (views == NULL) goto done;
-        if (!PyList_Check(views) || PyList_GET_SIZE(views) != 0) {
+        if (!PyList_Check(views)) {
+            PyErr_SetString(PyExc_TypeError, "a receive plan's views are a list");
+            goto done;
+        }
+        Py_ssize_t nv = PyList_GET_SIZE(views);
+        if (nv && !multi) {
             out = Py_NewRef(Py_None);  /* several tensors: the Python plan builds them */
             goto done;
         }
-        if (kind == g_notice && on_notice != Py_None) {  /* the plan's checks made: no Message */
+        if (!nv && kind == g_notice && on_notice != Py_None) {  /* the plan's checks made */
             out = notice_to(on_notice, p);
             goto done;
         }
-        tensors = PyTuple_New(0);  /* header only */
+        tensors = nv ? several(views, buf) : PyTuple_New(0);  /* or header only */
     }
     if (tensors == NULL) goto done;
     PyObject *margs[7] = {PyLong_FromUnsignedLong(get32(p + 4)), PyTuple_GET_ITEM(g_kinds, kind),
@@ -334,18 +361,18 @@ done:
 }
 
 PyDoc_STRVAR(probe_doc,
-"probe(comm, tries, max_count, plans, on_notice=None)\n"
+"probe(comm, tries, max_count, plans, on_notice=None, multi=False)\n"
 "    -> None | Message | True | (exc,) | (src, tag, count, buf, handle)\n"
 "None: nothing matched in `tries` MPI_Improbe calls. A Message: received, and a receive plan\n"
-"of `plans` (length -> plan) took it. True: a header-only notice the plan took, handed to\n"
+"of `plans` (length -> plan) took it (one of several tensors only if `multi`). True: a header-only notice the plan took, handed to\n"
 "on_notice(step, stage, microbatch, tag) (no Message); (exc,): what on_notice raised.\n"
 "Else a tuple: buf a bytearray received (handle 0) or\n"
 "being received (handle: its request's); buf None when count > max_count (handle: the matched\n"
 "message's, not received: the caller raises).");
 static PyObject *probe(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs < 4 || nargs > 5 || !PyDict_Check(args[3])) {
+    if (nargs < 4 || nargs > 6 || !PyDict_Check(args[3])) {
         PyErr_SetString(PyExc_TypeError,
-                        "probe(comm, tries, max_count, plans: dict, on_notice=None)");
+                        "probe(comm, tries, max_count, plans: dict, on_notice=None, multi=False)");
         return NULL;
     }
     if (g_message == NULL) {
@@ -376,7 +403,9 @@ static PyObject *probe(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
     if (rc != MPI_SUCCESS) { Py_DECREF(buf); return mpi_error("MPI_Imrecv/MPI_Test", rc); }
     if (!flag)
         return Py_BuildValue("(iiiNN)", src, tag, count, buf, handle_out(req));
-    PyObject *msg = planned(args[3], buf, count, src, nargs == 5 ? args[4] : Py_None);
+    int multi = nargs == 6 ? PyObject_IsTrue(args[5]) : 0;
+    if (multi < 0) { Py_DECREF(buf); return NULL; }
+    PyObject *msg = planned(args[3], buf, count, src, nargs >= 5 ? args[4] : Py_None, multi);
     if (msg != Py_None) { Py_DECREF(buf); return msg; }  /* a Message, or NULL: its error */
     Py_DECREF(msg);
     return Py_BuildValue("(iiiNi)", src, tag, count, buf, 0);
