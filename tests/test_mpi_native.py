@@ -36,7 +36,7 @@ def test_the_helper_is_built_and_matches_the_python_plans() -> None:
     writes the Python send plan's bytes for every plannable dtype and shape; its receive builds
     the Python receive plan's message, tensors bit for bit, and declines what that declines."""
     proc = run_mpi(1, [str(SCRIPTS / "native.py"), "bytes", "receive", "declined", "heads",
-                       "multi"],
+                       "multi", "notices"],
                    timeout=100, env={"AIOREADY_MPI_NATIVE": "1"})
     assert "STATUS on" in proc.stdout, (proc.stdout, proc.stderr[-2000:])
     results = _results(proc)
@@ -56,6 +56,12 @@ def test_the_helper_is_built_and_matches_the_python_plans() -> None:
     several = results["multi"]  # send_multi: several tensors and None slots, the plan's bytes
     assert _field(several, "num") == "10" and _field(several, "bad") == "0", several
     assert _field(several, "overflow") == "1", several
+    assert _field(several, "received") == "10", several  # viewed in C as the plan views them
+    notices = results["notices"]  # a notice's fields to the handler, as the Python plan reads
+    assert _field(notices, "num") == "3" and _field(notices, "bad") == "0", notices
+    assert _field(notices, "taken") == "[]", notices  # bad notice headers: the Python way
+    assert _field(notices, "untouched") == "1", notices  # ... and the handler never called
+    assert _field(notices, "raised") == "1", notices
 
 
 @pytest.mark.timeout(120)
@@ -73,6 +79,24 @@ def test_bad_headers_raise_what_the_python_path_raises() -> None:
     errors = {native: text.split(" ", 1)[1] for native, text in out.items()}
     assert errors["1"] == errors["0"]
     assert errors["1"].count("=ProtocolError:") == 7, errors["1"]
+
+
+@pytest.mark.timeout(120)
+def test_bad_notice_headers_raise_the_same_with_notices_read_in_c_or_not() -> None:
+    """A notice's magic, version, tensor count and kind altered after its plan was learned,
+    the transport's notices routed to a handler: the same ProtocolError, word for word, with
+    the C probe handing notices over (`AIOREADY_NATIVE_RECV_HEADS=1`, which took the good
+    ones) and without."""
+    out = {}
+    for recv in ("1", "0"):
+        proc = run_mpi(1, [str(SCRIPTS / "native.py"), "notice_errors"], timeout=100,
+                       env={"AIOREADY_MPI_NATIVE": "1", "AIOREADY_NATIVE_RECV_HEADS": recv})
+        out[recv] = _results(proc)["notice_errors"]
+    assert _field(out["1"], "native_used") == "1", out["1"]
+    assert _field(out["0"], "native_used") == "0", out["0"]
+    errors = {recv: text.split(" ", 1)[1] for recv, text in out.items()}
+    assert errors["1"] == errors["0"]
+    assert errors["1"].count("=ProtocolError:") == 4, errors["1"]
 
 
 CASES = ["1f1b:ready:1:1", "interleaved-1f1b:strict:0:1", "dtypes", "plans"]
@@ -122,14 +146,57 @@ def test_exact_over_mpi_with_notices_sent_by_the_helper_or_not(heads: str) -> No
 
 
 @pytest.mark.timeout(200)
+@pytest.mark.parametrize("recv", ["1", "0"], ids=["notices-read-in-c", "switch-off"])
+def test_exact_over_mpi_with_notices_read_by_the_helper_or_not(recv: str) -> None:
+    """The reserving 1F1B over two ranks, each notice received handed by the C probe straight
+    to the runtime's notice handler as its fields (`AIOREADY_NATIVE_RECV_HEADS`, docs/hot_path.md
+    "The notice's read in one C call") or delivered as a Message: the unsplit model's losses
+    and gradients either way, and notices read in C exactly where the switch is on: every one
+    sent but each rank's first (header-only messages' receive plan is learned from it)."""
+    case = "1f1b:ready:1:1"
+    proc = run_mpi(2, [str(SCRIPTS / "exact.py"), case], timeout=150,
+                   env={"AIOREADY_MPI_NATIVE": "1", "AIOREADY_NATIVE_RECV_HEADS": recv})
+    result = _results(proc)[case]
+    assert _field(result, "loss_seen") == "1", result
+    assert float(_field(result, "loss_diff")) <= TOL, result
+    assert float(_field(result, "grad_diff")) <= TOL, result
+    sent, read = int(_field(result, "heads")), int(_field(result, "notices_in"))
+    assert sent > 0, result
+    if recv == "1":
+        assert 0 < read and sent - 2 <= read <= sent, result
+    else:
+        assert read == 0, result
+
+
+@pytest.mark.timeout(200)
 @pytest.mark.parametrize("multi", ["1", "0"], ids=["several-in-c", "switch-off"])
 def test_several_tensors_there_and_back_with_the_helpers_send_or_not(multi: str) -> None:
     """Messages of several tensors with None slots, sent by the compiled helper's `send_multi`
     (`AIOREADY_NATIVE_MULTI`, docs/hot_path.md "Ready against strict") and by the Python plan:
-    every tensor and None slot comes back as sent, through the C send exactly where it is on."""
+    every tensor and None slot comes back as sent, through the C send exactly where it is on
+    (received by the Python plan: AIOREADY_NATIVE_RECV_MULTI=0, the test below has the C one)."""
     proc = run_mpi(2, [str(SCRIPTS / "exact.py"), "multi"], timeout=100,
-                   env={"AIOREADY_MPI_NATIVE": "1", "AIOREADY_NATIVE_MULTI": multi})
+                   env={"AIOREADY_MPI_NATIVE": "1", "AIOREADY_NATIVE_MULTI": multi,
+                        "AIOREADY_NATIVE_RECV_MULTI": "0"})
     result = _results(proc)["multi"]
     assert _field(result, "bad") == "0" and int(_field(result, "taken")) > 0, result
     sent = int(_field(result, "native_multi"))
     assert (sent > 0) if multi == "1" else sent == 0, result
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("recv", ["1", "0"], ids=["viewed-in-c", "switch-off"])
+def test_several_tensors_there_and_back_received_by_the_helper_or_not(recv: str) -> None:
+    """The same messages received by the C probe, which views several tensors from the receive
+    plan (`AIOREADY_NATIVE_RECV_MULTI`, docs/hot_path.md "The notice's read in one C call"), or
+    by the Python plan: every tensor and None slot comes back as sent either way, through the
+    C receive exactly where it is on."""
+    proc = run_mpi(2, [str(SCRIPTS / "exact.py"), "multi"], timeout=100,
+                   env={"AIOREADY_MPI_NATIVE": "1", "AIOREADY_NATIVE_RECV_MULTI": recv})
+    result = _results(proc)["multi"]
+    assert _field(result, "bad") == "0", result
+    in_c, python = int(_field(result, "native_in")), int(_field(result, "taken"))
+    if recv == "1":
+        assert in_c > 0, result
+    else:
+        assert in_c == 0 and python > 0, result

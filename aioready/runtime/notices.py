@@ -69,15 +69,19 @@ class Notices:
 
     def read(self, msg: Message, num_microbatches: int) -> tuple[Task, float]:
         """The local task a peer's notice is about, and the duration it announced."""
-        tag = msg.tag
-        key = (msg.stage, msg.microbatch, tag & NOTICE_B)
-        task = self._tasks.get(key)
+        return self.read_fields(msg.step, msg.stage, msg.microbatch, msg.tag, num_microbatches)
+
+    def read_fields(self, step: int, stage: int, microbatch: int, tag: int,
+                    num_microbatches: int) -> tuple[Task, float]:
+        """`read` of a notice's fields as the compiled probe hands them (no Message)."""
+        task = self._tasks.get((stage, microbatch, tag & NOTICE_B))
         if task is None:
-            chunk = self._chunk_of.get(msg.stage)
-            if chunk is None or not 0 <= msg.microbatch < num_microbatches:
+            chunk = self._chunk_of.get(stage)
+            if chunk is None or not 0 <= microbatch < num_microbatches:
+                got = f"notice for stage {stage} microbatch {microbatch} step {step}"
                 raise ProtocolError("notice for a task this rank does not hold",
-                                    rank=self.rank, step=msg.step,
-                                    expected=f"stages {list(self.stages)}", got=msg.describe())
-            task = self._tasks[key] = Task(Kind.B if tag & NOTICE_B else Kind.F,
-                                           msg.microbatch, chunk)
+                                    rank=self.rank, step=step,
+                                    expected=f"stages {list(self.stages)}", got=got)
+            task = self._tasks[(stage, microbatch, tag & NOTICE_B)] = Task(
+                Kind.B if tag & NOTICE_B else Kind.F, microbatch, chunk)
         return task, decode_duration(tag & ~NOTICE_B)

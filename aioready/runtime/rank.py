@@ -323,10 +323,16 @@ class RankRuntime:
         """A peer started the task that feeds one of ours (runtime/notices.py). Advisory: one
         for a step this rank is not running (late after the message itself, or early) is
         dropped."""
-        if self._notices is None or not self._active or msg.step != self.step_index:
+        self._notice_fields(msg.step, msg.stage, msg.microbatch, msg.tag)
+
+    def _notice_fields(self, step: int, stage: int, microbatch: int, tag: int) -> None:
+        """`_notice` of the fields alone: what the MPI transport's compiled probe hands over
+        (transport.route_notices; docs/hot_path.md "The notice's read in one C call")."""
+        if self._notices is None or not self._active or step != self.step_index:
             return
         try:
-            task, duration = self._notices.read(msg, self.num_microbatches)
+            task, duration = self._notices.read_fields(step, stage, microbatch, tag,
+                                                       self.num_microbatches)
         except ProtocolError as exc:
             self.fail(exc)
             return
@@ -378,6 +384,9 @@ class RankRuntime:
         from here on, messages are routed, and those of the next step kept for it."""
         if not self._opened:
             self.transport.open(self._deliver, on_failure=self.fail)
+            route = getattr(self.transport, "route_notices", None)  # the MPI transport's
+            if route is not None and self._notices is not None:
+                route(self._notice_fields)
             self._opened = True
 
     async def run_step(self, step: int, inputs: Sequence[Any] | None = None,

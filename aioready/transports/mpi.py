@@ -263,6 +263,7 @@ class MPITransport:
             if self._plane is not None:
                 self._plane.close()
             self._deliver = None
+            self.route_notices(None)
             for comm in (self._hdr, self._data):
                 if comm != self._MPI.COMM_NULL:
                     comm.Free()
@@ -639,11 +640,20 @@ class MPITransport:
             return
         try:
             deliver(msg)
-        except AioreadyError as exc:
-            self._raise(exc)
         except Exception as exc:
-            self._raise(InternalError(f"deliver raised {type(exc).__name__}: {exc}",
-                                      rank=self._rank))
+            self._deliver_failed(exc)
+
+    def _deliver_failed(self, exc: Exception) -> None:
+        """What `deliver` (or the notice handler) raised: the step fails with it."""
+        self._raise(exc if isinstance(exc, AioreadyError) else InternalError(
+            f"deliver raised {type(exc).__name__}: {exc}", rank=self._rank))
+
+    def route_notices(self, handler: Callable[[int, int, int, int], None] | None) -> bool:
+        """Have the compiled helper hand each received notice's (step, stage, microbatch, tag)
+        to `handler` instead of a Message to `deliver` (docs/hot_path.md "The notice's read in
+        one C call"); False, and Messages as before, where it does not (helper off,
+        AIOREADY_NATIVE_RECV_HEADS=0). None: Messages again."""
+        return self._native is not None and self._native.route_notices(handler)
 
     def _raise(self, exc: BaseException) -> None:
         """An error found on the loop while receiving: fail the step, keep it for later calls."""

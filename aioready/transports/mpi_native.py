@@ -14,6 +14,13 @@ and mpi4py's `Isend` and `Test` (docs/hot_path.md "Ready against strict"). Switc
 `AIOREADY_NATIVE_HEADERS=0` (those go the Python way again). Likewise a message of several
 tensors that a several-tensor plan covers (bench.e2e's activations with their tags, gradients
 with a None slot): `send_multi` copies each tensor to its offset; `AIOREADY_NATIVE_MULTI=0`.
+
+A header-only notice received is handed by the C probe, after the receive plan's checks, straight
+to the receiver's notice handler (`route_notices`) as four integers: no Message, no routing by
+kind (docs/hot_path.md "The notice's read in one C call"). Switch: `AIOREADY_NATIVE_RECV_HEADS=0`
+(a notice is a Message delivered as before). Likewise a received message of several tensors
+that a receive plan takes is viewed in C from the plan's views (the Python plan's work, ~50 us
+cold a message); `AIOREADY_NATIVE_RECV_MULTI=0`: the Python plan again.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ from __future__ import annotations
 import os
 from functools import partial
 from types import ModuleType
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -65,6 +72,18 @@ class NativePath:
         self._send_multi = getattr(module, "send_multi", None) if os.environ.get(
             "AIOREADY_NATIVE_MULTI", "1") != "0" else None
         self.num_multi = 0
+        # received notices straight to the runtime's handler (route_notices): no Message
+        self._recv_heads = os.environ.get("AIOREADY_NATIVE_RECV_HEADS", "1") != "0"
+        self._on_notice: Callable[[int, int, int, int], None] | None = None
+        self.num_notices = 0  # notices handed to it by the C probe
+        # a received message of several tensors viewed in C from its plan (else the Python plan)
+        self._recv_multi = os.environ.get("AIOREADY_NATIVE_RECV_MULTI", "1") != "0"
+
+    def route_notices(self, handler: Callable[[int, int, int, int], None] | None) -> bool:
+        """Hand each received notice's (step, stage, microbatch, tag) to `handler` in place of
+        a Message to `deliver` (None: Messages again). False where the switch is off."""
+        self._on_notice = handler if self._recv_heads else None
+        return handler is not None and self._recv_heads
 
     def send(self, dest: int, msg: Message) -> bool:
         """Send `msg` to `dest` if a send plan covers it (else False: the Python path)."""
@@ -144,20 +163,29 @@ class NativePath:
         more after a ring; two after a match unless AIOREADY_PROBE_AGAIN=0), the same bound,
         the same hand-over."""
         tr = self._tr
-        probe, by_len, comm = self._probe, self._by_len, self._comm
+        probe, by_len, comm, on_notice = self._probe, self._by_len, self._comm, self._on_notice
+        multi = self._recv_multi
         limit = tr._max_header_message
         tries = 2 + self._rung_probes if tr._rung else 2
         after_match = 2 if tr._probe_again else 1  # as _probe: an empty probe is repeated
         n = 0
         while n < self._probes:
-            got = probe(comm, tries, limit, by_len)
+            got = probe(comm, tries, limit, by_len, on_notice, multi)
             if got is None:
                 break
             n += 1
             tries = after_match
+            if got is True:  # a notice, handed to on_notice
+                self.num_notices += 1
+                tr.num_received += 1
+                continue
             if type(got) is not tuple:  # taken by a receive plan
                 self.num_received += 1
                 tr._hand_over(got)
+                continue
+            if len(got) == 1:  # what on_notice raised: as deliver's error
+                tr.num_received += 1
+                tr._deliver_failed(got[0])
                 continue
             src, seq, count, raw, handle = got
             if raw is None:

@@ -80,6 +80,8 @@ async def one_case(comm, case: str, seed: int) -> None:
     disarms = comm.allreduce(ProgressEngine.for_loop().num_inline_disarms)  # since the start
     hushes = comm.allreduce(ProgressEngine.for_loop().num_inline_hushes)
     heads = comm.allreduce(getattr(transport._native, "num_heads", 0))  # notices sent in C
+    # notices read in C, handed to the runtime as fields (route_notices)
+    notices_in = comm.allreduce(getattr(transport._native, "num_notices", 0))
     ref_loss, ref = reference_step(make_mlp_stages(S, width=WIDTH, seed=seed), mse_loss, xs, ys)
     gdiff = 0.0
     for s in mine:
@@ -91,7 +93,7 @@ async def one_case(comm, case: str, seed: int) -> None:
     if rank == 0:
         say(f"RESULT {case} loss_diff={ldiff:.3e} grad_diff={gdiff:.3e} "
             f"loss_seen={int(has_loss)} quiet={quiet} disarms={disarms} "
-            f"hushes={hushes} heads={heads}")
+            f"hushes={hushes} heads={heads} notices_in={notices_in}")
 
 
 async def out_of_order(comm, seed: int) -> None:
@@ -295,11 +297,14 @@ async def multi(comm) -> None:
         taken_all = comm.allreduce(taken[0])
         # sent by the compiled helper's send_multi (transports/native), where it is on
         in_c = comm.allreduce(getattr(transport._native, "num_multi", 0))
+        # received and viewed by the C probe (every message here has several tensors)
+        in_c_received = comm.allreduce(getattr(transport._native, "num_received", 0))
     finally:
         wire_plans.ReceivePlans.message = message  # type: ignore[method-assign]
         await transport.close()
     if rank == 0:
-        say(f"RESULT multi bad={len(bad)} taken={taken_all} native_multi={in_c}")
+        say(f"RESULT multi bad={len(bad)} taken={taken_all} native_multi={in_c} "
+            f"native_in={in_c_received}")
 
 
 async def main() -> None:

@@ -12,9 +12,18 @@ CASE = heads: a header-only message (a notice) sent by the C `send_head` arrives
   the several-tensor plan and the general encoder write; a field the header cannot hold is
   NotImplemented.
 CASE = multi: messages of several tensors, None slots among them, sent by the C `send_multi`
-  from the several-tensor plan's parts arrive as the bytes that plan packs.
+  from the several-tensor plan's parts arrive as the bytes that plan packs; received by the C
+  `probe` through a learned receive plan (`multi`), they equal, tensor bit for bit and None slot
+  for None slot, the Message the Python plan builds from the same bytes (without `multi`: the
+  bytes come back to Python).
+CASE = notices: a header-only NOTICE the C `probe` takes through its receive plan is handed to
+  the notice handler as the very fields the Python plan's Message holds (no Message); another
+  kind stays a Message; bad headers (magic, version, count, kind) are declined as by the Python
+  plan, the handler not called; what the handler raises comes back as (exception,).
 CASE = errors: the same bad headers through a whole MPITransport: the error class and message
   the transport reports (run it with AIOREADY_MPI_NATIVE=0 and =1 and compare).
+CASE = notice_errors: likewise for a notice's bad headers, the transport's notices routed to a
+  handler (run it with AIOREADY_NATIVE_RECV_HEADS=0 and =1 and compare).
 """
 
 import asyncio
@@ -70,10 +79,10 @@ def done(req):
         req[0].Wait()
 
 
-def c_probe(mod, comm, by_len, limit=1 << 24):
+def c_probe(mod, comm, by_len, limit=1 << 24, *on_notice):
     got = None
     for _ in range(100):
-        got = mod.probe(comm.handle, 1, limit, by_len)
+        got = mod.probe(comm.handle, 1, limit, by_len, *on_notice)
         if got is not None:
             return got
     raise AssertionError("the C probe matched nothing")
@@ -202,15 +211,101 @@ def case_multi(mod, comm):
         num += 1
         if (src, got_tag, handle) != (0, 60 + i, 0) or bytes(raw) != expected:
             bad.append(i)
+    received = multi_received(mod, comm, plans)
     msg = Message(0, MessageKind.ACTIVATION, 1, 0, several(0))
     desc, parts, total = plans.parts(msg)
     overflow = mod.send_multi(comm.handle, 0, 70, msg.kind, 1 << 32, 0, 0, 0, desc, 2, parts,
                               total)
     outside = mod.send_multi(comm.handle, 0, 70, msg.kind, 0, 0, 0, 0, desc, 2, parts,
                              parts[-1][2] + parts[-1][1] - 1)  # the last part past the end
-    print(f"RESULT multi num={num} bad={len(bad)} first={bad[:3]} "
+    print(f"RESULT multi received={received} num={num} bad={len(bad)} first={bad[:3]} "
           f"overflow={int(overflow is NotImplemented and outside is NotImplemented)}",
           flush=True)
+
+
+NOTICE_FIELDS = [(0, 1, 0, 0), (7, 3, 5, (1 << 31) | 1234),
+                 ((1 << 32) - 1, (1 << 16) - 1, (1 << 32) - 1, (1 << 32) - 1)]
+HEAD_BAD = ("magic", "version", "count", "kind-control", "kind-unknown")
+
+
+def case_notices(mod, comm):
+    codec = WireCodec()
+    send, receive = SendPlans(codec, 1 << 16), ReceivePlans()
+    learn(codec, receive, send.encode(Message(0, MessageKind.NOTICE, 0, 0, (), 0)))
+    seen = []
+    bad, num = [], 0
+    for i, (step, stage, mb, tag) in enumerate(NOTICE_FIELDS):
+        wire = send.encode(Message(step, MessageKind.NOTICE, stage, mb, (), tag))
+        python = receive.message(bytearray(wire), 0)
+        req = comm.Isend(wire, 0, 60 + i)
+        got = c_probe(mod, comm, receive._by_len, 1 << 24, lambda *f: seen.append(f))
+        req.Wait()
+        num += 1
+        if got is not True or python is None or seen[-1:] != [
+                (python.step, python.stage, python.microbatch, python.tag)]:
+            bad.append(f"{step}:{stage}:{mb}:{tag}")
+    calls = len(seen)
+    # another kind, header only: the Message as before
+    wire = send.encode(Message(2, MessageKind.ACTIVATION, 1, 9, (), 4))
+    req = comm.Isend(wire, 0, 70)
+    other = c_probe(mod, comm, receive._by_len, 1 << 24, lambda *f: seen.append(f))
+    req.Wait()
+    other_ok = type(other) is Message and other.kind is MessageKind.ACTIVATION
+    taken = []
+    wire_notice = send.encode(Message(1, MessageKind.NOTICE, 0, 2, (), 3))
+    for name in HEAD_BAD:
+        where, value = BAD[name]
+        wrong = mutated(wire_notice, where, value)
+        req = comm.Isend(wrong, 0, 71)
+        got = c_probe(mod, comm, receive._by_len, 1 << 24, lambda *f: seen.append(f))
+        req.Wait()
+        python = receive.message(bytearray(wrong), 0)
+        declined = type(got) is tuple and len(got) == 5 and bytes(got[3]) == wrong
+        if not declined or (python is not None and python.kind is MessageKind.NOTICE):
+            taken.append(name)
+    untouched = len(seen) == calls and other_ok
+
+    def boom(*_):
+        raise ValueError("handler failed")
+    req = comm.Isend(wire_notice, 0, 72)
+    raised = c_probe(mod, comm, receive._by_len, 1 << 24, boom)
+    req.Wait()
+    raised_ok = (type(raised) is tuple and len(raised) == 1
+                 and isinstance(raised[0], ValueError) and str(raised[0]) == "handler failed")
+    print(f"RESULT notices num={num} bad={len(bad)} first={bad[:3]} taken={taken} "
+          f"untouched={int(untouched)} raised={int(raised_ok)}", flush=True)
+
+
+def same_message(a, b):
+    return type(a) is Message and type(b) is Message and all(
+        getattr(a, f) == getattr(b, f)
+        for f in ("step", "kind", "stage", "microbatch", "tag", "source")) and len(
+        a.tensors) == len(b.tensors) and all(
+        (x is None and y is None) or (x is not None and y is not None and x.dtype == y.dtype
+                                      and x.shape == y.shape
+                                      and x.numpy().tobytes() == y.numpy().tobytes())
+        for x, y in zip(a.tensors, b.tensors))
+
+
+def multi_received(mod, comm, plans):
+    """Messages of several tensors through learned receive plans: (taken by the C probe and
+    equal to the Python plan's and to what was sent, declined without `multi`) of 10."""
+    codec, good = WireCodec(), 0
+    for i in range(10):
+        msg = Message(3 + i, MessageKind.ACTIVATION, 1, i, several(i), tag=i, source=0)
+        wire = plans.encode(msg)
+        receive = ReceivePlans()
+        learn(codec, receive, wire)
+        python = receive.message(bytearray(wire), 0)
+        req = comm.Isend(wire, 0, 80 + i)
+        got = c_probe(mod, comm, receive._by_len, 1 << 24, None, True)
+        req.Wait()
+        req = comm.Isend(wire, 0, 90 + i)
+        left = c_probe(mod, comm, receive._by_len, 1 << 24, None, False)
+        req.Wait()
+        good += (same_message(got, python) and same_message(got, msg)
+                 and type(left) is tuple and bytes(left[3]) == wire)
+    return good
 
 
 def mutated(wire, where, value):
@@ -248,11 +343,14 @@ def case_declined(mod, comm):
           f"overflow={int(overflow is NotImplemented)}", flush=True)
 
 
-async def transport_error(wire, bad):
-    """The error an MPITransport on COMM_SELF reports for `bad` after it learned `wire`."""
+async def transport_error(wire, bad, notices=False):
+    """The error an MPITransport on COMM_SELF reports for `bad` after it learned `wire`
+    (`notices`: its notices routed to a handler)."""
     transport = MPITransport(MPI.COMM_SELF)
     errors, got = [], []
     transport.open(got.append, on_failure=errors.append)
+    if notices:
+        transport.route_notices(lambda *fields: got.append(fields))
     try:
         for buf in (wire, wire, bad):  # the first teaches the plan, the second takes it
             req = transport._hdr.Isend(buf, 0, 0)
@@ -265,7 +363,8 @@ async def transport_error(wire, bad):
             await transport.close()
         except Exception:
             pass
-    used = transport._native is not None and transport._native.num_received > 0
+    used = transport._native is not None and (
+        transport._native.num_notices if notices else transport._native.num_received) > 0
     if not errors:
         return f"none(delivered={len(got)})", used
     return f"{type(errors[0]).__name__}:{errors[0]}".replace(" ", "_"), used
@@ -284,17 +383,31 @@ async def case_errors(_mod, _comm):
     print(f"RESULT errors native_used={int(all(used))} " + " ".join(out), flush=True)
 
 
+async def case_notice_errors(_mod, _comm):
+    wire = SendPlans(WireCodec(), 1 << 16).encode(Message(1, MessageKind.NOTICE, 0, 2, (), 3))
+    out, used = [], []
+    for name in HEAD_BAD:
+        if name == "kind-control":
+            continue  # a CONTROL message of its own, valid: delivered, not an error
+        where, value = BAD[name]
+        text, native_used = await transport_error(wire, mutated(wire, where, value), True)
+        out.append(f"{name}={text}")
+        used.append(native_used)
+    print(f"RESULT notice_errors native_used={int(all(used))} " + " ".join(out), flush=True)
+
+
 def main():
     mod = native.load()
     comm = MPI.COMM_SELF.Dup()
     print(f"STATUS {native.status().replace(' ', '_')}", flush=True)
     for case in sys.argv[1:]:
-        if case == "errors":
-            asyncio.run(case_errors(mod, comm))
+        if case in ("errors", "notice_errors"):
+            asyncio.run({"errors": case_errors, "notice_errors": case_notice_errors}[case](
+                mod, comm))
             continue
         assert mod is not None, native.status()
         {"bytes": case_bytes, "receive": case_receive, "declined": case_declined,
-         "heads": case_heads, "multi": case_multi}[case](mod, comm)
+         "heads": case_heads, "multi": case_multi, "notices": case_notices}[case](mod, comm)
     comm.Free()
 
 

@@ -87,7 +87,7 @@ def _setup(module: ModuleType) -> None:
     from ..header import _VERSION, HEADER_MAGIC
     from ..tensor_bytes import torch_module
     module.setup(tuple(MessageKind), int(MessageKind.CONTROL), Message, np.ndarray,
-                 torch_module().from_numpy, HEADER_MAGIC, _VERSION)
+                 torch_module().from_numpy, HEADER_MAGIC, _VERSION, int(MessageKind.NOTICE))
 
 
 def build(verbose: bool = False) -> Path:

@@ -10,7 +10,10 @@
  *        message into a bytearray with MPI_Imrecv + MPI_Test, and if a receive plan of its
  *        length takes it (the very checks of wire_plans.ReceivePlans.message) build its tensor
  *        and its Message. Anything else goes back to Python as it is, which takes the path it
- *        took without this helper (and raises what is wrong there).
+ *        took without this helper (and raises what is wrong there). A header-only NOTICE that
+ *        the plan takes goes, where a notice handler is given, straight to it as four integers
+ *        (step, stage, microbatch, tag): no Message is built for it. Several tensors (None slots
+ *        among them) are viewed from the plan's views where asked (`multi`).
  *
  * The wire format is header.py's `_FIXED` = "<HBBIHIIB" (19 bytes), little-endian.
  */
@@ -22,7 +25,7 @@
 #define FIXED 19
 
 static PyObject *g_kinds, *g_message, *g_ndarray, *g_from_numpy;
-static long g_control, g_magic, g_version;
+static long g_control, g_magic, g_version, g_notice = -1;
 static PyObject *s_desc, *s_n, *s_one, *s_views;
 
 static PyObject *mpi_error(const char *call, int code) {
@@ -59,18 +62,20 @@ static long bounded(PyObject *o, long hi) {
     return v < 0 || v > hi ? -1 : v;
 }
 
-PyDoc_STRVAR(setup_doc, "setup(kinds, control, Message, ndarray, from_numpy, magic, version)");
+PyDoc_STRVAR(setup_doc,
+"setup(kinds, control, Message, ndarray, from_numpy, magic, version, notice=-1)");
 static PyObject *setup(PyObject *self, PyObject *args) {
     PyObject *kinds, *message, *ndarray, *from_numpy;
     long control, magic, version;
-    if (!PyArg_ParseTuple(args, "O!lOOOll", &PyTuple_Type, &kinds, &control, &message,
-                          &ndarray, &from_numpy, &magic, &version))
+    long notice = -1;
+    if (!PyArg_ParseTuple(args, "O!lOOOll|l", &PyTuple_Type, &kinds, &control, &message,
+                          &ndarray, &from_numpy, &magic, &version, &notice))
         return NULL;
     Py_INCREF(kinds); Py_XSETREF(g_kinds, kinds);
     Py_INCREF(message); Py_XSETREF(g_message, message);
     Py_INCREF(ndarray); Py_XSETREF(g_ndarray, ndarray);
     Py_INCREF(from_numpy); Py_XSETREF(g_from_numpy, from_numpy);
-    g_control = control; g_magic = magic; g_version = version;
+    g_control = control; g_magic = magic; g_version = version; g_notice = notice;
     Py_RETURN_NONE;
 }
 
@@ -234,8 +239,70 @@ static PyObject *send_parts(PyObject *self, PyObject *const *args, Py_ssize_t na
     return Py_BuildValue("(NN)", head, h);
 }
 
-/* the Message in buf if the receive plan of its length takes it; Py_None if not; NULL: error */
-static PyObject *planned(PyObject *plans, PyObject *buf, int count, int src) {
+/* a header-only notice's fields to `on_notice`: Py_True, or (the exception it raised,) */
+static PyObject *notice_to(PyObject *on_notice, const unsigned char *p) {
+    PyObject *fields[4] = {PyLong_FromUnsignedLong(get32(p + 4)),
+                           PyLong_FromUnsignedLong(get16(p + 8)),
+                           PyLong_FromUnsignedLong(get32(p + 10)),
+                           PyLong_FromUnsignedLong(get32(p + 14))};
+    PyObject *out = NULL;
+    if (fields[0] && fields[1] && fields[2] && fields[3]) {
+        PyObject *r = PyObject_Vectorcall(on_notice, fields, 4, NULL);
+        if (r != NULL) {
+            Py_DECREF(r);
+            out = Py_NewRef(Py_True);
+        } else if (PyErr_ExceptionMatches(PyExc_Exception)) {  /* the handler's: to Python */
+#if PY_VERSION_HEX >= 0x030C0000
+            PyObject *value = PyErr_GetRaisedException();
+#else
+            PyObject *type, *value, *tb;
+            PyErr_Fetch(&type, &value, &tb);
+            PyErr_NormalizeException(&type, &value, &tb);
+            if (value != NULL && tb != NULL) PyException_SetTraceback(value, tb);
+            Py_XDECREF(type); Py_XDECREF(tb);
+#endif
+            out = value == NULL ? NULL : PyTuple_Pack(1, value);
+            Py_XDECREF(value);
+        }
+    }
+    for (int i = 0; i < 4; i++) Py_XDECREF(fields[i]);
+    return out;
+}
+
+/* one tensor viewing buf as `view` = (shape, numpy dtype, offset) describes */
+static PyObject *tensor_of(PyObject *view, PyObject *buf) {
+    if (!PyTuple_Check(view) || PyTuple_GET_SIZE(view) != 3) {
+        PyErr_SetString(PyExc_TypeError, "a receive plan's view is (shape, dtype, offset)");
+        return NULL;
+    }
+    PyObject *vargs[4] = {PyTuple_GET_ITEM(view, 0), PyTuple_GET_ITEM(view, 1), buf,
+                          PyTuple_GET_ITEM(view, 2)};
+    PyObject *arr = PyObject_Vectorcall(g_ndarray, vargs, 4, NULL);
+    if (arr == NULL) return NULL;
+    PyObject *t = PyObject_CallOneArg(g_from_numpy, arr);
+    Py_DECREF(arr);
+    return t;
+}
+
+/* the tensors of a several-tensor plan's `views` (None slots as None), each viewing buf */
+static PyObject *several(PyObject *views, PyObject *buf) {
+    Py_ssize_t nv = PyList_GET_SIZE(views);
+    PyObject *out = PyTuple_New(nv);
+    if (out == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < nv; i++) {
+        PyObject *view = PyList_GET_ITEM(views, i);
+        PyObject *t = view == Py_None ? Py_NewRef(Py_None) : tensor_of(view, buf);
+        if (t == NULL) { Py_DECREF(out); return NULL; }
+        PyTuple_SET_ITEM(out, i, t);
+    }
+    return out;
+}
+
+/* the Message in buf if the receive plan of its length takes it (a notice, where `on_notice`
+ * is not None, handed to it: notice_to's answer; several tensors only if `multi`); Py_None if
+ * not; NULL: error */
+static PyObject *planned(PyObject *plans, PyObject *buf, int count, int src,
+                         PyObject *on_notice, int multi) {
     PyObject *key = PyLong_FromLong(count);
     if (key == NULL) return NULL;
     PyObject *plan = PyDict_GetItemWithError(plans, key);  /* borrowed */
@@ -256,27 +323,27 @@ static PyObject *planned(PyObject *plans, PyObject *buf, int count, int src) {
     one = PyObject_GetAttr(plan, s_one);
     if (one == NULL) goto done;
     if (one != Py_None) {  /* (shape, numpy dtype, offset): one view of buf */
-        if (!PyTuple_Check(one) || PyTuple_GET_SIZE(one) != 3) {
-            PyErr_SetString(PyExc_TypeError, "a receive plan's view is (shape, dtype, offset)");
-            goto done;
-        }
-        PyObject *vargs[4] = {PyTuple_GET_ITEM(one, 0), PyTuple_GET_ITEM(one, 1), buf,
-                              PyTuple_GET_ITEM(one, 2)};
-        PyObject *arr = PyObject_Vectorcall(g_ndarray, vargs, 4, NULL);
-        if (arr == NULL) goto done;
-        PyObject *t = PyObject_CallOneArg(g_from_numpy, arr);
-        Py_DECREF(arr);
+        PyObject *t = tensor_of(one, buf);
         if (t == NULL) goto done;
         tensors = PyTuple_Pack(1, t);
         Py_DECREF(t);
     } else {
         views = PyObject_GetAttr(plan, s_views);
         if (views == NULL) goto done;
-        if (!PyList_Check(views) || PyList_GET_SIZE(views) != 0) {
+        if (!PyList_Check(views)) {
+            PyErr_SetString(PyExc_TypeError, "a receive plan's views are a list");
+            goto done;
+        }
+        Py_ssize_t nv = PyList_GET_SIZE(views);
+        if (nv && !multi) {
             out = Py_NewRef(Py_None);  /* several tensors: the Python plan builds them */
             goto done;
         }
-        tensors = PyTuple_New(0);  /* header only */
+        if (!nv && kind == g_notice && on_notice != Py_None) {  /* the plan's checks made */
+            out = notice_to(on_notice, p);
+            goto done;
+        }
+        tensors = nv ? several(views, buf) : PyTuple_New(0);  /* or header only */
     }
     if (tensors == NULL) goto done;
     PyObject *margs[7] = {PyLong_FromUnsignedLong(get32(p + 4)), PyTuple_GET_ITEM(g_kinds, kind),
@@ -294,14 +361,18 @@ done:
 }
 
 PyDoc_STRVAR(probe_doc,
-"probe(comm, tries, max_count, plans) -> None | Message | (src, tag, count, buf, handle)\n"
+"probe(comm, tries, max_count, plans, on_notice=None, multi=False)\n"
+"    -> None | Message | True | (exc,) | (src, tag, count, buf, handle)\n"
 "None: nothing matched in `tries` MPI_Improbe calls. A Message: received, and a receive plan\n"
-"of `plans` (length -> plan) took it. Else a tuple: buf a bytearray received (handle 0) or\n"
+"of `plans` (length -> plan) took it (one of several tensors only if `multi`). True: a header-only notice the plan took, handed to\n"
+"on_notice(step, stage, microbatch, tag) (no Message); (exc,): what on_notice raised.\n"
+"Else a tuple: buf a bytearray received (handle 0) or\n"
 "being received (handle: its request's); buf None when count > max_count (handle: the matched\n"
 "message's, not received: the caller raises).");
 static PyObject *probe(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 4 || !PyDict_Check(args[3])) {
-        PyErr_SetString(PyExc_TypeError, "probe(comm, tries, max_count, plans: dict)");
+    if (nargs < 4 || nargs > 6 || !PyDict_Check(args[3])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "probe(comm, tries, max_count, plans: dict, on_notice=None, multi=False)");
         return NULL;
     }
     if (g_message == NULL) {
@@ -332,7 +403,9 @@ static PyObject *probe(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
     if (rc != MPI_SUCCESS) { Py_DECREF(buf); return mpi_error("MPI_Imrecv/MPI_Test", rc); }
     if (!flag)
         return Py_BuildValue("(iiiNN)", src, tag, count, buf, handle_out(req));
-    PyObject *msg = planned(args[3], buf, count, src);
+    int multi = nargs == 6 ? PyObject_IsTrue(args[5]) : 0;
+    if (multi < 0) { Py_DECREF(buf); return NULL; }
+    PyObject *msg = planned(args[3], buf, count, src, nargs >= 5 ? args[4] : Py_None, multi);
     if (msg != Py_None) { Py_DECREF(buf); return msg; }  /* a Message, or NULL: its error */
     Py_DECREF(msg);
     return Py_BuildValue("(iiiNi)", src, tag, count, buf, 0);
