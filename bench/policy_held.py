@@ -60,10 +60,12 @@ RESAMPLE = 8
 
 
 def choice_draw(jitter: str, seed: int, stages: int, microbatches: int, split: bool,
-                known: str, step: int = HELD_STEP, window: int = 1, copies: int = 0) -> Trace:
+                known: str, step: int = HELD_STEP, window: int = 1, copies: int = 0,
+                deal: int = 0) -> Trace:
     """Steps `step` .. `step + window - 1` of the seeded model on S linear ranks (every auto
     candidate's placement) as a trace, with step 0's sizes where `known` is "sizes" (the
-    module's note), then `copies` resampled copies of them (seeded by `seed`)."""
+    module's note), then `copies` resampled copies of them (seeded by `seed` and `deal`, the
+    index of another draw of copies)."""
     if known not in KNOWN:
         raise ValueError(f"known: expected one of {KNOWN}, got {known!r}")
     if window < 1:
@@ -84,4 +86,4 @@ def choice_draw(jitter: str, seed: int, stages: int, microbatches: int, split: b
     trace = Trace(np.stack(tables), placement=model.placement, split_backward=split,
                   source=f"{jitter} seed {seed} {steps} ({known} known)",
                   sizes=None if sized[0] is None else np.stack(sized))
-    return resampled_trace(trace, window, copies, seed) if copies else trace
+    return resampled_trace(trace, window, copies, seed + 7919 * deal) if copies else trace

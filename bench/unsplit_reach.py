@@ -113,7 +113,8 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def _opt(d: dict[str, Any], eff: Any) -> str:
-    return "; ".join(f"{eff(d, 'opt_' + n)}, {eff(d, 'opt_bound_' + n)} {d['opt_' + n + '_status']}"
+    return "; ".join(f"{eff(d, 'opt_' + n)}, {eff(d, 'opt_bound_' + n)} "
+                     f"{d['opt_' + n + '_status']}"
                      for n in ("given", "middle") if f"opt_{n}" in d) or "-"
 
 
