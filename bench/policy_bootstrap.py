@@ -17,8 +17,8 @@ Per seed: hindsight (chosen on the scored step 0), held out (chosen on step 1), 
 bench's `held-out, window 4`), each chosen run on step 0; read against hindsight's step time and
 against the CP-SAT best found of bench/results/policy_robust.json where it has that seed.
 
-Run: python -m bench.policy_bootstrap [--cases 4x8,4x16] [--seeds 0-9]
-     [--jitter lognormal:0.5] [--copies 4,8,16] [--split] [--out policy_bootstrap]
+Run: python -m bench.policy_bootstrap [--cases 4x8,4x16] [--seeds 0-9] [--deals 4]
+     [--jitter lognormal:0.5] [--copies 4,8,16] [--split] [--out policy_bootstrap] [--quick]
 """
 
 from __future__ import annotations
@@ -163,7 +163,11 @@ def main() -> None:
                     help="draws of the copies per resampled rule; its figures are their mean")
     ap.add_argument("--split", action="store_true")
     ap.add_argument("--out", default="policy_bootstrap")
+    ap.add_argument("--quick", action="store_true",
+                    help="S, M = 4, 8, seeds 0-1, 2 draws, into policy_bootstrap_quick")
     args = ap.parse_args()
+    if args.quick:
+        args.cases, args.seeds, args.deals, args.out = "4x8", "0-1", 2, "policy_bootstrap_quick"
     began = time.perf_counter()
     lo, _, hi = args.seeds.partition("-")
     seeds = list(range(int(lo), int(hi or lo) + 1))

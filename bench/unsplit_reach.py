@@ -12,13 +12,16 @@ bench/optimum.py does):
               in the given order and, where the durations carry sizes, in auto's middle order
   clairvoyant the best valid schedule bench/clairvoyant_list.py finds (bench.clairvoyant.search,
               checked by bench/optimum.py's check), on the given order and on the middle order
+  tail-first  the clairvoyant list schedule with a critical-path ranking (`tail_first`), given
+              order
   auto        simulate(hint="auto", cap=budget) on the same durations, in hindsight
 
 Budgets: "2x" is auto's (twice strict 1F1B's peak on each rank: 2(S - r)); "64" is 2S on every
 rank. Efficiency is lower / step time, as bench.policy reads it.
 
 Run: python -m bench.unsplit_reach [--stages 32] [--seeds 0-4] [--jitters a,b]
-     [--budgets 2x,64] [--groups 4] [--no-auto] [--out unsplit_reach]
+     [--budgets 2x,64] [--groups 4] [--no-auto] [--opt-time S] [--out unsplit_reach] [--quick]
+(about 13 minutes of CPU at the defaults; --quick: S=8, seed 0, seconds)
 """
 
 from __future__ import annotations
@@ -41,15 +44,37 @@ from aioready.sim.variability import JitterModel
 from aioready.telemetry.bounds import lower_bound_table
 
 from .clairvoyant import search
-from .clairvoyant_list import as_schedule
+from .clairvoyant_list import Rule, Schedule, as_schedule, list_schedule
 from .common import RESULTS, write_result
-from .optimum import check, instance, solve
+from .optimum import Instance, check, instance, solve
 from .step_bounds import in_order_rank_bound, memory_bound
 
 
 def _seeds(text: str) -> list[int]:
     lo, _, hi = text.partition("-")
     return list(range(int(lo), int(hi or lo) + 1))
+
+
+def tail_first(inst: Instance) -> Schedule:
+    """The shortest of the clairvoyant list schedules that rank tasks by their tail (the work
+    left on their microbatch's chain after them: the issue's critical-path-aware ranking, with
+    every duration known), alone or plus half a mean task per microbatch index, under each
+    class order; checked by bench/optimum.py's check."""
+    d = inst.durations.astype(float)
+    F, B = d[:, :, 0], d[:, :, 1]
+    K = 3 if inst.split_backward else 2
+    W = d[:, :, 2] if K == 3 else np.zeros_like(F)
+    tails = np.stack([F.sum(0) - np.cumsum(F, axis=0) + B.sum(0) + W[0],
+                      np.cumsum(B, axis=0) - B + W[0], np.zeros_like(F)], axis=-1)[:, :, :K]
+    index = np.arange(inst.num_microbatches, dtype=float)[None, :, None]
+    best = None
+    for prio in (-tails, -tails / (2 * d[:, :, :K].mean()) + index):
+        for order in ("BFAW", "FBAW", "ABFW", "BAFW"):
+            sch = list_schedule(inst, Rule(order=order), prio.reshape(-1))
+            if best is None or sch.makespan < best.makespan:
+                best = sch
+    assert best is not None and not check(inst, as_schedule(best))
+    return best
 
 
 def one_case(S: int, seed: int, jitter: str, budget: str, groups: int, auto: bool,
@@ -73,6 +98,7 @@ def one_case(S: int, seed: int, jitter: str, budget: str, groups: int, auto: boo
         if name == "given":
             out["lb"] = lower_bound_table(pl, ms, False)
             out["memory"] = memory_bound(pl, ms, False, caps)
+            out["tail_first"] = tail_first(inst).makespan * inst.unit_ms
         out[f"in_order_{name}"] = in_order_rank_bound(ms, False)
         how, best, _ = search(inst, groups, 1)
         problems = check(inst, as_schedule(best))
@@ -98,16 +124,17 @@ def one_case(S: int, seed: int, jitter: str, budget: str, groups: int, auto: boo
 def table(rows: list[dict[str, Any]]) -> list[str]:
     """One line per case: bounds and schedules as efficiencies (lower bound / step)."""
     lines = ["| jitter | budget | seed | memory | in-order given | in-order middle | "
-             "clairvoyant given | clairvoyant middle | auto | auto's choice | CP-SAT best, "
-             "proven (given; middle) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "clairvoyant given | clairvoyant middle | tail-first | auto | auto's choice | "
+             "CP-SAT best, proven (given; middle) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
     def eff(d: dict[str, Any], key: str) -> str:
         return f"{d['lb'] / d[key]:.3f}" if key in d else "-"
     for d in rows:
         lines.append(f"| {d['jitter']} | {d['budget']} | {d['seed']} | {eff(d, 'memory')} | "
                      f"{eff(d, 'in_order_given')} | {eff(d, 'in_order_middle')} | "
-                     f"{eff(d, 'clair_given')} | {eff(d, 'clair_middle')} | {eff(d, 'auto')} | "
+                     f"{eff(d, 'clair_given')} | {eff(d, 'clair_middle')} | "
+                     f"{eff(d, 'tail_first')} | {eff(d, 'auto')} | "
                      f"{d.get('auto_chosen', '-')} | {_opt(d, eff)} |")
     return lines
 
@@ -129,7 +156,11 @@ def main() -> None:
     ap.add_argument("--opt-time", type=float, default=0.0,
                     help="CP-SAT seconds per instance and order (0: none; small S only)")
     ap.add_argument("--out", default="unsplit_reach")
+    ap.add_argument("--quick", action="store_true",
+                    help="S=8, seed 0, into unsplit_reach_quick (seconds)")
     args = ap.parse_args()
+    if args.quick:
+        args.stages, args.seeds, args.out = 8, "0", "unsplit_reach_quick"
     began = time.perf_counter()
     rows = []
     for jitter in args.jitters.split(","):
