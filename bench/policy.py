@@ -93,7 +93,7 @@ from aioready.telemetry.bounds import in_order_bound
 
 from .common import RESULTS, lean_gc, median, write_result
 from .optimum import Instance, instance, schedule_of, solve
-from .policy_held import KNOWN, WINDOW, choice_draw
+from .policy_held import KNOWN, RESAMPLE, WINDOW, choice_draw
 from .policy_page import matches, update
 
 
@@ -163,6 +163,12 @@ CONFIGS: list[Config] = [
     # Pipeline(hint=AutoHint(window=WINDOW)) chooses from its last steps (bench/policy_held.py)
     *(Config("auto", label=f"{label}, held-out, window {WINDOW}", baseline="1f1b", split=split,
              budgets=("2x",), kwargs=(*extra, ("held", "sizes"), ("window", WINDOW)))
+      for label, split, extra in (("auto", False, ()), ("auto split", True, ()),
+                                  ("auto split, 2S each", True, (("uniform", True),)))),
+    # held out on one step and RESAMPLE - 1 resampled copies of it (aioready/sim/resample.py)
+    *(Config("auto", label=f"{label}, held-out, resample {RESAMPLE}", baseline="1f1b",
+             split=split, budgets=("2x",),
+             kwargs=(*extra, ("held", "sizes"), ("copies", RESAMPLE - 1)))
       for label, split, extra in (("auto", False, ()), ("auto split", True, ()),
                                   ("auto split, 2S each", True, (("uniform", True),)))),
 ]
@@ -310,11 +316,12 @@ def _auto(cfg: Config, S: int, M: int, jitter: str, seed: int, extra: dict[str, 
                                     num_microbatches=M), 0) is not None
     # without sizes both held-out readings choose on the same draw: one choice
     held = kwargs.get("held") and (kwargs["held"] if sized else KNOWN[0])
-    window = kwargs.get("window", 1)
+    window, copies = kwargs.get("window", 1), kwargs.get("copies", 0)
     source: dict[str, Any] = ({"jitter": jitter, "seed": seed} if not held else
                               {"trace": choice_draw(jitter, seed, S, M, split, held,
-                                                    window=window), "steps": window})
-    draw = memo if not held else memo.setdefault(("draw", held, window), {})
+                                                    window=window, copies=copies),
+                               "steps": window + copies})
+    draw = memo if not held else memo.setdefault(("draw", held, window, copies), {})
 
     def run(order: HintOrder, mode: str, caps: tuple[int, ...], policy: str,
             bound: float | None = None, memory: tuple[int, ...] | None = None,
@@ -334,7 +341,7 @@ def _auto(cfg: Config, S: int, M: int, jitter: str, seed: int, extra: dict[str, 
     # what decides the choice (the unit's S, jitter and seed fix the durations): rows that
     # differ only in their label ("auto split" and "auto split, given order" where the
     # durations carry no sizes) are one choice
-    row_key = ("auto", cfg.hint, split, str(gate), reorder is not None, held, window)
+    row_key = ("auto", cfg.hint, split, str(gate), reorder is not None, held, window, copies)
     if row_key not in memo:
         tuning = choose_auto(run, cfg.hint, num_stages=S, num_ranks=None, num_microbatches=M,
                              split_backward=split, budget=gate.get("cap"),
@@ -439,11 +446,12 @@ def _as_chosen(cfg: Config, S: int, M: int, probe: Instance, extra: dict[str, An
         return cfg, extra, None
     order = dict(cfg.kwargs).get("order")
     held, window = _held(cfg), dict(cfg.kwargs).get("window", 1)
+    copies = dict(cfg.kwargs).get("copies", 0)
     trace = probe.trace() if held is None else choice_draw(
-        jitter, seed, S, M, cfg.split_backward, held, window=window)
+        jitter, seed, S, M, cfg.split_backward, held, window=window, copies=copies)
     best = simulate(stages=S, microbatches=M, hint=cfg.hint, trace=trace,
                     split_backward=cfg.split_backward, cap=_auto_budget(cfg, S, M, extra),
-                    order=order, steps=window if held else 1).tuning.best.candidate
+                    order=order, steps=window + copies if held else 1).tuning.best.candidate
     chosen = best.choice
     slots = (None if best.order == "given" or probe.sizes is None
              else cost_order(list(probe.sizes), best.order, S, cfg.split_backward))

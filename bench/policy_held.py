@@ -30,6 +30,11 @@ step time ranks the candidates, as the runtime's SimChooser does with its last k
 With "sizes" every step of the window carries the scored step's sizes (a runtime knows the
 coming step's inputs, not those of the window it measured: "step" keeps each step's own).
 No step of a window is step 0, the scored one.
+
+Resampled (`copies=c`): after the window's steps, c copies of them (round-robin), each with
+every (stage, kind)'s durations dealt to the microbatches again in a seeded order, the sizes
+staying with their microbatches (aioready/sim/resample.py); the chooser ranks by the mean over
+all window + c steps. It sees no more measured steps than the window, only more plausible ones.
 """
 
 from __future__ import annotations
@@ -37,10 +42,11 @@ from __future__ import annotations
 import numpy as np
 
 from aioready.placement import Placement
+from aioready.sim.resample import resampled_trace
 from aioready.sim.traces import Trace
 from aioready.sim.variability import JitterModel
 
-__all__ = ["HELD_STEP", "KNOWN", "WINDOW", "choice_draw"]
+__all__ = ["HELD_STEP", "KNOWN", "RESAMPLE", "WINDOW", "choice_draw"]
 
 HELD_STEP = 1
 KNOWN = ("sizes", "step")
@@ -48,13 +54,18 @@ WINDOW = 4
 """The held-out window rows' k: tuned on seeds 0-4 (lognormal:0.5, S,M = 4,8 / 4,16 / 8,16),
 where the mean regret against hindsight stopped shrinking past 4 steps (docs/policy.md
 "Choosing on a window of steps"); seeds 5-9 validate it."""
+RESAMPLE = 8
+"""The resampled rows' steps in all: the one measured step and RESAMPLE - 1 copies of it
+(docs/policy.md "Resampling the measured step")."""
 
 
 def choice_draw(jitter: str, seed: int, stages: int, microbatches: int, split: bool,
-                known: str, step: int = HELD_STEP, window: int = 1) -> Trace:
+                known: str, step: int = HELD_STEP, window: int = 1, copies: int = 0,
+                deal: int = 0) -> Trace:
     """Steps `step` .. `step + window - 1` of the seeded model on S linear ranks (every auto
     candidate's placement) as a trace, with step 0's sizes where `known` is "sizes" (the
-    module's note)."""
+    module's note), then `copies` resampled copies of them (seeded by `seed` and `deal`, the
+    index of another draw of copies)."""
     if known not in KNOWN:
         raise ValueError(f"known: expected one of {KNOWN}, got {known!r}")
     if window < 1:
@@ -72,6 +83,7 @@ def choice_draw(jitter: str, seed: int, stages: int, microbatches: int, split: b
         tables.append(table)
         sized.append(sizes)
     steps = f"step {step}" if window == 1 else f"steps {step}-{step + window - 1}"
-    return Trace(np.stack(tables), placement=model.placement, split_backward=split,
-                 source=f"{jitter} seed {seed} {steps} ({known} known)",
-                 sizes=None if sized[0] is None else np.stack(sized))
+    trace = Trace(np.stack(tables), placement=model.placement, split_backward=split,
+                  source=f"{jitter} seed {seed} {steps} ({known} known)",
+                  sizes=None if sized[0] is None else np.stack(sized))
+    return resampled_trace(trace, window, copies, seed + 7919 * deal) if copies else trace

@@ -13,6 +13,17 @@ order, as every hint does under strict, greedy and reserve): the one-machine rel
 rank with release dates. telemetry.bounds.in_order_bound counts, after F(s, m), only the work of
 microbatches m and later; but the backward pieces of the earlier ones cannot start before their
 gradient can have come back from the last stage, so they too are left after a point in time.
+
+`head_tail_bound` (any schedule, any memory, any order): the one-machine bound with heads and
+tails per task. The lower bound charges every rank the least head and the least tail over all
+microbatches; under jitter those come from different microbatches, and each is far below the
+typical one. Here each task keeps its own: a head (the least time before it can start, its
+dependency chain from the step's start) and a tail (the least time from its end to the step's
+end, its chain to stage 0's last piece). For any set J of one rank's tasks the step lasts at
+least min head(J) + sum p(J) + min tail(J) (the last of J to end on the rank ends no earlier
+than the first head plus all their work, and its own tail follows); the bound takes the best J
+of the form {head >= x, tail >= y}, which is where the maximum lies (the preemptive
+one-machine bound with release and delivery times).
 """
 
 from __future__ import annotations
@@ -25,7 +36,7 @@ from aioready.placement import Placement
 from aioready.tasks import Kind
 from aioready.telemetry.bounds import forward_flow, in_order_bound, lower_bound_table
 
-__all__ = ["memory_bound", "in_order_rank_bound", "forward_flow"]
+__all__ = ["memory_bound", "in_order_rank_bound", "head_tail_bound", "forward_flow"]
 
 
 def memory_bound(placement: Placement, table: np.ndarray, split_backward: bool,
@@ -83,4 +94,45 @@ def in_order_rank_bound(table: np.ndarray, split_backward: bool) -> float:
         work = np.concatenate([F[s], B[s], W[s]])
         order = np.argsort(-release, kind="stable")
         best = max(best, float(np.max(release[order] + np.cumsum(work[order]))))
+    return best
+
+
+def head_tail_bound(table: np.ndarray, split_backward: bool) -> float:
+    """A lower bound on any schedule of a linear placement (rank s holds stage s), any memory
+    and any order (the module's note); at least telemetry.bounds.lower_bound_table there.
+
+    Heads: F(s, m) the forwards of stages < s; B(s, m) every forward and the backwards of stages
+    > s; W(s, m) that plus B(s, m). Tails: F(s, m) every later piece of its microbatch's chain
+    (the forwards after s, every backward, stage 0's W); B(s, m) the backwards before s and stage
+    0's W (split: at least its own W); W(s, m) none. Communication is ignored (it only delays).
+    """
+    F, B = table[:, :, Kind.F], table[:, :, Kind.B]
+    W = table[:, :, Kind.W] if split_backward else np.zeros_like(F)
+    S = F.shape[0]
+    before_f = np.cumsum(F, axis=0) - F
+    after_f = F.sum(axis=0) - np.cumsum(F, axis=0)
+    before_b = np.cumsum(B, axis=0) - B
+    after_b = B.sum(axis=0) - np.cumsum(B, axis=0)
+    back = F.sum(axis=0) + after_b  # the head of B(s, m)
+    b_tail = np.where(np.arange(S)[:, None] > 0, before_b + W[0], 0.0)
+    b_tail = np.maximum(b_tail, W)
+    best = lower_bound_table(Placement.linear(S), table, split_backward)
+    for s in range(S):
+        heads = [before_f[s], back[s]] + ([back[s] + B[s]] if split_backward else [])
+        tails = [after_f[s] + B.sum(axis=0) + W[0], b_tail[s]] + (
+            [np.zeros_like(W[s])] if split_backward else [])
+        work = [F[s], B[s]] + ([W[s]] if split_backward else [])
+        best = max(best, _one_machine(np.concatenate(heads), np.concatenate(work),
+                                      np.concatenate(tails)))
+    return best
+
+
+def _one_machine(head: np.ndarray, work: np.ndarray, tail: np.ndarray) -> float:
+    """max over x, y of x + (work of the tasks with head >= x and tail >= y) + y."""
+    best = 0.0
+    for x in np.unique(head):
+        keep = head >= x
+        t, p = tail[keep], work[keep]
+        order = np.argsort(-t, kind="stable")
+        best = max(best, float(x + np.max(np.cumsum(p[order]) + t[order])))
     return best

@@ -1,6 +1,6 @@
 """bench/clairvoyant_list.py and bench/step_bounds.py: the clairvoyant list scheduler emits
 valid schedules (bench/optimum.py's independent checker), never beats CP-SAT's proven optimum,
-and the memory-aware lower bound never exceeds it; where the bound binds (no jitter, caps
+and the memory-aware and head-tail lower bounds never exceed it; where the bound binds (no jitter, caps
 2(S - r)) a schedule meets it exactly, so neither side can be off there. The in-order rank
 bound never exceeds the optimum of schedules that keep forwards in order (CP-SAT with that
 constraint) nor any such schedule the scheduler or the runtime produces.
@@ -24,7 +24,7 @@ from bench.clairvoyant_list import (
     overtaking,
 )
 from bench.optimum import Instance, check, instance, solve
-from bench.step_bounds import in_order_rank_bound, memory_bound
+from bench.step_bounds import head_tail_bound, in_order_rank_bound, memory_bound
 
 RULES = [Rule(), Rule(w_pick="long"), Rule(order="ABFW"), Rule(guard=1),
          Rule(protect="B", reserve=0, drain_only=True), Rule(protect="BA", reserve=0),
@@ -96,6 +96,9 @@ def test_within_the_proven_optimum(split: bool, jitter: str, seed: int, caps: ob
     bound = _bound(inst)
     assert lower_bound_table(inst.placement, inst.durations.astype(float), split) <= bound
     assert bound <= opt.objective + 1e-9
+    table = inst.durations.astype(float)
+    assert lower_bound_table(inst.placement, table, split) <= head_tail_bound(table, split)
+    assert head_tail_bound(table, split) <= opt.objective + 1e-9
     for rule in RULES:
         assert list_schedule(inst, rule).makespan >= opt.objective
 
@@ -183,3 +186,21 @@ def test_in_order_rank_bound_is_below_in_order_schedules(seed: int) -> None:
             run = simulate(stages=6, microbatches=24, hint=hint, mode=mode, policy="greedy",
                            trace=inst.trace(), split_backward=split, cap="2x")
             assert run.step_time / inst.unit_ms >= bound - 1e-6, (hint, mode)
+
+
+def test_head_tail_bound_can_exceed_the_lower_bound() -> None:
+    # two stages, two microbatches, unsplit: the least head (stage 0's F of microbatch 0) and
+    # the least tail come from different microbatches, so the lower bound charges rank 1 both
+    # minima; its tasks of microbatch 1 cannot start before 9, which the head-tail bound sees
+    import numpy as np
+
+    from aioready.placement import Placement
+    table = np.zeros((2, 2, 3))
+    table[:, :, Kind.F] = [[4, 9], [1, 6]]
+    table[:, :, Kind.B] = [[4, 2], [4, 4]]
+    inst = instance(table, placement=Placement.linear(2), split_backward=False, caps=(2, 2),
+                    unit_ms=1.0)
+    assert lower_bound_table(inst.placement, table, False) == 21
+    assert head_tail_bound(table, False) == 22
+    opt = solve(inst, time_limit_s=30.0)
+    assert opt.status == "OPTIMAL" and opt.objective >= 22

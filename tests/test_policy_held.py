@@ -22,14 +22,13 @@ from aioready.sim.durations import device_duration
 from aioready.sim.simulator import simulate
 from aioready.sim.tune import SimChooser
 from aioready.sim.variability import JitterModel
-from bench.policy_held import HELD_STEP, WINDOW, choice_draw
+from bench.policy_held import HELD_STEP, RESAMPLE, WINDOW, choice_draw
 
 S, M = 4, 16
 
 
-@pytest.fixture(scope="module")
-def units() -> dict[str, dict]:
-    autos = [c for c in policy.CONFIGS if c.hint == "auto"]
+def _units(keep: object) -> dict[str, dict]:
+    autos = [c for c in policy.CONFIGS if c.hint == "auto" and keep(c)]  # type: ignore
     saved = policy.CONFIGS[:]
     policy.CONFIGS[:] = [policy.Config("zb-h2"), *autos]
     try:
@@ -38,9 +37,25 @@ def units() -> dict[str, dict]:
         policy.CONFIGS[:] = saved
 
 
+@pytest.fixture(scope="module")
+def units() -> dict[str, dict]:
+    return _units(lambda c: "copies" not in dict(c.kwargs))
+
+
+@pytest.fixture(scope="module")
+def resample_units() -> dict[str, dict]:
+    """The resampled rows beside the hindsight ones (apart: each simulates 8 steps)."""
+    return _units(lambda c: "copies" in dict(c.kwargs) or dict(c.kwargs) in ({}, {
+        "uniform": True}))
+
+
 def _held_rows() -> list[policy.Config]:
     return [c for c in policy.CONFIGS if c.hint == "auto" and "held" in dict(c.kwargs)
-            and "window" not in dict(c.kwargs)]
+            and "window" not in dict(c.kwargs) and "copies" not in dict(c.kwargs)]
+
+
+def _resample_rows() -> list[policy.Config]:
+    return [c for c in policy.CONFIGS if c.hint == "auto" and "copies" in dict(c.kwargs)]
 
 
 def _window_rows() -> list[policy.Config]:
@@ -189,3 +204,40 @@ def test_a_pipeline_with_a_window_chooses_what_the_window_row_chooses() -> None:
                                               want.candidate.choice.mode,
                                               want.candidate.choice.policy)
     assert best.step_time == pytest.approx(want.step_time, rel=1e-9)
+
+
+@pytest.mark.heavy  # 8-step choices for three rows and two jitters: about 50 s of CPU
+@pytest.mark.parametrize("jitter", ["lognormal:0.5", "multimodal:0.3:3"])
+def test_a_resample_row_is_a_fresh_choice_on_step_one_and_its_copies(
+        resample_units: dict[str, dict], jitter: str) -> None:
+    rows = _resample_rows()
+    assert len(rows) == 3 and {dict(c.kwargs)["copies"] for c in rows} == {RESAMPLE - 1}
+    for cfg in rows:
+        row = resample_units[jitter]["rows"][f"{cfg.name}|2x"]
+        # never faster than hindsight, the fastest fitting candidate of the same set
+        hindsight = resample_units[jitter]["rows"][f"{cfg.name.split(', held-out')[0]}|2x"]
+        assert row["t"] >= hindsight["t"] and row["candidates"] == hindsight["candidates"]
+        split, budget = cfg.split_backward, policy._auto_budget(cfg, S, M, policy.BUDGETS["2x"])
+        draw = choice_draw(jitter, 0, S, M, split, "sizes", copies=RESAMPLE - 1)
+        assert draw.num_steps == RESAMPLE
+        one = choice_draw(jitter, 0, S, M, split, "sizes")
+        assert np.array_equal(draw.table(0), one.table(0))  # the measured step first
+        for i in range(1, RESAMPLE):  # then copies of it: its durations dealt again
+            noise = draw.table(i) / (draw.sizes(i)[None, :, None] if draw.sizes(i) is not None
+                                     else 1.0)
+            measured = one.table(0) / (one.sizes(0)[None, :, None] if one.sizes(0) is not None
+                                       else 1.0)
+            assert np.allclose(np.sort(noise, axis=1), np.sort(measured, axis=1))
+            assert not np.array_equal(draw.table(i), one.table(0))
+        chosen = simulate(stages=S, microbatches=M, hint="auto", trace=draw, steps=RESAMPLE,
+                          split_backward=split, cap=budget)
+        best = chosen.tuning.best
+        c = best.candidate.choice
+        scored = simulate(stages=S, microbatches=M, hint=c.hint, mode=c.mode, policy=c.policy,
+                          cap=list(c.cap), jitter=jitter, seed=0, split_backward=split,
+                          order=best.candidate.order)
+        assert (row["chosen"], row["t_chosen_on"], row["t"], row["eff"], row["cap0"],
+                row["peak"]) == (chosen.hint, chosen.step_time, scored.step_time,
+                                 scored.efficiency, c.cap[0], max(scored.peak_in_flight)), \
+            cfg.name
+        assert row["candidates"] == len(chosen.tuning.rows), cfg.name
