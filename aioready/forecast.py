@@ -175,6 +175,20 @@ class Forecast:
                 return None
         return self._now() + feeder
 
+    def clear_of_gradients(self, candidate: Task) -> bool:
+        """Whether `candidate` (a W), started now, is predicted to end before every backward
+        whose gradient was announced to this rank and has not arrived (ready_set Note
+        [drain]). Without an estimate of its own it runs: nothing is known to wait for. A
+        scan of the announced tasks: a handful at a time (one per peer feeding this rank)."""
+        stats = self._stats.get((candidate.chunk, candidate.kind))
+        if stats is None or not self._expected:
+            return True
+        end = self._now() + stats[3] * self._factor.get(candidate.microbatch, 1.0)
+        for task, at in self._expected.items():
+            if task.kind is Kind.B and at < end:
+                return False
+        return True
+
     def fits(self, candidate: Task, reserved: Task) -> bool:
         """Whether `candidate`, started now, is predicted to end (with its margin) before
         `reserved` (not ready: its message has not arrived) can start.

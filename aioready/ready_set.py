@@ -27,6 +27,15 @@ for it on every stage. Only microbatches whose factor arrived with their activat
 (not the first stage's, whose cost nobody knows yet). A third heap keyed by (factor, rank)
 keeps the decision O(log n); the choice is among admissible ready tasks, so greedy's liveness
 argument holds unchanged.
+
+Note [drain]: with `drain` (the `drain` policy, docs/policy.md "The drain policy"), the rank is
+greedy until it has admitted all `entries` entry forwards of the step. From then on (the drain)
+a ready backward or forward runs before any weight gradient W, and a W runs only if `drain(w)`
+says it ends before every gradient announced to this rank (forecast.py `clear_of_gradients`):
+a W that starts just before a gradient arrives delays that backward, and with it the gradient's
+whole way back to stage 0. The W heap is a third heap, so a decision stays O(log n). A refused W
+waits only for an announced message, whose sender has started the task that sends it, so it
+arrives; once it has, it no longer holds W back: greedy's liveness argument holds.
 """
 
 from __future__ import annotations
@@ -96,7 +105,7 @@ class ReadySet(InFlightReport):
 
     __slots__ = ("_priority", "_main", "_entry", "_cap", "flight", "_order", "_pos", "_ready",
                  "_strict", "_fits", "_taken", "_ahead", "_room", "_held", "_light", "_factor",
-                 "_unheaped")
+                 "_unheaped", "_drain", "_wheap", "_entries")
 
     def __init__(
         self,
@@ -111,6 +120,8 @@ class ReadySet(InFlightReport):
         fits: Fits | None = None,
         held: HeldBytes | None = None,
         lightness: Callable[[int], float | None] | None = None,
+        drain: Callable[[Task], bool] | None = None,
+        entries: int = 0,
     ) -> None:
         if cap < 1:
             raise ConfigError("cap must admit at least one microbatch", expected=">= 1", got=cap)
@@ -142,6 +153,10 @@ class ReadySet(InFlightReport):
         # the reserved task first and never enter them (priorities are distinct, so the heap
         # tops are the same whenever they are filled)
         self._unheaped: list[Task] = []
+        # Note [drain]: W waits in its own heap; `_entries` counts down the entry forwards
+        self._drain = drain if not self._strict and self._fits is None else None
+        self._wheap: list[tuple[int, Task]] = []
+        self._entries = entries
 
     def _opens(self, task: Task) -> bool:
         """Whether the gate admits entry F `task` now (count, or Note [byte gate])."""
@@ -158,6 +173,8 @@ class ReadySet(InFlightReport):
             self._unheaped.append(task)
             return
         heap = self._entry if is_entry(task) else self._main
+        if self._drain is not None and task.kind is Kind.W:
+            heap = self._wheap
         heapq.heappush(heap, (self._priority[task], task))
         if self._factor is not None and heap is self._entry:
             factor = self._factor(task.microbatch)
@@ -170,6 +187,8 @@ class ReadySet(InFlightReport):
             return self._pop_strict()
         if self._fits is not None:
             return self._pop_reserving()
+        if self._drain is not None:
+            return self._pop_drain()
         main, entry = self._main, self._entry
         if self._factor is not None:  # entries taken from the light heap are dropped lazily
             while entry and entry[0][1] not in self._ready:
@@ -181,6 +200,33 @@ class ReadySet(InFlightReport):
             self.flight.admit(task.microbatch)
         elif main:
             task = heapq.heappop(main)[1]
+        else:
+            return None
+        self._ready.discard(task)
+        return task
+
+    def _pop_drain(self) -> Task | None:
+        """Note [drain]: greedy over three heaps until every entry forward is admitted; then
+        backwards and forwards first, and a W only where no announced gradient comes first."""
+        main, entry, wheap = self._main, self._entry, self._wheap
+        if self._entries > 0:
+            best, top = None, None
+            if entry and self._opens(entry[0][1]):
+                best, top = entry, entry[0][0]
+            if main and (top is None or main[0][0] < top):
+                best, top = main, main[0][0]
+            if wheap and (top is None or wheap[0][0] < top):
+                best = wheap
+            if best is None:
+                return None
+            task = heapq.heappop(best)[1]
+            if best is entry:
+                self.flight.admit(task.microbatch)
+                self._entries -= 1
+        elif main:
+            task = heapq.heappop(main)[1]
+        elif wheap and self._drain(wheap[0][1]):  # type: ignore[misc]
+            task = heapq.heappop(wheap)[1]
         else:
             return None
         self._ready.discard(task)

@@ -2,7 +2,8 @@
 
 - decision: push + pop_nowait + done of every task of one rank, divided by the task count, with
   8, 64 and 512 tasks per rank (median of repeats), greedy and `light` (every third
-  microbatch three times as costly, so light ones overtake). Goal: < 5 us.
+  microbatch three times as costly, so light ones overtake), and greedy and `drain` on zb-h1
+  with a split backward (drain's W test scans the announced gradients). Goal: < 5 us.
 - overhead: a whole in-process pipeline step with zero-duration sim tasks and no compute, wall time
   divided by the number of tasks, on uvloop and on the default asyncio loop. Goal: < 50 us.
 
@@ -28,19 +29,30 @@ from .common import median, other_load, write_result
 from .oversub import ROOT, baseline_tree
 
 
-def decision_cost(tasks_per_rank: int, repeats: int, light: bool = False) -> float:
-    from aioready.ready_set import ReadySet  # here: a --worker imports aioready from --tree
+def decision_cost(tasks_per_rank: int, repeats: int, light: bool = False,
+                  split: bool = False, drain: bool = False) -> float:
+    """`split`: zb-h1 with a split backward instead of 1F1B; `drain`: under the drain policy,
+    whose W test sees one gradient announced far ahead (so it scans and lets W run)."""
+    from aioready.forecast import Forecast  # here: a --worker imports aioready from --tree
+    from aioready.ready_set import ReadySet
     from aioready.schedulers import make_hint
+    from aioready.tasks import Task
 
-    M = tasks_per_rank // 2
-    hint = make_hint("1f1b", num_stages=1, num_microbatches=M)
+    M = tasks_per_rank // (3 if split else 2)
+    hint = make_hint("zb-h1" if split else "1f1b", num_stages=1, num_microbatches=M,
+                     split_backward=split)
     order = hint.orders[0]
     prio = hint.priority(0)
     factors = {m: 3.0 if m % 3 == 0 else 1.0 for m in range(M)}
+    forecast = Forecast()
+    forecast.new_step(lambda: 0.0)
+    forecast.observe(Task.parse("W0"), 1.0)
+    forecast.notice(Task.parse(f"B{M}"), 1e9)
     samples = []
     for _ in range(repeats):
-        rs = ReadySet(prio, cap=M, num_chunks=1, split_backward=False,
-                      lightness=factors.get if light else None)
+        rs = ReadySet(prio, cap=M, num_chunks=1, split_backward=split,
+                      lightness=factors.get if light else None,
+                      drain=forecast.clear_of_gradients if drain else None, entries=M)
         t0 = time.perf_counter_ns()
         for task in order:
             rs.push(task)
@@ -111,10 +123,13 @@ def main(argv: list[str] | None = None) -> str:
     load = os.getloadavg()
     reps = 20 if args.quick else 200
     lines = ["## Arbiter decision cost (push + pop + done, per task)", "",
-             "| tasks per rank | greedy: median us per decision | light |", "|---|---|---|"]
+             "| tasks per rank | greedy: median us per decision | light | greedy, split "
+             "(zb-h1) | drain, split (zb-h1) |", "|---|---|---|---|---|"]
     for n in (8, 64, 512):
         lines.append(f"| {n} | {decision_cost(n, reps):.2f} | "
-                     f"{decision_cost(n, reps, light=True):.2f} |")
+                     f"{decision_cost(n, reps, light=True):.2f} | "
+                     f"{decision_cost(n, reps, split=True):.2f} | "
+                     f"{decision_cost(n, reps, split=True, drain=True):.2f} |")
     steps = 5 if args.quick else 20
     with tempfile.TemporaryDirectory() as tmp:
         trees = [("this tree", str(ROOT))]

@@ -9,9 +9,10 @@ against strict 1F1B with an unsplit backward (the issue's baseline; simulated he
 itself). Budgets: "2x" is twice strict 1F1B's peak on each rank (2(S - r)), a count is the same
 on every rank. No runtime simulation of a ready policy runs here (bench.policy_large does that).
 
-Run: python -m bench.clairvoyant [--stages 128] [--seed 0] [--jitters a,b]
+Run: python -m bench.clairvoyant [--stages 128] [--seed 0 | --seeds 0-4] [--jitters a,b]
      [--budgets 2x,256] [--groups 8] [--rounds 1] [--out clairvoyant] [--quick]
-(--quick: S=32, 4 groups, results in clairvoyant_quick.md; about a minute of CPU at S=128.)
+(--quick: S=32, 4 groups, results in clairvoyant_quick.md; about a minute of CPU at S=128.
+--seeds A-B: one row per seed, each seed's baseline, bounds and search its own.)
 """
 
 from __future__ import annotations
@@ -175,10 +176,37 @@ def _budget_text(budget: str) -> str:
     return "2(S - r) (2x per rank)" if budget == "2x" else f"{budget} on every rank"
 
 
+def _one_jitter(args: argparse.Namespace, seed: int, jitter: str, lines: list[str],
+                details: list[str]) -> None:
+    """One table row per budget for (seed, jitter), and its details."""
+    S = args.stages
+    unsplit = simulate(stages=S, microbatches=4 * S, hint="1f1b", mode="strict",
+                       jitter=jitter, seed=seed, split_backward=False).step_time
+    goal = GOALS.get(jitter)
+    for budget in args.budgets.split(","):
+        d = one_case(S, seed, jitter, budget, args.groups, args.rounds)
+        floor = max(d["memory"], d["lb"])
+        ordered = max(floor, d["in_order"], d["rank_in_order"])
+        lines.append(
+            f"| {seed} | {jitter} | {_budget_text(budget)} | {unsplit:.1f} | "
+            f"{'-' if goal is None else f'{unsplit / goal:.1f} ({goal:g}x)'} | "
+            f"{d['lb']:.1f} | {d['memory']:.1f} | {d['in_order']:.1f} | "
+            f"{d['rank_in_order']:.1f} | {unsplit / floor:.3f}x | {unsplit / ordered:.3f}x "
+            f"| {d['step']:.1f} | {unsplit / d['step']:.3f}x | "
+            f"{'yes' if d['ordered'] else 'no'} | {d['lb'] / d['step']:.3f}, "
+            f"{d['in_order'] / d['step']:.3f}, {floor / d['step']:.3f} |")
+        details += ["", f"### seed {seed}, {jitter}, {_budget_text(budget)}: {d['how']} "
+                    f"(CPU {d['cpu_s']:.0f} s)", "", "Tried: " + "; ".join(d["log"]) + ".",
+                    "", "Critical path of the clairvoyant schedule (runs of 3 or more "
+                    "tasks on one rank):", "", *[f"- {x}" for x in d["path"]]]
+        print(lines[-1], flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--stages", type=int, default=128)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seeds", default=None, help="a range A-B of seeds (one row each)")
     ap.add_argument("--jitters", default="lognormal:0.5,multimodal:0.3:3")
     ap.add_argument("--budgets", default="2x,256")
     ap.add_argument("--groups", type=int, default=8)
@@ -189,7 +217,9 @@ def main() -> None:
     if args.quick:
         args.stages, args.groups, args.out = 32, 4, "clairvoyant_quick"
     S, began = args.stages, time.perf_counter()
-    lines = [f"S={S}, M={4 * S}, seed {args.seed}, split backward, durations of "
+    lo, _, hi = (args.seeds or str(args.seed)).partition("-")
+    seeds = list(range(int(lo), int(hi or lo) + 1))
+    lines = [f"S={S}, M={4 * S}, seeds {seeds[0]}-{seeds[-1]}, split backward, durations of "
              "bench.policy_large quantised to 0.01 ms. Times in ms. unsplit 1F1B: strict 1F1B "
              "with an unsplit backward (simulated; the issue's baseline); goal: the step the "
              "issue's goal asks for (baseline / goal). Bounds (no schedule is shorter): lower "
@@ -201,32 +231,14 @@ def main() -> None:
              "bench/clairvoyant_list.py found (checked by bench/optimum.py's check), in "
              "order: whether it keeps forwards in microbatch order; efficiency: lower, in-order "
              "and the larger of lower and memory, each over the clairvoyant step.", "",
-             "| jitter | budget | unsplit 1F1B | goal | lower | memory | in-order | in-order "
-             "rank | max ratio | max ratio in order | clairvoyant | vs unsplit | in order "
+             "| seed | jitter | budget | unsplit 1F1B | goal | lower | memory | in-order | "
+             "in-order rank | max ratio | max ratio in order | clairvoyant | vs unsplit | in order "
              "| efficiency: lower, in-order, best bound |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     details: list[str] = []
-    for jitter in args.jitters.split(","):
-        unsplit = simulate(stages=S, microbatches=4 * S, hint="1f1b", mode="strict",
-                           jitter=jitter, seed=args.seed, split_backward=False).step_time
-        goal = GOALS.get(jitter)
-        for budget in args.budgets.split(","):
-            d = one_case(S, args.seed, jitter, budget, args.groups, args.rounds)
-            floor = max(d["memory"], d["lb"])
-            ordered = max(floor, d["in_order"], d["rank_in_order"])
-            lines.append(
-                f"| {jitter} | {_budget_text(budget)} | {unsplit:.1f} | "
-                f"{'-' if goal is None else f'{unsplit / goal:.1f} ({goal:g}x)'} | "
-                f"{d['lb']:.1f} | {d['memory']:.1f} | {d['in_order']:.1f} | "
-                f"{d['rank_in_order']:.1f} | {unsplit / floor:.3f}x | {unsplit / ordered:.3f}x "
-                f"| {d['step']:.1f} | {unsplit / d['step']:.3f}x | "
-                f"{'yes' if d['ordered'] else 'no'} | {d['lb'] / d['step']:.3f}, "
-                f"{d['in_order'] / d['step']:.3f}, {floor / d['step']:.3f} |")
-            details += ["", f"### {jitter}, {_budget_text(budget)}: {d['how']} "
-                        f"(CPU {d['cpu_s']:.0f} s)", "", "Tried: " + "; ".join(d["log"]) + ".",
-                        "", "Critical path of the clairvoyant schedule (runs of 3 or more "
-                        "tasks on one rank):", "", *[f"- {x}" for x in d["path"]]]
-            print(lines[-1], flush=True)
+    for seed in seeds:
+        for jitter in args.jitters.split(","):
+            _one_jitter(args, seed, jitter, lines, details)
     lines += details
     lines += ["", f"Running time {time.perf_counter() - began:.0f} s (one process)."]
     body = "\n".join(lines)

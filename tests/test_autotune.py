@@ -138,9 +138,11 @@ def test_a_candidate_over_budget_is_never_chosen() -> None:
 
     tuning = choose_schedule(run, orders, budget=4)
     assert tuning.best.candidate.choice.hint != "gpipe"
-    # strict, and ready under each policy (its ready caps clip to the same budget)
+    # strict, and ready under each policy (its ready caps clip to the same budget), but
+    # `drain`: unsplit, it decides as greedy, so it is not a candidate (sim/choice.py)
     assert [r.fits for r in tuning.rows
-            if r.candidate.choice.hint == "gpipe"] == [False] * (1 + len(POLICIES))
+            if r.candidate.choice.hint == "gpipe"] == [False] * len(POLICIES)
+    assert "drain" not in {r.candidate.choice.policy for r in tuning.rows}
     assert "- gpipe" in tuning.table()
     with pytest.raises(ConfigError, match="no candidate"):
         choose_schedule(run, [o for o in orders if o.name == "gpipe"], budget=4)

@@ -110,9 +110,9 @@ def test_ready_mode_never_deadlocks(S: int, M: int, hint: str, split: bool, cap_
 
     pipe, caps = run_virtual(main())
     reserving = policy == "reserve" and reservation_holds(pipe.hint, caps)
-    # the reservation needs the forecast and its notices; `light` the cost factors only
-    assert all((rt.forecast is not None) == (reserving or policy == "light")
-               and (rt._notices is not None) == reserving for rt in pipe.runtimes)
+    # the reservation and `drain` need the forecast and its notices; `light` the cost factors
+    assert all((rt.forecast is not None) == (reserving or policy in ("light", "drain"))
+               and (rt._notices is not None) == (reserving or policy == "drain") for rt in pipe.runtimes)
     step = pipe.last_step
     check_invariants(step.spans, step.peak_in_flight, R=S, S=S, M=M, split=split, caps=caps)
 
@@ -154,9 +154,9 @@ def test_ready_mode_never_deadlocks_on_interleaved_and_v_placements(
     run_virtual(main())
     caps = [rt.cap for rt in runtimes]
     reserving = policy == "reserve" and reservation_holds(hint, caps)
-    # the reservation needs the forecast and its notices; `light` the cost factors only
-    assert all((rt.forecast is not None) == (reserving or policy == "light")
-               and (rt._notices is not None) == reserving for rt in runtimes)
+    # the reservation and `drain` need the forecast and its notices; `light` the cost factors
+    assert all((rt.forecast is not None) == (reserving or policy in ("light", "drain"))
+               and (rt._notices is not None) == (reserving or policy == "drain") for rt in runtimes)
     for step in range(3):
         reports = [rt.reports[step] for rt in runtimes]
         peaks = {r: p for rep in reports for r, p in rep.peak_in_flight.items()}
@@ -212,9 +212,9 @@ def test_ready_mode_never_deadlocks_under_byte_budgets(
 
     run_virtual(main())
     reserving = policy == "reserve" and reservation_holds(hint, [M] * R)
-    # the reservation needs the forecast and its notices; `light` the cost factors only
-    assert all((rt.forecast is not None) == (reserving or policy == "light")
-               and (rt._notices is not None) == reserving for rt in runtimes)
+    # the reservation and `drain` need the forecast and its notices; `light` the cost factors
+    assert all((rt.forecast is not None) == (reserving or policy in ("light", "drain"))
+               and (rt._notices is not None) == (reserving or policy == "drain") for rt in runtimes)
     for step in range(3):
         reports = [rt.reports[step] for rt in runtimes]
         peaks = {r: p for rep in reports for r, p in rep.peak_in_flight.items()}

@@ -40,7 +40,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--hint", default=None, help="the run's hint (default: the summary's, else "
                    "1f1b)")
     p.add_argument("--mode", choices=("ready", "strict"), default=None)
-    p.add_argument("--policy", choices=("reserve", "greedy", "light"), default=None)
+    p.add_argument("--policy", choices=("reserve", "greedy", "light", "drain"),
+                   default=None)
     p.add_argument("--cap", default=None, help="the run's cap: N, N0,N1,... or Nx")
     p.add_argument("--layers-per-stage", default=None, metavar="N[,N...]",
                    help="layers each stage holds (one number: every stage)")

@@ -57,7 +57,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--hint", default="1f1b", help=f"one of {', '.join(hint_names())}, a file, "
                    "or auto (choose by simulating them, see 'aioready tune')")
     p.add_argument("--mode", default="ready", choices=("ready", "strict"))
-    p.add_argument("--policy", default="reserve", choices=("reserve", "greedy", "light"),
+    p.add_argument("--policy", default="reserve", choices=("reserve", "greedy", "light", "drain"),
                    help="ready mode's rule: reserve (default: keep the hint's next task's place, "
                    "backfill what ends in time), greedy (best-ranked ready task at once) or light "
                    "(greedy, but a clearly lighter microbatch's forward goes first)")

@@ -58,10 +58,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
                    help="each microbatch's sequence length follows its size in the --jitter "
                    "model (multimodal: heavy ones FACTOR times longer, the longest --seq), so "
                    "its input bytes tell a microbatch order what its durations will be")
-    p.add_argument("--policy", default="reserve", choices=("reserve", "greedy", "light", "auto"),
+    p.add_argument("--policy", default="reserve",
+                   choices=("reserve", "greedy", "light", "drain", "auto"),
                    help="ready mode's rule: reserve (default: keep the hint's next task's place, "
                    "backfill what ends in time), greedy (best-ranked ready task at once), light "
-                   "(greedy, but a clearly lighter microbatch's forward goes first) or auto "
+                   "(greedy, but a clearly lighter microbatch's forward goes first), drain "
+                   "(greedy, but once all are admitted a W waits for announced gradients) or auto "
                    "(reserve, then whichever the first step says is faster)")
     p.add_argument("--cap", default=None,
                    help="in-flight microbatches per rank: N, N0,N1,... or Nx (N times the "

@@ -101,9 +101,11 @@ class Pipeline:
     `policy` (ready mode): "reserve" keeps the device for the hint's next task and backfills
     only what is predicted to end in time; "greedy" runs the best-ranked ready task at once;
     "light" is greedy, except that a clearly lighter microbatch's forward overtakes a heavy
-    one's (multimodal batches); "auto" starts with reserve and after the first step keeps
-    whichever runs the measured durations faster in simulation (docs/policy.md). `hint="auto"` (or AutoHint) chooses hint, mode, policy and cap by
-    simulating the measured durations (docs/hints.md).
+    one's (multimodal batches); "drain" is greedy, except that once every microbatch is
+    admitted a weight gradient waits for the gradients announced to arrive first; "auto"
+    starts with reserve and after the first step keeps whichever runs the measured durations
+    faster in simulation (docs/policy.md). `hint="auto"` (or AutoHint) chooses hint, mode,
+    policy and cap by simulating the measured durations (docs/hints.md).
 
     Under MPI with `grid=` (a ProcessGrid or its GridComms) the stages are this rank's on its
     pipeline line, and gradients are averaged over data-parallel replicas during the step

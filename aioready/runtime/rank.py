@@ -42,11 +42,13 @@ if TYPE_CHECKING:
 __all__ = ["RankRuntime", "Executor", "MODES", "POLICIES", "reservation_holds"]
 
 MODES = ("ready", "strict")
-POLICIES = ("reserve", "greedy", "light")
+POLICIES = ("reserve", "greedy", "light", "drain")
 """How `ready` mode chooses (docs/policy.md): `reserve` keeps the hint's next task's place and
 backfills around it (forecast.py); `greedy` always runs the best-ranked ready task (the first
 rule, kept to measure against); `light` is greedy, except that a clearly lighter microbatch's
-forward overtakes a heavy one's (ready_set Note [light first])."""
+forward overtakes a heavy one's (ready_set Note [light first]); `drain` is greedy, except that
+once a rank has admitted every microbatch, a weight gradient waits for the gradients announced
+to arrive before it would end (ready_set Note [drain])."""
 
 BytesModel = Callable[[int, int, int], tuple[float, float]]
 """(step, stage, microbatch) -> (bytes its F holds for backward, its input's bytes): activation
@@ -179,8 +181,9 @@ class RankRuntime:
                      and reservation_holds(hint, caps))
         self.policy = policy if mode == "ready" else "strict"
         light = mode == "ready" and policy == "light"  # needs the carried cost factors
-        self._reserving, self._light = reserving, light
-        if not (reserving or light):
+        drain = mode == "ready" and policy == "drain"  # needs notices and durations
+        self._reserving, self._light, self._drain = reserving, light, drain
+        if not (reserving or light or drain):
             self.forecast = None
         elif self.forecast is None:  # a new hint keeps the durations learnt so far
             self.forecast = Forecast()
@@ -191,8 +194,8 @@ class RankRuntime:
         self._hint_peak = self._reserve_hint.peak(rank) if reserving else 0
         if self.held is not None:
             self.held.peak_count = hint.peak(rank)
-        self._notices = (Notices(rank, self.placement, self.stages, self._senders) if reserving
-                         else None)
+        self._notices = (Notices(rank, self.placement, self.stages, self._senders)
+                         if reserving or drain else None)
         canon = self._own
         self._priority = {canon(task): i for task, i in hint.priority(rank).items()}
         self._strict_order = (tuple(map(canon, hint.strict_order(rank))) if mode == "strict"
@@ -237,7 +240,9 @@ class RankRuntime:
             reserve_order=self._reserve_order,
             reserve_peak=self._hint_peak,
             fits=self.forecast.fits if self._reserving else None, held=self.held,
-            lightness=self.forecast.carried if self._light else None)  # type: ignore[union-attr]
+            lightness=self.forecast.carried if self._light else None,  # type: ignore[union-attr]
+            drain=self.forecast.clear_of_gradients if self._drain else None,  # type: ignore
+            entries=M)
         self._ready: ReadyQueue = ready
         if self.coordinator is not None:
             self._ready = self.coordinator.wrap(ready, step=step, mode=self.mode,

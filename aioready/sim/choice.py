@@ -197,7 +197,8 @@ def candidates(orders: Iterable[HintOrder], limit: Limit | tuple[int, ...],
     each factor under each policy (the reserving default, and greedy: with memory to spare it
     can gain more, docs/policy.md); candidates whose caps come out equal are simulated once,
     and so is `reserve` where the reservation cannot hold (a cap below the hint's peak on some
-    rank, rank.reservation_holds): every rank then runs greedy, the same schedule."""
+    rank, rank.reservation_holds): every rank then runs greedy, the same schedule; `drain`
+    only with a split backward (without W it decides as greedy)."""
     gate = limit if isinstance(limit, Limit) else Limit(tuple(limit))
     out: list[tuple[HintOrder, Candidate]] = []
     seen: set[Choice] = set()
@@ -214,6 +215,8 @@ def candidates(orders: Iterable[HintOrder], limit: Limit | tuple[int, ...],
                     if (mode, policy) == ("ready", "reserve") and not reservation_holds(
                             order, caps):
                         continue  # greedy, the candidate next to it
+                    if policy == "drain" and not order.split_backward:
+                        continue  # no W to hold back: greedy's schedule
                     choice = Choice(order.name, order.placement.style, mode, caps, policy,
                                     memory)
                     if choice not in seen:
