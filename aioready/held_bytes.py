@@ -145,8 +145,12 @@ class HeldBytes:
         return None if mean is None else budget.factor * self.peak_count * mean  # type: ignore
 
     def fits(self, microbatch: int) -> bool:
-        """Whether admitting `microbatch` keeps the predicted held bytes within the budget."""
+        """Whether admitting `microbatch` keeps the predicted held bytes within the budget (and
+        the microbatches in flight below the budget's `count`, where it has one)."""
         budget, guess = self.budget_bytes(), self.predict(microbatch)
+        count = self.budget.count if self.budget is not None else None
+        if count is not None and len(self._admitted) >= count:
+            return False  # the chosen count cap; the bytes are its backstop
         return budget is not None and guess is not None and self.held + guess <= budget
 
     def fits_ahead(self, microbatch: int, ahead: set[int]) -> bool:

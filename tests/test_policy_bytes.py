@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 
 import bench.policy as policy
+from aioready.sim.budget import gated
 from aioready.sim.simulator import simulate
 from bench.policy_held import choice_draw
 
@@ -75,7 +76,7 @@ def test_a_held_out_byte_row_is_a_fresh_choice_on_step_1_run_on_step_0(unit: dic
         scored = simulate(stages=S, microbatches=M, hint=c.hint, mode=c.mode, policy=c.policy,
                           jitter=JITTER, seed=0, split_backward=split,
                           order=best.candidate.order,
-                          **({"memory": list(c.memory)} if c.memory else {}))
+                          **gated(c.cap, c.memory))
         assert (row["chosen"], row["t_chosen_on"], row["t"], row["eff"], row["pkb"],
                 row["memory"], row["candidates"]) == (
             chosen.hint, chosen.step_time, scored.step_time, scored.efficiency,
