@@ -156,9 +156,14 @@ class HeldBytes:
     def fits_ahead(self, microbatch: int, ahead: set[int]) -> bool:
         """Whether `microbatch` may be admitted ahead of the hint's order: within the budget,
         and the microbatches held ahead stay within the room above what the order itself holds
-        at its peak (its peak count x the mean bytes): the byte form of `cap - peak`."""
+        at its peak (its peak count x the mean bytes): the byte form of `cap - peak`; with a
+        budget's `count`, also fewer than `count - peak` microbatches held ahead."""
         if not self.fits(microbatch):
             return False
+        count = self.budget.count if self.budget is not None else None
+        if count is not None and sum(m in self._admitted for m in ahead) >= \
+                count - self.peak_count:
+            return False  # the count form's room, `cap - peak`: the order itself holds the rest
         room = self.budget_bytes() - self.peak_count * self.mean_bytes()  # type: ignore
         held_ahead = sum(v for key, v in self._measured.items()
                          if key[0] in ahead and key not in self._released) + sum(
