@@ -4,7 +4,9 @@ The candidates are every library hint valid for the pipeline's shape (stages, ra
 split backward; a fixed placement style when the caller fixed one), each in strict mode at its
 own peak and in ready mode (every policy) at 1x, 1.5x and 2x its own peak in-flight count per
 rank and at the whole budget on every rank, each cap clipped to the caller's budget (by default the peak of the hint an auto pipeline
-starts from: the memory a pipeline holds without auto). Each is simulated by `run` with the same
+starts from: the memory a pipeline holds without auto). Under a byte budget, each ready candidate
+runs byte-gated, and also count-capped with the bytes as a backstop (sim/budget.py
+`Limit.counted`; the table's form column). Each is simulated by `run` with the same
 durations: the real runtime on the virtual clock, so the step time is exact for those durations, not a model of it.
 The fastest whose peak in-flight fits the budget wins; ties go to the smaller peak, then strict
 (the more predictable), then the hint's name, so the choice is a pure function of the durations.
