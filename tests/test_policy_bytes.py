@@ -21,6 +21,7 @@ import bench.policy as policy
 from aioready.errors import ConfigError
 from aioready.memory import Budget, resolve_memory
 from aioready.placement import Placement
+from aioready.schedulers import make_hint
 from aioready.sim.budget import gated
 from aioready.sim.choice import choose_auto
 from aioready.sim.memory import mean_bytes
@@ -147,14 +148,18 @@ def test_a_byte_budget_also_tries_count_capped_candidates_fitting_by_peak_bytes(
     table = tuning.table()
     assert "count 1.5x" in table and "form" in table.splitlines()[0]
     assert not any(r.stopped for r in counted)
-    for row in counted[::7]:  # the row is what simulate gives with the caps and the bytes
+    for row in counted[::5]:  # the row is what simulate gives with the caps and the bytes
         c = row.candidate.choice
         again = _sim(c.hint, c.mode, c.cap, c.policy, None, c.memory, row.candidate.order)
         assert row.step_time == again.step_time
         assert list(row.peak) == list(again.peak_activation_bytes)
         assert row.fits == all(p <= m for p, m in zip(again.peak_activation_bytes, limit))
-        # the caps bind: never more in flight than the count on any rank
-        assert all(p <= cap for p, cap in zip(again.peak_in_flight, c.cap)), (c, again)
+        # the caps bind (under the reservation, an empty rank may admit one forward ahead of
+        # the order, whose own forwards always pass: tests/test_no_deadlock.py)
+        hint = make_hint(c.hint, num_stages=S, num_microbatches=M)
+        bounds = [max(cap, hint.peak(r) + 1) if c.policy == "reserve" else cap
+                  for r, cap in enumerate(c.cap)]
+        assert all(p <= b for p, b in zip(again.peak_in_flight, bounds)), (c, again)
 
 
 def test_a_count_budget_gets_no_count_capped_byte_rows() -> None:
