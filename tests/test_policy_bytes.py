@@ -10,13 +10,10 @@ draw, its choice then run on the scored step, gives.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import pytest
-import torch
 
-import aioready
 import bench.policy as policy
 from aioready.errors import ConfigError
 from aioready.memory import Budget, resolve_memory
@@ -29,6 +26,7 @@ from aioready.sim.simulator import simulate
 from aioready.sim.variability import JitterModel
 from aioready.testing.helpers import make_mlp_stages, max_grad_diff, mse_loss, reference_step
 from bench.policy_held import choice_draw
+from tests.test_memory import _batches, _run
 
 S, M, JITTER = 4, 16, "multimodal:0.3:3"
 
@@ -97,23 +95,6 @@ def test_a_held_out_byte_row_is_a_fresh_choice_on_step_1_run_on_step_0(unit: dic
             len(chosen.tuning.rows)), cfg.name
         # it fitted on the draw it chose on
         assert all(p <= m for p, m in zip(chosen.peak_activation_bytes, budget)), cfg.name
-
-
-def _batches(rows: tuple[int, ...]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    gen = torch.Generator().manual_seed(0)
-    xs = [torch.randn(r, 16, generator=gen, dtype=torch.float64) for r in rows]
-    return xs, [torch.randn(r, 16, generator=gen, dtype=torch.float64) for r in rows]
-
-
-def _run(stages: list[torch.nn.Module], xs: list, ys: list, **kw: Any) -> aioready.Pipeline:
-    async def main() -> aioready.Pipeline:
-        pipe = aioready.Pipeline(stages, mse_loss, microbatches=len(xs), **kw)
-        try:
-            await pipe.step(xs, ys)
-        finally:
-            pipe.close()
-        return pipe
-    return asyncio.run(main())
 
 
 # -- count-capped candidates within bytes (sim/budget.py `Limit.counted`) ----------------------
