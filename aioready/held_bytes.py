@@ -145,16 +145,25 @@ class HeldBytes:
         return None if mean is None else budget.factor * self.peak_count * mean  # type: ignore
 
     def fits(self, microbatch: int) -> bool:
-        """Whether admitting `microbatch` keeps the predicted held bytes within the budget."""
+        """Whether admitting `microbatch` keeps the predicted held bytes within the budget (and
+        the microbatches in flight below the budget's `count`, where it has one)."""
         budget, guess = self.budget_bytes(), self.predict(microbatch)
+        count = self.budget.count if self.budget is not None else None
+        if count is not None and len(self._admitted) >= count:
+            return False  # the chosen count cap; the bytes are its backstop
         return budget is not None and guess is not None and self.held + guess <= budget
 
     def fits_ahead(self, microbatch: int, ahead: set[int]) -> bool:
         """Whether `microbatch` may be admitted ahead of the hint's order: within the budget,
         and the microbatches held ahead stay within the room above what the order itself holds
-        at its peak (its peak count x the mean bytes): the byte form of `cap - peak`."""
+        at its peak (its peak count x the mean bytes): the byte form of `cap - peak`; with a
+        budget's `count`, also fewer than `count - peak` microbatches held ahead."""
         if not self.fits(microbatch):
             return False
+        count = self.budget.count if self.budget is not None else None
+        if count is not None and sum(m in self._admitted for m in ahead) >= \
+                count - self.peak_count:
+            return False  # the count form's room, `cap - peak`: the order itself holds the rest
         room = self.budget_bytes() - self.peak_count * self.mean_bytes()  # type: ignore
         held_ahead = sum(v for key, v in self._measured.items()
                          if key[0] in ahead and key not in self._released) + sum(

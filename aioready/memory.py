@@ -43,10 +43,16 @@ _SIZE = re.compile(r"^\s*([+-]?[0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z]*)\s*$"
 
 @dataclass(frozen=True, slots=True)
 class Budget:
-    """One rank's budget: `bytes` fixed, or `factor` times its hint's peak bytes (measured)."""
+    """One rank's budget: `bytes` fixed, or `factor` times its hint's peak bytes (measured).
+
+    `count`: also at most this many microbatches in flight, checked wherever the bytes are (a
+    count-capped schedule the tuner chose within a byte budget, with the byte gate kept as a
+    backstop; under the reservation max(count, the order's peak + 1): docs/policy.md "Count caps
+    within the bytes"); not a written form, a Budget is passed as it is."""
 
     bytes: int | None = None
     factor: float | None = None
+    count: int | None = None
 
     def __str__(self) -> str:
         return f"{self.factor:g}x" if self.factor is not None else format_bytes(self.bytes or 0)
@@ -92,6 +98,12 @@ def parse_bytes(value: object, memory: object = None, rank: int | None = None) -
 
 
 def _one(value: object, memory: object, rank: int | None = None) -> Budget:
+    if isinstance(value, Budget):
+        if value.count is not None and (isinstance(value.count, bool)
+                                        or not isinstance(value.count, int) or value.count < 1):
+            raise ConfigError("memory: a budget's microbatch count", rank=rank,
+                              expected="an int >= 1 or None", got=repr(value.count))
+        return value
     if isinstance(value, str) and value.strip().lower().endswith("x"):
         return Budget(factor=parse_factor(value, "memory factor", "a positive finite multiple "
                                           "of the hint's own peak bytes, like '2x' or '1.5x'"))

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from aioready.sim.budget import gated
 from aioready.sim.memory import BYTES_PER_MS
 from aioready.sim.simulator import simulate
 from aioready.tasks import Kind
@@ -40,7 +41,7 @@ def _chosen(S: int, seed: int, split: bool, gate: dict[str, Any]) -> tuple[Any, 
     with step_reports() as reports:
         simulate(stages=S, microbatches=4 * S, hint=c.hint, mode=c.mode, policy=c.policy,
                  jitter=JITTER, seed=seed, split_backward=split, order=best.candidate.order,
-                 **({"memory": list(c.memory)} if c.memory else {"cap": list(c.cap)}))
+                 **gated(c.cap, c.memory))
     return tuned, best, merge_reports(reports)
 
 

@@ -82,6 +82,7 @@ from aioready.placement import Placement
 from aioready.runtime.pipeline import Pipeline
 from aioready.schedulers import HINTS, make_hint
 from aioready.schedulers.order import cost_order
+from aioready.sim.budget import gated
 from aioready.sim.choice import choose_auto
 from aioready.sim.cutoff import Exceeded
 from aioready.sim.durations import device_duration
@@ -299,9 +300,8 @@ def auto_gate(cfg: Config, S: int, M: int, extra: dict[str, Any],
 
 
 def _gated(caps: Any, memory: Any) -> dict[str, Any]:
-    """simulate's gate keyword for a candidate: its byte budgets where it has them (the
-    caps are then the microbatch count, unused), else its caps."""
-    return {"memory": list(memory)} if memory else {"cap": list(caps)}
+    """simulate's gate keyword for a candidate (sim/budget.py `gated`)."""
+    return gated(caps, memory)
 
 
 def _auto(cfg: Config, S: int, M: int, jitter: str, seed: int, extra: dict[str, Any],

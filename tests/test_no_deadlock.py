@@ -172,13 +172,16 @@ BUDGETS = {"tiny": 1, "small": 50, "mid": 500, "huge": 10**12}
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(R=st.integers(2, 4), M=st.integers(1, 12), case=st.sampled_from(BYTE_CASES),
        budget=st.sampled_from([*BUDGETS, "0.5x", "1x", "2x", "per-rank"]),
-       delays=st.booleans(), policy=st.sampled_from(POLICIES), seed=st.integers(0, 2**32 - 1))
+       delays=st.booleans(), policy=st.sampled_from(POLICIES), seed=st.integers(0, 2**32 - 1),
+       counted=st.booleans())
 def test_ready_mode_never_deadlocks_under_byte_budgets(
         R: int, M: int, case: tuple[str, bool], budget: str, delays: bool, policy: str,
-        seed: int) -> None:
+        seed: int, counted: bool) -> None:
     """ready_set Note [byte gate]: random bytes per microbatch (the same on every stage, so
     the gate's prediction from a microbatch's input is exact), budgets from one byte (every
-    microbatch alone) to unbounded, fixed or a multiple of the hint's peak, every placement."""
+    microbatch alone) to unbounded, fixed or a multiple of the hint's peak, every placement;
+    `counted`: each rank's budget also caps the microbatches in flight (memory.Budget count,
+    a count-capped choice with the bytes as backstop)."""
     name, split = case
     if name in LINEAR_HINTS:
         hint = make_hint(name, num_stages=R, num_microbatches=M, split_backward=split)
@@ -196,6 +199,8 @@ def test_ready_mode_never_deadlocks_under_byte_budgets(
         memory = [Budget(factor=float(budget[:-1]))] * R
     else:
         memory = [Budget(bytes=budgets[budget])] * R
+    if counted:
+        memory = [Budget(b.bytes, b.factor, rng.randint(1, M)) for b in memory]
     world = InprocWorld(R, delay=(lambda src, dst, msg: rng.choice([0.0, 0.0, 0.1, 0.5, 2.0]))
                         if delays else None)
     device = SimDevice(random_durations(seed), run_compute=False)
@@ -220,6 +225,11 @@ def test_ready_mode_never_deadlocks_under_byte_budgets(
         peaks = {r: p for rep in reports for r, p in rep.peak_in_flight.items()}
         check_invariants([s for rep in reports for s in rep.spans], peaks, R=R, S=S, M=M,
                          split=split, caps=[M] * R)
+        for r, peak in peaks.items():  # the count binds; under the reservation the order's
+            count = memory[r].count  # own forwards pass, and an empty rank admits one ahead
+            if count is not None:
+                bound = max(count, hint.peak(r) + 1) if policy == "reserve" else count
+                assert peak <= bound, (r, peak, count)
         if policy != "reserve":  # the gate binds (the reservation admits its order regardless)
             for rep in reports:
                 for r, held in rep.peak_activation_bytes.items():

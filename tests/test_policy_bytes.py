@@ -10,11 +10,23 @@ draw, its choice then run on the scored step, gives.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 import bench.policy as policy
+from aioready.errors import ConfigError
+from aioready.memory import Budget, resolve_memory
+from aioready.placement import Placement
+from aioready.schedulers import make_hint
+from aioready.sim.budget import gated
+from aioready.sim.choice import choose_auto
+from aioready.sim.memory import mean_bytes
 from aioready.sim.simulator import simulate
+from aioready.sim.variability import JitterModel
+from aioready.testing.helpers import make_mlp_stages, max_grad_diff, mse_loss, reference_step
 from bench.policy_held import choice_draw
+from tests.test_memory import _batches, _run
 
 S, M, JITTER = 4, 16, "multimodal:0.3:3"
 
@@ -75,7 +87,7 @@ def test_a_held_out_byte_row_is_a_fresh_choice_on_step_1_run_on_step_0(unit: dic
         scored = simulate(stages=S, microbatches=M, hint=c.hint, mode=c.mode, policy=c.policy,
                           jitter=JITTER, seed=0, split_backward=split,
                           order=best.candidate.order,
-                          **({"memory": list(c.memory)} if c.memory else {}))
+                          **gated(c.cap, c.memory))
         assert (row["chosen"], row["t_chosen_on"], row["t"], row["eff"], row["pkb"],
                 row["memory"], row["candidates"]) == (
             chosen.hint, chosen.step_time, scored.step_time, scored.efficiency,
@@ -83,3 +95,94 @@ def test_a_held_out_byte_row_is_a_fresh_choice_on_step_1_run_on_step_0(unit: dic
             len(chosen.tuning.rows)), cfg.name
         # it fitted on the draw it chose on
         assert all(p <= m for p, m in zip(chosen.peak_activation_bytes, budget)), cfg.name
+
+
+# -- count-capped candidates within bytes (sim/budget.py `Limit.counted`) ----------------------
+
+LOGNORMAL = "lognormal:0.5"
+
+
+def _sim(hint: Any, mode: str, caps: tuple[int, ...], policy: str, bound: float | None = None,
+         memory: tuple[int, ...] | None = None, microbatch_order: str = "given") -> Any:
+    return simulate(stages=S, microbatches=M, hint=hint, mode=mode, policy=policy,
+                    jitter=LOGNORMAL, seed=0, order=microbatch_order, **gated(caps, memory))
+
+
+@pytest.fixture(scope="module")
+def tuning() -> Any:
+    """Every candidate simulated in full (no pruning), so each row has its peaks."""
+    durations = JitterModel(LOGNORMAL, seed=0, placement=Placement.linear(S),
+                            num_microbatches=M, split_backward=False)
+    return choose_auto(_sim, "auto", num_stages=S, num_ranks=None, num_microbatches=M,
+                       split_backward=False, memory="2x", prune=False,
+                       mean_bytes=lambda o: mean_bytes(durations, o.placement, 1))
+
+
+def test_a_byte_budget_also_tries_count_capped_candidates_fitting_by_peak_bytes(
+        tuning: Any) -> None:
+    limit = list(tuning.limit)
+    forms = {r.candidate.form for r in tuning.rows}
+    assert {"bytes", "count 1x", "count 1.5x", "count 2x", "order"} <= forms, forms
+    counted = [r for r in tuning.rows if r.candidate.counts is not None]
+    assert counted and all(r.candidate.choice.memory == tuning.limit for r in counted)
+    assert any(min(r.candidate.choice.cap) < M for r in counted)
+    table = tuning.table()
+    assert "count 1.5x" in table and "form" in table.splitlines()[0]
+    assert not any(r.stopped for r in counted)
+    for row in counted[::5]:  # the row is what simulate gives with the caps and the bytes
+        c = row.candidate.choice
+        again = _sim(c.hint, c.mode, c.cap, c.policy, None, c.memory, row.candidate.order)
+        assert row.step_time == again.step_time
+        assert list(row.peak) == list(again.peak_activation_bytes)
+        assert row.fits == all(p <= m for p, m in zip(again.peak_activation_bytes, limit))
+        # the caps bind (under the reservation, an empty rank may admit one forward ahead of
+        # the order, whose own forwards always pass: tests/test_no_deadlock.py)
+        hint = make_hint(c.hint, num_stages=S, num_microbatches=M)
+        bounds = [max(cap, hint.peak(r) + 1) if c.policy == "reserve" else cap
+                  for r, cap in enumerate(c.cap)]
+        assert all(p <= b for p, b in zip(again.peak_in_flight, bounds)), (c, again)
+
+
+def test_a_count_budget_gets_no_count_capped_byte_rows() -> None:
+    counted = simulate(stages=S, microbatches=M, hint="auto", jitter="lognormal:0.5", seed=0,
+                       cap="2x").tuning
+    assert {r.candidate.form for r in counted.rows} <= {"count", "order"}
+    assert all(r.candidate.counts is None and r.candidate.choice.memory is None
+               for r in counted.rows)
+
+
+def test_a_bad_budget_still_errors_clearly() -> None:
+    with pytest.raises(ConfigError, match="no candidate schedule fits") as info:
+        simulate(stages=S, microbatches=M, hint="auto", jitter="lognormal:0.5", seed=0,
+                 memory="1KiB")
+    assert "peak activation bytes" in str(info.value)
+    for bad in (0, -1, True, 1.5):
+        with pytest.raises(ConfigError, match="count"):
+            resolve_memory([Budget(bytes=10, count=bad)] * S, S)
+
+
+@pytest.mark.parametrize("policy", ["greedy", "light", "reserve"])
+def test_caps_with_the_byte_backstop_keep_both_and_gradients_exact(policy: str) -> None:
+    """Real stages, shapes varying per microbatch: the chosen count cap binds, the bytes stay
+    within the budget while more than one microbatch is held (greedy, light), gradients match
+    the reference."""
+    stages = make_mlp_stages(4)
+    xs, ys = _batches((2, 9, 3, 4, 12, 1, 6, 5))
+    _, ref = reference_step(stages, mse_loss, xs, ys)
+    caps = (5, 4, 3, 2)  # at or above 1F1B's peak on every rank: the reservation holds
+    budgets = [Budget(bytes=20_000, count=c) for c in caps]
+    step = _run(stages, xs, ys, memory=budgets, policy=policy, device="inline").last_step
+    assert max_grad_diff(stages, ref) < 1e-12
+    alone = _run(make_mlp_stages(4), xs, ys, memory=1, policy="greedy").last_step
+    for rank, peak in step.peak_in_flight.items():
+        assert peak <= caps[rank], (rank, step.peak_in_flight)
+    for rank, held in step.peak_activation_bytes.items():
+        # under the reservation the order's own entry forward passes the byte gate (it binds
+        # only the forwards run ahead, docs/policy.md "Memory budgets"), as without a count
+        if policy != "reserve":
+            assert held <= max(20_000, alone.peak_activation_bytes[rank]), (rank, held)
+    # the count, not the bytes, is what bound rank 0 here: the bytes alone admit more
+    loose = _run(make_mlp_stages(4), xs, ys, memory=[Budget(bytes=10**9, count=c)
+                                                     for c in caps], policy=policy,
+                 device="inline").last_step
+    assert loose.peak_in_flight[0] == caps[0]

@@ -18,6 +18,7 @@ from aioready.devices import SimDevice
 from aioready.placement import Placement
 from aioready.runtime.autotune import AutoHint
 from aioready.runtime.pipeline import Pipeline
+from aioready.sim.budget import gated
 from aioready.sim.durations import device_duration
 from aioready.sim.simulator import simulate
 from aioready.sim.tune import SimChooser
@@ -81,7 +82,7 @@ def test_a_held_out_row_is_a_fresh_choice_on_the_other_draw_run_on_the_scored_on
         scored = simulate(stages=S, microbatches=M, hint=c.hint, mode=c.mode, policy=c.policy,
                           jitter=jitter, seed=0, split_backward=split,
                           order=best.candidate.order,
-                          **({"memory": list(c.memory)} if c.memory else {"cap": list(c.cap)}))
+                          **gated(c.cap, c.memory))
         assert (row["chosen"], row["t_chosen_on"], row["t"], row["eff"], row["cap0"],
                 row["peak"]) == (chosen.hint, chosen.step_time, scored.step_time,
                                  scored.efficiency, c.cap[0], max(scored.peak_in_flight)), \

@@ -69,6 +69,10 @@ def command_line(choice: Any, trace: Any, path: Path) -> str:
     if trace.split_backward:
         parts.append("--split-backward")
     line = " ".join(parts)
+    if choice.memory and choice.mode == "ready" and any(
+            c < trace.num_microbatches for c in choice.cap):
+        line += (f"   # and at most {','.join(str(c) for c in choice.cap)} microbatches in "
+                 "flight: Pipeline(memory=[memory.Budget(bytes=..., count=...), ...])")
     if choice.placement != HINTS[choice.hint].style:
         line += f"   # on the {choice.placement} placement: make_hint(..., placement=" \
                 f"{choice.placement!r})"

@@ -27,6 +27,15 @@ The two forms differ only in what a candidate is given and what "fits" compares 
   differ from the simulated ones. (Comparing the simulated held peak of a ready candidate
   instead would admit larger caps that can hold more on another step's durations.)
 
+- count caps within bytes (`Limit.counted`): under a byte budget, each ready candidate also
+  runs as the count budget would run it, at each factor of its own peak clipped to COUNTS times
+  the reference's peak in-flight count per rank, with the byte gate at the whole budget kept as
+  a backstop (memory.Budget `count`: an entry forward is admitted only while both allow it).
+  It fits, like the byte-gated ones, when its simulated peak bytes do. The byte gate predicts a
+  microbatch's bytes from its input and misses each task's own noise, so a byte-gated candidate
+  that uses the whole budget goes over it on noisy durations; a count cap that holds fewer
+  microbatches can fit where it does not (docs/policy.md "Auto at twice the bytes").
+
 `mean_bytes(order)` is each rank's mean bytes per microbatch (every chunk) on the durations
 being tuned for; the simulator's comes from its bytes model (sim/memory.py).
 """
@@ -40,9 +49,13 @@ from typing import Callable, Sequence
 from ..caps import CapSpec, resolve_caps
 from ..errors import ConfigError
 from ..hints import HintOrder
-from ..memory import MemorySpec, check_one_gate, format_bytes, resolve_memory
+from ..memory import Budget, MemorySpec, check_one_gate, format_bytes, resolve_memory
 
-__all__ = ["Limit", "MeanBytes"]
+__all__ = ["COUNTS", "Limit", "MeanBytes", "gated"]
+
+COUNTS = (1.0, 1.5, 2.0)
+"""Under a byte budget, the count limits a count-capped candidate is clipped to, as multiples of
+the reference hint's peak in-flight count per rank (cap="2x" is 2 of them)."""
 
 MeanBytes = Callable[[HintOrder], Sequence[float]]
 """order -> each rank's mean activation bytes per microbatch on the durations tuned for."""
@@ -56,6 +69,7 @@ class Limit:
     in_bytes: bool = False
     mean_bytes: MeanBytes | None = None
     held: bool = False  # per_rank counts (chunk, microbatch) activations held, not microbatches
+    reference: tuple[int, ...] = ()  # bytes: the reference's peak in-flight count per rank
 
     @classmethod
     def resolve(cls, budget: CapSpec, memory: MemorySpec, reference: HintOrder,
@@ -73,7 +87,8 @@ class Limit:
         held = reference_peak() if any(b.bytes is None for b in budgets) else ()
         per_rank = [max(1, int(b.bytes if b.bytes is not None else b.factor * held[r]))
                     for r, b in enumerate(budgets)]  # type: ignore[operator]
-        return cls(tuple(per_rank), True, mean_bytes)
+        return cls(tuple(per_rank), True, mean_bytes,
+                   reference=tuple(reference.peak(r) for r in range(reference.num_ranks)))
 
     def gate(self, order: HintOrder, mode: str, factor: float
              ) -> tuple[tuple[int, ...], tuple[int, ...] | None] | None:
@@ -99,6 +114,15 @@ class Limit:
         if mode == "strict" and any(c < order.peak(r) for r, c in enumerate(caps)):
             return None
         return caps, None
+
+    def counted(self, order: HintOrder, factor: float, counts: float
+                ) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """Under a byte budget, (caps, byte budgets) of a count-capped ready candidate of
+        `order`: `factor` times its own peak, clipped to `counts` times the reference's peak,
+        with the whole byte budget as its backstop (the module's note)."""
+        within = Limit(tuple(max(1, int(counts * p)) for p in self.reference))
+        caps, _ = within.gate(order, "ready", factor)  # type: ignore[misc]
+        return caps, self.per_rank
 
     def whole(self, order: HintOrder) -> float:
         """The smallest whole factor at which `gate` gives a ready candidate of `order` the
@@ -138,3 +162,12 @@ class Limit:
         if self.held:
             return "peak (chunk, microbatch) activations held"
         return "peak activation bytes" if self.in_bytes else "peak in-flight"
+
+
+def gated(caps: Sequence[int], memory: Sequence[int] | None) -> dict[str, object]:
+    """simulate's (or Pipeline's) gate keyword for a candidate: its caps alone, or its byte
+    budgets with its caps as each budget's `count` (a byte-gated candidate's caps are the
+    microbatch count, which never binds: the same gate as the bytes alone)."""
+    if not memory:
+        return {"cap": list(caps)}
+    return {"memory": [Budget(bytes=int(m), count=int(c)) for m, c in zip(memory, caps)]}

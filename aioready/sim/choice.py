@@ -4,7 +4,9 @@ The candidates are every library hint valid for the pipeline's shape (stages, ra
 split backward; a fixed placement style when the caller fixed one), each in strict mode at its
 own peak and in ready mode (every policy) at 1x, 1.5x and 2x its own peak in-flight count per
 rank and at the whole budget on every rank, each cap clipped to the caller's budget (by default the peak of the hint an auto pipeline
-starts from: the memory a pipeline holds without auto). Each is simulated by `run` with the same
+starts from: the memory a pipeline holds without auto). Under a byte budget, each ready candidate
+runs byte-gated, and also count-capped with the bytes as a backstop (sim/budget.py
+`Limit.counted`; the table's form column). Each is simulated by `run` with the same
 durations: the real runtime on the virtual clock, so the step time is exact for those durations, not a model of it.
 The fastest whose peak in-flight fits the budget wins; ties go to the smaller peak, then strict
 (the more predictable), then the hint's name, so the choice is a pure function of the durations.
@@ -43,7 +45,7 @@ from ..runtime.choosers import STYLES, Choice
 from ..runtime.rank import MODES, POLICIES, reservation_holds
 from ..schedulers import HINTS, hint_names, make_hint
 from ..schedulers.order import ORDERS
-from .budget import Limit, MeanBytes
+from .budget import COUNTS, Limit, MeanBytes
 from .cutoff import Exceeded
 
 __all__ = ["FACTORS", "Candidate", "Row", "Tuning", "candidate_hints", "candidates",
@@ -75,7 +77,8 @@ class Simulated(Protocol):
 Run = Callable[[HintOrder, str, tuple[int, ...], str, "float | None"], Simulated]
 """run(hint, mode, caps, policy, bound): one candidate simulated on the durations being tuned
 for; with a bound, it may raise sim.cutoff.Exceeded once its step time is known to exceed it.
-Under a byte budget it is also given `memory=` (bytes per rank), and read for its peak bytes;
+Under a byte budget it is also given `memory=` (bytes per rank), to simulate with the caps as
+each byte budget's count (sim/budget.py `gated`), and read for its peak bytes;
 a candidate in a cost order (`reorder=` of choose_schedule) is given `microbatch_order=`."""
 
 
@@ -84,6 +87,19 @@ class Candidate:
     choice: Choice
     factor: float  # the budget as a multiple of the hint's own peak (before clipping)
     order: str = "given"  # the microbatch order (schedulers/order.py ORDERS)
+    counts: float | None = None  # byte budget: count-capped at this many reference peaks
+
+    @property
+    def form(self) -> str:
+        """What gates it: its order alone (strict), its caps ("count"), the bytes ("bytes"), or
+        under a byte budget its caps with the bytes as backstop ("count Nx", clipped to N times
+        the reference's peak count)."""
+        c = self.choice
+        if c.mode == "strict":
+            return "order"  # strict runs its order whatever the budget
+        if c.memory is None:
+            return "count"
+        return "bytes" if self.counts is None else f"count {self.counts:g}x"
 
     @property
     def label(self) -> str:
@@ -131,12 +147,14 @@ class Tuning:
 
     def table(self) -> str:
         """The rows as text, best first; '*' marks the choice, '-' a candidate over budget.
-        Where candidates ran in several microbatch orders, a column says which."""
+        Where candidates ran in several microbatch orders, a column says which; under a byte
+        budget, a column says what gates each (Candidate.form)."""
         base = self.best.step_time
         show = Limit(self.limit, self.in_bytes).text
         orders = any(r.candidate.order != "given" for r in self.rows)
         lines = [f"{'':1} {'hint':<20} " + (f"{'order':<11} " if orders else "") +
-                 f"{'mode':<12} {'budget':>6} {'step ms':>10} "
+                 f"{'mode':<12} " + (f"{'form':<10} " if self.in_bytes else "") +
+                 f"{'budget':>6} {'step ms':>10} "
                  f"{'vs best':>7} {'eff':>5}  " + ("peak bytes (budgets)" if self.in_bytes
                                                   else "peak held (caps)" if self.held
                                                   else "peak in-flight (caps)")]
@@ -145,9 +163,12 @@ class Tuning:
             mark = "*" if row is self.best else (" " if row.fits or row.stopped else "-")
             name = f"{c.label:<20} {row.candidate.order:<11} " if orders else \
                 f"{row.candidate.label:<20} "
-            head = f"{mark:1} {name}{c.how:<12} {row.candidate.factor:>5g}x "
+            form = f"{row.candidate.form:<10} " if self.in_bytes else ""
+            head = f"{mark:1} {name}{c.how:<12} {form}{row.candidate.factor:>5g}x "
             given = "strict: none" if self.in_bytes and c.memory is None else show(
                 c.memory if self.in_bytes else c.cap)  # type: ignore[arg-type]
+            if row.candidate.counts is not None:
+                given = f"caps {list(c.cap)}, {given}"
             if row.stopped:
                 lines.append(head + f"{'>' + format(row.step_time, '.4g'):>10} "
                              f"{'>' + format(row.step_time / base, '.3f'):>7} {'-':>5}  "
@@ -162,7 +183,8 @@ class Tuning:
                          "were known to be slower than the best (their step time is a lower "
                          "bound)")
         lines.append(f"budget per rank: {show(self.limit)}; chosen: {self.best.candidate.label} "
-                     f"{self.best.candidate.choice.how} at {self.best.candidate.factor:g}x")
+                     f"{self.best.candidate.choice.how} at {self.best.candidate.factor:g}x"
+                     + (f" ({self.best.candidate.form})" if self.in_bytes else ""))
         return "\n".join(lines)
 
 
@@ -222,6 +244,28 @@ def candidates(orders: Iterable[HintOrder], limit: Limit | tuple[int, ...],
                     if choice not in seen:
                         seen.add(choice)
                         out.append((order, Candidate(choice, factor)))
+        if gate.in_bytes and "ready" in modes:
+            out += _counted(order, gate, factors, seen)
+    return out
+
+
+def _counted(order: HintOrder, gate: Limit, factors: Sequence[float], seen: set[Choice]
+             ) -> list[tuple[HintOrder, Candidate]]:
+    """Under a byte budget, `order`'s count-capped ready candidates (sim/budget.py COUNTS)."""
+    out = []
+    for counts in COUNTS:
+        for factor in factors:
+            if factor == WHOLE:
+                factor = Limit(tuple(max(1, int(counts * p)) for p in gate.reference)).whole(
+                    order)
+            caps, memory = gate.counted(order, factor, counts)
+            for policy in POLICIES:
+                if policy == "reserve" and not reservation_holds(order, caps):
+                    continue
+                choice = Choice(order.name, order.placement.style, "ready", caps, policy, memory)
+                if choice not in seen:
+                    seen.add(choice)
+                    out.append((order, Candidate(choice, factor, counts=counts)))
     return out
 
 
@@ -236,7 +280,8 @@ def _promise(item: tuple[HintOrder, Candidate]) -> tuple[object, ...]:
     reserve, PROMISING hints first; then the stable order of `candidates`."""
     c = item[1].choice
     rank = PROMISING.index(c.hint) if c.hint in PROMISING else len(PROMISING)
-    return (-sum(c.memory or c.cap), c.mode == "strict", c.policy != "greedy", rank)
+    return (-sum(c.memory or c.cap), item[1].counts is not None, c.mode == "strict",
+            c.policy != "greedy", rank)
 
 
 def choose_auto(run: Run, hint: object, *, num_stages: int, num_ranks: int | None,

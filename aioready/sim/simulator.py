@@ -39,6 +39,7 @@ from ..telemetry.bounds import lower_bound_table
 from ..telemetry.metrics import peak_activations
 from ..telemetry.spans import StepReport
 from ..transports.inproc import InprocWorld
+from .budget import gated
 from .choice import choose_auto
 from .cutoff import Cutoff, Exceeded
 from .durations import Durations, device_duration
@@ -297,7 +298,7 @@ def simulate(*, stages: int, microbatches: int, hint: str | HintOrder = "1f1b",
                 microbatch_order: str = fixed) -> SimResult:
             result = simulate(stages=stages, microbatches=microbatches, hint=hint_order,
                               jitter=jitter, seed=seed, trace=trace,
-                              cap=None if memory else list(caps), memory=memory and list(memory),
+                              **gated(caps, memory),
                               split_backward=split_backward, steps=steps, base=base,
                               mode=mode, policy=policy, stop_after=bound,
                               order=microbatch_order)
