@@ -17,6 +17,7 @@ from test_no_deadlock import (
     multi_chunk_hint,
     random_durations,
 )
+from test_ready_set import pops
 
 from aioready.clock import run_virtual
 from aioready.devices import SimDevice
@@ -37,15 +38,6 @@ def drain_set(order: str, clear, *, entries: int, cap: int = 8) -> ReadySet:
     ranked = [Task.parse(w) for w in order.split()]
     return ReadySet({t: i for i, t in enumerate(ranked)}, cap=cap, num_chunks=1,
                     split_backward=True, drain=clear, entries=entries)
-
-
-def pops(rs: ReadySet, text: str = "") -> list[str]:
-    for word in text.split():
-        rs.push(Task.parse(word))
-    out = []
-    while (task := rs.pop_nowait()) is not None:
-        out.append(str(task))
-    return out
 
 
 def test_before_the_drain_it_is_greedy() -> None:

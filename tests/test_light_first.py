@@ -5,6 +5,7 @@ buys on the simulator, read against greedy on the same durations."""
 from __future__ import annotations
 
 import torch
+from test_ready_set import pops
 
 from aioready.clock import run_virtual
 from aioready.devices import SimDevice
@@ -25,40 +26,31 @@ def light_set(factors: dict[int, float], *, cap: int = 8, strict: bool = False) 
                     lightness=factors.get)
 
 
-def drain(rs: ReadySet, text: str) -> list[str]:
-    for word in text.split():
-        rs.push(Task.parse(word))
-    out = []
-    while (task := rs.pop_nowait()) is not None:
-        out.append(str(task))
-    return out
-
-
 def test_a_light_forward_overtakes_a_heavy_one() -> None:
-    assert drain(light_set({1: 2.0, 2: 0.6, 3: 1.9}), "F1 F2 F3") == ["F2", "F1", "F3"]
+    assert pops(light_set({1: 2.0, 2: 0.6, 3: 1.9}), "F1 F2 F3") == ["F2", "F1", "F3"]
 
 
 def test_only_when_clearly_lighter() -> None:
     near = 2.0 * OVERTAKE * 1.01  # just above the threshold: rank order stands
-    assert drain(light_set({1: 2.0, 2: near}), "F1 F2") == ["F1", "F2"]
+    assert pops(light_set({1: 2.0, 2: near}), "F1 F2") == ["F1", "F2"]
 
 
 def test_an_unknown_cost_keeps_the_rank_order() -> None:
     # the first stage: no activation carried a factor, so nothing overtakes
-    assert drain(light_set({}), "F1 F2 F3") == ["F1", "F2", "F3"]
+    assert pops(light_set({}), "F1 F2 F3") == ["F1", "F2", "F3"]
     # a best-ranked forward of unknown cost is not overtaken either
-    assert drain(light_set({2: 0.5}), "F1 F2") == ["F1", "F2"]
+    assert pops(light_set({2: 0.5}), "F1 F2") == ["F1", "F2"]
 
 
 def test_the_gate_still_binds() -> None:
     rs = light_set({1: 2.0, 2: 0.5, 3: 0.5}, cap=1)
-    assert drain(rs, "F1 F2 F3") == ["F2"]
+    assert pops(rs, "F1 F2 F3") == ["F2"]
     assert rs.in_flight == 1
 
 
 def test_backward_keeps_its_rank_and_strict_mode_ignores_it() -> None:
-    assert drain(light_set({1: 2.0, 2: 0.5}), "B1 F1 F2") == ["F2", "F1", "B1"]
-    assert drain(light_set({1: 2.0, 2: 0.5}, strict=True), "F0 F1 F2") == ["F0", "F1", "F2"]
+    assert pops(light_set({1: 2.0, 2: 0.5}), "B1 F1 F2") == ["F2", "F1", "B1"]
+    assert pops(light_set({1: 2.0, 2: 0.5}, strict=True), "F0 F1 F2") == ["F0", "F1", "F2"]
 
 
 def test_it_gains_where_slow_microbatches_lead_convoys() -> None:

@@ -9,6 +9,8 @@ and on a known case it is slower.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -141,18 +143,7 @@ def test_a_window_row_is_a_fresh_choice_on_steps_one_to_k_run_on_the_scored_one(
         row = units[jitter]["rows"][f"{cfg.name}|2x"]
         split, budget = cfg.split_backward, policy._auto_budget(cfg, S, M, policy.BUDGETS["2x"])
         draw = choice_draw(jitter, 0, S, M, split, "sizes", window=WINDOW)
-        chosen = simulate(stages=S, microbatches=M, hint="auto", trace=draw, steps=WINDOW,
-                          split_backward=split, cap=budget)
-        best = chosen.tuning.best
-        c = best.candidate.choice
-        scored = simulate(stages=S, microbatches=M, hint=c.hint, mode=c.mode, policy=c.policy,
-                          cap=list(c.cap), jitter=jitter, seed=0, split_backward=split,
-                          order=best.candidate.order)
-        assert (row["chosen"], row["t_chosen_on"], row["t"], row["eff"], row["cap0"],
-                row["peak"]) == (chosen.hint, chosen.step_time, scored.step_time,
-                                 scored.efficiency, c.cap[0], max(scored.peak_in_flight)), \
-            cfg.name
-        assert row["candidates"] == len(chosen.tuning.rows), cfg.name
+        _same_as_a_fresh_choice(row, cfg.name, draw, WINDOW, split, budget, jitter)
 
 
 def test_a_window_is_its_steps_drawn_one_by_one_and_never_the_scored_step() -> None:
@@ -230,15 +221,20 @@ def test_a_resample_row_is_a_fresh_choice_on_step_one_and_its_copies(
                                        else 1.0)
             assert np.allclose(np.sort(noise, axis=1), np.sort(measured, axis=1))
             assert not np.array_equal(draw.table(i), one.table(0))
-        chosen = simulate(stages=S, microbatches=M, hint="auto", trace=draw, steps=RESAMPLE,
-                          split_backward=split, cap=budget)
-        best = chosen.tuning.best
-        c = best.candidate.choice
-        scored = simulate(stages=S, microbatches=M, hint=c.hint, mode=c.mode, policy=c.policy,
-                          cap=list(c.cap), jitter=jitter, seed=0, split_backward=split,
-                          order=best.candidate.order)
-        assert (row["chosen"], row["t_chosen_on"], row["t"], row["eff"], row["cap0"],
-                row["peak"]) == (chosen.hint, chosen.step_time, scored.step_time,
-                                 scored.efficiency, c.cap[0], max(scored.peak_in_flight)), \
-            cfg.name
-        assert row["candidates"] == len(chosen.tuning.rows), cfg.name
+        _same_as_a_fresh_choice(row, cfg.name, draw, RESAMPLE, split, budget, jitter)
+
+
+def _same_as_a_fresh_choice(row: dict, name: str, draw: Any, steps: int, split: bool,
+                            budget: Any, jitter: str) -> None:
+    """`row` is auto's choice made afresh on `steps` steps of `draw`, scored on seed 0's step."""
+    chosen = simulate(stages=S, microbatches=M, hint="auto", trace=draw, steps=steps,
+                      split_backward=split, cap=budget)
+    best = chosen.tuning.best
+    c = best.candidate.choice
+    scored = simulate(stages=S, microbatches=M, hint=c.hint, mode=c.mode, policy=c.policy,
+                      cap=list(c.cap), jitter=jitter, seed=0, split_backward=split,
+                      order=best.candidate.order)
+    assert (row["chosen"], row["t_chosen_on"], row["t"], row["eff"], row["cap0"],
+            row["peak"]) == (chosen.hint, chosen.step_time, scored.step_time,
+                             scored.efficiency, c.cap[0], max(scored.peak_in_flight)), name
+    assert row["candidates"] == len(chosen.tuning.rows), name

@@ -36,6 +36,12 @@ def drain(rs: ReadySet) -> list[str]:
     return out
 
 
+def pops(rs: ReadySet, text: str = "") -> list[str]:
+    """Push the tasks of `text`, then pop until nothing admissible is ready."""
+    push(rs, text)
+    return drain(rs)
+
+
 def run_done(rs: ReadySet, text: str) -> None:
     for task in tasks(text):
         rs.done(task)
