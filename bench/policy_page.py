@@ -71,6 +71,11 @@ def merge_page(page: str, rows: str, patterns: list[str], order: list[str], note
     lead (the text before CAME)."""
     old_lines, old = _tables(page)
     new_lines, new = _tables(rows)
+    names = {_split(table, new_lines[i])[1] for table, idx in new.items() for i in idx}
+    missing = [p for p in patterns if not any(matches(name, [p]) for name in names)]
+    if missing and len(missing) < len(patterns):  # the others' groups would lose these rows
+        raise ValueError(f"the rows page has no row matching {missing}: merge it with the "
+                         "--rows it was run with")
     replace: dict[str, list[str]] = {}
     for table, idx in new.items():
         if table not in old:

@@ -138,3 +138,12 @@ def test_a_rerun_over_more_groups_replaces_the_earlier_note_and_keeps_others() -
     assert data["updates"] == [second]
     narrower = merge_page(page, NEW, ["auto*"], ORDER, first)  # S=4's rows still from `second`
     assert second in narrower.split("\n\n", 1)[0]
+
+
+def test_a_pattern_the_rows_page_never_ran_is_refused() -> None:
+    """Merging with a pattern that matches none of the page's rows would delete those rows of
+    the groups it ran and put none back: refused, naming the pattern."""
+    with pytest.raises(ValueError, match="auto split, held-out"):
+        merge_page(OLD, NEW, ["auto*", "auto split, held-out"], ORDER, note_of(NEW, ["auto*"]))
+    assert "| 8 | auto split | 2.2 |" not in merge_page(OLD, NEW, ["auto*"], ORDER,
+                                                        note_of(NEW, ["auto*"]))
