@@ -83,7 +83,7 @@ def test_auto_within_twice_the_measured_bytes_switches_and_keeps_them() -> None:
     # exactly what a real strict 1F1B step measures
     assert limit == tuple(2 * strict[r] for r in range(4))
     _check_applied(pipe, reports)
-    assert pipe.memory == [rt.memory for rt in pipe.runtimes]
+    assert (pipe.memory or [None] * 4) == [rt.memory for rt in pipe.runtimes]  # strict: None
 
 
 def test_auto_within_fixed_bytes_and_the_order_stays_given() -> None:
