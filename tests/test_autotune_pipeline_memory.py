@@ -129,3 +129,18 @@ def test_what_cannot_choose_within_bytes_is_refused_clearly() -> None:
             pipe.close()
     with pytest.raises(ConfigError, match="bytes the stages measured"):
         asyncio.run(stage_less())
+
+
+@pytest.mark.timeout(120)
+def test_train_chooses_within_memory(tmp_path: Any) -> None:
+    import json
+
+    from aioready.cli import main
+    assert main(["train", "--stages", "2", "--microbatches", "4", "--steps", "2", "--task-ms",
+                 "0", "--dim", "8", "--seq", "4", "--hint", "auto:1f1b", "--memory", "2x",
+                 "--no-progress", "--json", str(tmp_path / "t.json")]) == 0
+    summary = json.loads((tmp_path / "t.json").read_text())
+    [choice] = summary["auto"]["choices"]
+    assert choice["from_step"] == 1 and summary["memory"] == "2x" and summary["cap"] is None
+    if choice["memory"] is not None:  # the chosen byte budget per rank (None: strict)
+        assert len(choice["memory"]) == 2 and min(choice["memory"]) > 0
