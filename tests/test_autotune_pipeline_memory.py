@@ -5,9 +5,11 @@ every rank (docs/policy.md "Choosing automatically", runtime/autotune.py)."""
 from __future__ import annotations
 
 import asyncio
+import re
 from typing import Any
 
 import pytest
+from conftest import requires_mpi, run_mpi
 
 import aioready
 from aioready.errors import ConfigError
@@ -111,24 +113,31 @@ def test_policy_auto_within_bytes_keeps_its_hint() -> None:
 
 
 def test_what_cannot_choose_within_bytes_is_refused_clearly() -> None:
-    with pytest.raises(ConfigError, match="hint='auto' with memory= under MPI"):
+    with pytest.raises(ConfigError, match="tensor-parallel"):
         AutoTuning.for_pipeline("auto", budget=None, num_stages=4, split_backward=False,
-                                world_size=2, memory="2x")
-    with pytest.raises(ConfigError, match="policy='auto' with memory= under MPI"):
-        AutoTuning.for_policy("1f1b", budget=None, world_size=2, memory="2x")
+                                world_size=None, memory="2x", coordinator=object())
     with pytest.raises(ConfigError, match="cap and memory both given"):
         aioready.Pipeline(make_mlp_stages(2), mse_loss, microbatches=2, hint="auto",
                           memory="2x", cap="2x")
 
-    async def stage_less() -> None:  # nothing measures the bytes: no choice within them
-        pipe = aioready.Pipeline([None] * 2, None, microbatches=2, hint="auto", memory="2x",
-                                 device="inline")
+    async def stage_less(**kw: Any) -> None:  # nothing measures the bytes: no choice within
+        pipe = aioready.Pipeline([None] * 2, None, microbatches=2, memory="2x",
+                                 device="inline", **kw)
         try:
             await pipe.step()
         finally:
             pipe.close()
-    with pytest.raises(ConfigError, match="bytes the stages measured"):
-        asyncio.run(stage_less())
+    for kw in ({"hint": "auto"}, {"hint": "1f1b", "policy": "auto"}):
+        with pytest.raises(ConfigError, match="bytes the stages measured"):
+            asyncio.run(stage_less(**kw))
+
+
+def test_a_choice_within_bytes_crosses_ranks_as_integers() -> None:
+    from aioready.runtime.choosers import Choice
+    for choice in (Choice("gpipe", "linear", "ready", (6, 4), "greedy", (87808, 59584)),
+                   Choice("1f1b", "linear", "strict", (2, 1))):
+        values = choice.encode()
+        assert len(values) == Choice.width(2) and Choice.decode(values) == choice
 
 
 @pytest.mark.timeout(120)
@@ -144,3 +153,22 @@ def test_train_chooses_within_memory(tmp_path: Any) -> None:
     assert choice["from_step"] == 1 and summary["memory"] == "2x" and summary["cap"] is None
     if choice["memory"] is not None:  # the chosen byte budget per rank (None: strict)
         assert len(choice["memory"]) == 2 and min(choice["memory"]) > 0
+
+
+@requires_mpi
+@pytest.mark.mpi
+@pytest.mark.timeout(200)
+def test_every_rank_switches_to_one_byte_budget_over_mpi() -> None:
+    """Rank 0 chooses on every rank's measured bytes (gathered beside the spans); each rank
+    runs the choice's byte budget for its own rank, within it, with exact gradients."""
+    proc = run_mpi(2, ["tests/mpi_scripts/auto.py", "3", "2x"], timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = sorted(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))
+    assert len(results) == 2, proc.stdout
+    found = [dict(re.findall(r"(\w+)=(\S+)", line)) for line in results]
+    assert len({(f["choices"], f["memory"]) for f in found}) == 1, results  # one decision
+    assert len(found[0]["memory"].split("|")) == 3  # a choice after every step
+    for f in found:
+        assert f["applied"] == "True", f  # the last choice's budget and count, on this rank
+        assert float(f["grad_diff"]) <= 1e-10 and float(f["loss_diff"]) <= 1e-10
+        assert float(f["over"]) <= 0, f  # -inf: every choice was strict, ungated

@@ -10,7 +10,8 @@ Every rank must switch identically at the same step, or two ranks would run one 
 different orders. In one process the reports of every rank are at hand. Under MPI the step
 reports are gathered to rank 0 as numbers (telemetry/gather.py), rank 0 chooses, and the choice
 crosses to the others as a few integers (hint, placement, mode, policy, microbatch order, one
-cap per rank): no pickle, and no rank decides from data another lacks. Where auto chooses the
+cap and one byte budget per rank; under a byte budget each forward's measured bytes are
+gathered beside the spans): no pickle, and no rank decides from data another lacks. Where auto chooses the
 microbatch order too, each step's costs travel with its spans (runtime/auto_order.py).
 
 A switch happens between steps, so a step runs wholly under one hint: gradients stay those of
@@ -87,7 +88,7 @@ class AutoTuning:
     def __init__(self, auto: AutoHint, budget: CapSpec, memory: MemorySpec = None) -> None:
         self.auto = auto
         self.budget = budget
-        self.memory = memory  # a byte budget instead of `budget` (in one process only)
+        self.memory = memory  # a byte budget instead of `budget`
         self.choices: list[tuple[int, Choice]] = []  # (first step it ran, choice)
         self.reference: HintOrder | None = None  # the start hint: relative budgets measure it
         self.orders: OrderChoice | None = None  # set where auto chooses the microbatch order
@@ -110,7 +111,6 @@ class AutoTuning:
         if coordinator is not None:
             raise ConfigError("hint='auto' with a tensor-parallel coordinator",
                               expected="a named hint", got=repr(hint))
-        _check_memory(memory, world_size, "hint='auto'")
         auto = hint if isinstance(hint, AutoHint) else AutoHint(start=parse_auto(hint) or None)
         start = auto.start
         if start is None:
@@ -127,14 +127,13 @@ class AutoTuning:
 
     @classmethod
     def for_policy(cls, hint: object, *, budget: CapSpec, coordinator: Any = None,
-                   memory: MemorySpec = None, world_size: int | None = None) -> AutoTuning:
+                   memory: MemorySpec = None) -> AutoTuning:
         """The tuning state of `policy="auto"`: the pipeline keeps its hint and cap, and after
         the first step runs whichever ready-mode policy the measured durations run faster
         (docs/policy.md "Choosing the policy"), re-checked every `retune_every` steps."""
         if coordinator is not None:
             raise ConfigError("policy='auto' with a tensor-parallel coordinator",
                               expected="policy 'reserve' or 'greedy'", got="'auto'")
-        _check_memory(memory, world_size, "policy='auto'")
         name = hint.name if isinstance(hint, HintOrder) else hint
         if not isinstance(name, str) or name not in HINTS:
             raise ConfigError("policy='auto' switches between library schedules by name",
@@ -234,7 +233,7 @@ class AutoTuning:
             raise ConfigError("hint='auto' agrees over a communicator of the pipeline's ranks",
                               expected=f"{pipe.hint.num_ranks} ranks",
                               got=f"{comm.Get_size()}", fix="pass AutoHint(comm=...)")
-        gathered = await gather_reports(mine, comm)
+        gathered = await gather_reports(mine, comm, activations=self.memory is not None)
         reports = None if gathered is None else [report for report, _ in gathered]
         orders, steps, costs = self.orders, [r.step for r in mine], None
         if orders is not None:  # every rank's costs, compared on the root (auto_order.py)
@@ -252,16 +251,6 @@ class AutoTuning:
                                   Choice.width(pipe.hint.num_ranks),
                                   encode=Choice.encode, decode=Choice.decode,
                                   what="schedule to switch to")
-
-
-def _check_memory(memory: MemorySpec, world_size: int | None, what: str) -> None:
-    """A byte budget is chosen within in one process only: the measured bytes per forward do
-    not cross ranks (telemetry/gather.py carries spans), nor does a choice's byte budget
-    (Choice.encode)."""
-    if memory is not None and world_size is not None and world_size > 1:
-        raise ConfigError(f"{what} with memory= under MPI", expected="memory= with auto in "
-                          "one process (an in-process Pipeline), or cap= under MPI",
-                          got=f"memory={memory!r} over {world_size} ranks")
 
 
 def _budgets(choice: Choice) -> list[Budget] | None:

@@ -113,8 +113,8 @@ class Pipeline:
     weight); `tied={name: {stage: parameter name}}`; `scaler=dp.cross_stage.GradScaler()`;
     `autocast=dtype` (docs/architecture.md "Data parallelism"). `memory="24GiB"` or `"2x"`:
     admit by activation bytes, measured per microbatch, instead of `cap=`'s count
-    (docs/policy.md "Memory budgets"; with hint="auto" or policy="auto", in one process, it
-    chooses within them); `measure_memory=True` measures them without a budget.
+    (docs/policy.md "Memory budgets"; with hint="auto" or policy="auto" it chooses within
+    them); `measure_memory=True` measures them without a budget.
     `dashboard=PORT` serves a live page of the pipeline on 127.0.0.1 (0: any free port;
     `pipe.dashboard.url`, docs/telemetry.md); needs aiohttp. `microbatch_order="ascending"`
     or `"descending"`: run each step's microbatches in the order of a cost known before the
@@ -176,9 +176,8 @@ class Pipeline:
                 world_size=None if transport is None else transport.world_size,
                 coordinator=coordinator, choose_order=microbatch_order is None, memory=memory)
         if policy == "auto" and mode == "ready" and self.auto is None:
-            self.auto = AutoTuning.for_policy(
-                hint, budget=cap, coordinator=coordinator, memory=memory,
-                world_size=None if transport is None else transport.world_size)
+            self.auto = AutoTuning.for_policy(hint, budget=cap, coordinator=coordinator,
+                                              memory=memory)
         if policy == "auto":  # it starts from the rule that never loses to strict
             policy = "reserve"
         try:
