@@ -106,6 +106,10 @@ class HeldBytes:
             else:
                 del self._admitted[task.microbatch]
 
+    def input_of(self, microbatch: int) -> float:
+        """The entry input's bytes of `microbatch` this step (0 where not known)."""
+        return self._input.get(microbatch, 0.0)
+
     # -- what the gate asks ----------------------------------------------------------------
     def _chunk_guess(self, microbatch: int, chunk: int) -> float:
         known = [c for c in range(self._chunks) if self._n[c]]

@@ -281,10 +281,17 @@ def test_both_commands_refuse_a_bad_memory_naming_it(command: str, bad: str,
     assert f"aioready {command}: error" in err and f"'{bad}'" in err and "memory" in err
 
 
-def test_auto_refuses_a_byte_budget_and_gated_entries_are_counted_by_bytes() -> None:
+def test_auto_refuses_bytes_it_cannot_measure_and_gated_entries_are_counted_by_bytes(
+        ) -> None:
+    async def stage_less() -> None:  # hint="auto" chooses within measured bytes only
+        pipe = aioready.Pipeline([None] * 2, None, microbatches=2, hint="auto", memory="2x",
+                                 device="inline")
+        try:
+            await pipe.step()
+        finally:
+            pipe.close()
     with pytest.raises(ConfigError, match="auto"):
-        aioready.Pipeline([None] * 2, None, microbatches=2, hint="auto", memory="2x",
-                          device="inline")
+        asyncio.run(stage_less())
     rank = Rank("F0 F1 B0 B1", Budget(bytes=60), peak=2, reserve=False)
     rank.push("F0 F1")
     rank.run(40)

@@ -34,15 +34,18 @@ __all__ = ["default_auto", "auto_budget", "auto_chooser", "agreed_start", "needs
 
 def default_auto(*, mode: str, memory: object, dp: int, tp: int) -> bool:
     """Whether `aioready train` with no --hint runs "auto": not where the caller fixed the
-    order (--mode strict), gates by bytes (--memory: auto chooses within a count budget in a
-    running pipeline) or runs a process grid (--dp, --tp: the chooser agrees over one line);
+    order (--mode strict), gates by bytes (--memory: "--hint auto" chooses within the bytes, docs/policy.md
+    "Choosing within the bytes in a Pipeline") or runs a process grid (--dp, --tp: the chooser agrees over one line);
     those keep 1F1B, the default of a Pipeline."""
     return mode == "ready" and memory is None and dp == 1 and tp == 1
 
 
 def auto_budget(cfg: Any, num_ranks: int | None, start: Start | None = None) -> CapSpec:
     """The cap of a plain "auto" run: the caller's, else the start's caps, else (one stage per
-    rank, where activations and microbatches are one) `default_budget` for every rank."""
+    rank, where activations and microbatches are one) `default_budget` for every rank; None
+    under --memory (auto chooses within the bytes)."""
+    if cfg.memory is not None:
+        return None
     if cfg.cap is not None or parse_auto(cfg.hint) != "":
         return cfg.cap  # type: ignore[no-any-return]
     if start is not None:
@@ -53,8 +56,8 @@ def auto_budget(cfg: Any, num_ranks: int | None, start: Start | None = None) -> 
 
 def auto_chooser(cfg: Any, start: Start | None) -> Any:
     """The chooser after step 1 of a plain "auto" run from a start, held to the start's
-    activations (None: the default chooser, under the caller's --cap)."""
-    if start is None or cfg.cap is not None:
+    activations (None: the default chooser, under the caller's --cap or --memory)."""
+    if start is None or cfg.cap is not None or cfg.memory is not None:
         return None
     return SimChooser(activations=start.budget)
 

@@ -206,7 +206,8 @@ class TrainResult:
             "budget": self.start.budget}
         return {"start": start, "choices": [
             {"from_step": step, "hint": c.label, "placement": c.placement, "mode": c.how,
-             "caps": list(c.cap)} for step, c in self.choices]}
+             "caps": list(c.cap), "memory": None if c.memory is None else list(c.memory)}
+            for step, c in self.choices]}
 
 
 def synthetic_microbatch(step: int, microbatch: int, *, batch: int, seq: int, vocab: int,

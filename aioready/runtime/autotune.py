@@ -10,7 +10,8 @@ Every rank must switch identically at the same step, or two ranks would run one 
 different orders. In one process the reports of every rank are at hand. Under MPI the step
 reports are gathered to rank 0 as numbers (telemetry/gather.py), rank 0 chooses, and the choice
 crosses to the others as a few integers (hint, placement, mode, policy, microbatch order, one
-cap per rank): no pickle, and no rank decides from data another lacks. Where auto chooses the
+cap and one byte budget per rank; under a byte budget each forward's measured bytes are
+gathered beside the spans): no pickle, and no rank decides from data another lacks. Where auto chooses the
 microbatch order too, each step's costs travel with its spans (runtime/auto_order.py).
 
 A switch happens between steps, so a step runs wholly under one hint: gradients stay those of
@@ -29,6 +30,7 @@ from ..caps import CapSpec
 from ..clock import virtual_clock
 from ..errors import ConfigError
 from ..hints import HintOrder
+from ..memory import Budget, MemorySpec
 from ..schedulers import HINTS, hint_names
 from ..telemetry.spans import StepReport, merge_reports
 from .auto_order import OrderChoice, agreed
@@ -83,9 +85,10 @@ class AutoHint:
 class AutoTuning:
     """The per-pipeline state of hint="auto": when to choose, and the choices made."""
 
-    def __init__(self, auto: AutoHint, budget: CapSpec) -> None:
+    def __init__(self, auto: AutoHint, budget: CapSpec, memory: MemorySpec = None) -> None:
         self.auto = auto
         self.budget = budget
+        self.memory = memory  # a byte budget instead of `budget`
         self.choices: list[tuple[int, Choice]] = []  # (first step it ran, choice)
         self.reference: HintOrder | None = None  # the start hint: relative budgets measure it
         self.orders: OrderChoice | None = None  # set where auto chooses the microbatch order
@@ -100,9 +103,11 @@ class AutoTuning:
     @classmethod
     def for_pipeline(cls, hint: str | AutoHint, *, budget: CapSpec, num_stages: int,
                      world_size: int | None, split_backward: bool, coordinator: Any = None,
-                     choose_order: bool = False) -> tuple[AutoTuning, str]:
+                     choose_order: bool = False, memory: MemorySpec = None
+                     ) -> tuple[AutoTuning, str]:
         """The tuning state of a Pipeline given `hint` "auto", and the hint it starts with;
-        `choose_order`: it chooses the microbatch order too (runtime/auto_order.py)."""
+        `choose_order`: it chooses the microbatch order too (runtime/auto_order.py); `memory`:
+        it chooses within that byte budget instead of `budget` (the module's note)."""
         if coordinator is not None:
             raise ConfigError("hint='auto' with a tensor-parallel coordinator",
                               expected="a named hint", got=repr(hint))
@@ -115,14 +120,14 @@ class AutoTuning:
                                   "is not known", expected="'auto:interleaved-1f1b', "
                                   "'auto:zbv' or another 'auto:<hint>'", got=repr(hint))
             start = start_hint("linear", split_backward)
-        tuning = cls(auto, budget)
-        if choose_order:
+        tuning = cls(auto, budget, memory)
+        if choose_order and memory is None:
             tuning.orders = OrderChoice(auto.window)
         return tuning, start
 
     @classmethod
-    def for_policy(cls, hint: object, *, budget: CapSpec, coordinator: Any = None
-                   ) -> AutoTuning:
+    def for_policy(cls, hint: object, *, budget: CapSpec, coordinator: Any = None,
+                   memory: MemorySpec = None) -> AutoTuning:
         """The tuning state of `policy="auto"`: the pipeline keeps its hint and cap, and after
         the first step runs whichever ready-mode policy the measured durations run faster
         (docs/policy.md "Choosing the policy"), re-checked every `retune_every` steps."""
@@ -137,7 +142,7 @@ class AutoTuning:
         if "policy" not in CHOOSERS:
             raise ConfigError("policy='auto' has no chooser", expected="import aioready "
                               "(it registers the simulator's)", got="none registered")
-        return cls(AutoHint(start=name, chooser=CHOOSERS["policy"]()), budget)
+        return cls(AutoHint(start=name, chooser=CHOOSERS["policy"]()), budget, memory)
 
     def due(self, steps_done: int) -> bool:
         """After `steps_done` steps: the first choice after the warm-up window, then every
@@ -177,16 +182,20 @@ class AutoTuning:
                              num_microbatches=pipe.microbatches,
                              split_backward=pipe.hint.split_backward)
         _check_every_rank(choice, order)
-        before = [(rt.hint, rt.mode, rt.cap, rt._caps, rt._policy) for rt in pipe.runtimes]
+        budgets = pipe.memory if self.memory is None else _budgets(choice)
+        before = [(rt.hint, rt.mode, rt.cap, rt._caps, rt._policy, rt.memory)
+                  for rt in pipe.runtimes]
         try:
             for rt in pipe.runtimes:
                 rt.reschedule(order, choice.mode, choice.cap[rt.rank], caps=choice.cap,
-                              policy=choice.policy)
+                              policy=choice.policy,
+                              memory=None if budgets is None else budgets[rt.rank])
         except Exception:  # all ranks of this process switch, or none
-            for rt, (hint, mode, cap, caps, policy) in zip(pipe.runtimes, before):
-                rt.reschedule(hint, mode, cap, caps=caps, policy=policy)
+            for rt, (hint, mode, cap, caps, policy, memory) in zip(pipe.runtimes, before):
+                rt.reschedule(hint, mode, cap, caps=caps, policy=policy, memory=memory)
             raise
         pipe.hint, pipe.mode, pipe.microbatch_order = order, choice.mode, choice.order
+        pipe.memory = budgets
         self.choices.append((pipe.step_index, choice))
         if choice.table:
             log.info("hint=auto after step %d: %s %s, caps %s, microbatch order %s\n%s",
@@ -209,8 +218,9 @@ class AutoTuning:
         clock cannot wait for a thread (it would see nothing scheduled): there, inline."""
         assert self.reference is not None
         virtual = virtual_clock(asyncio.get_running_loop()) is not None
+        extra = {} if self.memory is None else {"memory": self.memory}
         choose = partial(self.chooser.choose, reports, hint=self.reference, budget=self.budget,
-                         unit_ms=1.0 if virtual else 1000.0)
+                         unit_ms=1.0 if virtual else 1000.0, **extra)
         return choose() if virtual else await asyncio.to_thread(choose)
 
     async def _agree_mpi(self, pipe: Any, mine: list[StepReport]) -> Choice:
@@ -223,7 +233,7 @@ class AutoTuning:
             raise ConfigError("hint='auto' agrees over a communicator of the pipeline's ranks",
                               expected=f"{pipe.hint.num_ranks} ranks",
                               got=f"{comm.Get_size()}", fix="pass AutoHint(comm=...)")
-        gathered = await gather_reports(mine, comm)
+        gathered = await gather_reports(mine, comm, activations=self.memory is not None)
         reports = None if gathered is None else [report for report, _ in gathered]
         orders, steps, costs = self.orders, [r.step for r in mine], None
         if orders is not None:  # every rank's costs, compared on the root (auto_order.py)
@@ -241,6 +251,15 @@ class AutoTuning:
                                   Choice.width(pipe.hint.num_ranks),
                                   encode=Choice.encode, decode=Choice.decode,
                                   what="schedule to switch to")
+
+
+def _budgets(choice: Choice) -> list[Budget] | None:
+    """Each rank's byte gate for a choice made within a byte budget: its bytes with its caps as
+    the count (a byte-gated choice's caps are the microbatch count, which never binds; a strict
+    choice runs its order, ungated), as sim/budget.py `gated` simulated it."""
+    if choice.memory is None:
+        return None
+    return [Budget(bytes=int(m), count=int(c)) for m, c in zip(choice.memory, choice.cap)]
 
 
 def _check_every_rank(choice: Choice, order: HintOrder) -> None:

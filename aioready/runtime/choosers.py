@@ -61,23 +61,25 @@ class Choice:
 
     def encode(self) -> list[int]:
         """Integers that cross ranks (no pickle): hint, placement, mode, policy, microbatch
-        order, then the caps (`width` in all)."""
+        order, then the caps, then the byte budgets (zeros for none; `width` in all)."""
         from .rank import MODES, POLICIES
         return [hint_names().index(self.hint), STYLES.index(self.placement),
                 MODES.index(self.mode), POLICIES.index(self.policy), ORDERS.index(self.order),
-                *self.cap]
+                *self.cap, *(self.memory or (0,) * len(self.cap))]
 
     @staticmethod
     def width(num_ranks: int) -> int:
         """How many integers `encode` gives for a pipeline of `num_ranks` ranks."""
-        return 5 + num_ranks
+        return 5 + 2 * num_ranks
 
     @classmethod
     def decode(cls, values: Sequence[int]) -> Choice:
         from .rank import MODES, POLICIES
+        n = (len(values) - 5) // 2
+        memory = tuple(int(v) for v in values[5 + n:])
         return cls(hint_names()[values[0]], STYLES[values[1]], MODES[values[2]],
-                   tuple(int(v) for v in values[5:]), POLICIES[values[3]],
-                   order=ORDERS[values[4]])
+                   tuple(int(v) for v in values[5:5 + n]), POLICIES[values[3]],
+                   memory=memory if any(memory) else None, order=ORDERS[values[4]])
 
 
 

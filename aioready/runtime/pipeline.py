@@ -113,12 +113,13 @@ class Pipeline:
     weight); `tied={name: {stage: parameter name}}`; `scaler=dp.cross_stage.GradScaler()`;
     `autocast=dtype` (docs/architecture.md "Data parallelism"). `memory="24GiB"` or `"2x"`:
     admit by activation bytes, measured per microbatch, instead of `cap=`'s count
-    (docs/policy.md "Memory budgets"); `measure_memory=True` measures them without a budget.
+    (docs/policy.md "Memory budgets"; with hint="auto" or policy="auto" it chooses within
+    them); `measure_memory=True` measures them without a budget.
     `dashboard=PORT` serves a live page of the pipeline on 127.0.0.1 (0: any free port;
     `pipe.dashboard.url`, docs/telemetry.md); needs aiohttp. `microbatch_order="ascending"`
     or `"descending"`: run each step's microbatches in the order of a cost known before the
     step (`step(costs=)`, default the inputs' bytes; docs/policy.md "The microbatch order");
-    None (the default): "given", or with hint="auto" whichever order simulates fastest.
+    None (the default): "given", or with hint="auto" (no memory=) whichever simulates fastest.
     """
 
     def __init__(
@@ -145,10 +146,6 @@ class Pipeline:
         _check_types(loss_fn, split_backward, cap, device)
         parse_memory(memory)
         check_one_gate(cap, memory)
-        if memory is not None and parse_auto(hint) is not None:
-            raise ConfigError("hint='auto' in a Pipeline chooses within a count budget",
-                              expected="cap= with hint='auto' (aioready.simulate and aioready "
-                              "tune choose within memory=)", got=f"memory={memory!r}")
         if normalize not in ("microbatches", "weight"):
             raise ConfigError("normalize", expected="'microbatches' or 'weight' (loss_fn "
                               "returns (loss, weight))", got=repr(normalize))
@@ -177,12 +174,10 @@ class Pipeline:
             self.auto, hint = AutoTuning.for_pipeline(
                 hint, budget=cap, num_stages=total, split_backward=split_backward,
                 world_size=None if transport is None else transport.world_size,
-                coordinator=coordinator, choose_order=microbatch_order is None)
+                coordinator=coordinator, choose_order=microbatch_order is None, memory=memory)
         if policy == "auto" and mode == "ready" and self.auto is None:
-            if memory is not None:
-                raise ConfigError("policy='auto' chooses within a count budget",
-                                  expected="cap= with policy='auto'", got=f"memory={memory!r}")
-            self.auto = AutoTuning.for_policy(hint, budget=cap, coordinator=coordinator)
+            self.auto = AutoTuning.for_policy(hint, budget=cap, coordinator=coordinator,
+                                              memory=memory)
         if policy == "auto":  # it starts from the rule that never loses to strict
             policy = "reserve"
         try:

@@ -50,6 +50,9 @@ forward overtakes a heavy one's (ready_set Note [light first]); `drain` is greed
 once a rank has admitted every microbatch, a weight gradient waits for the gradients announced
 to arrive before it would end (ready_set Note [drain])."""
 
+KEEP = object()
+"""`reschedule(memory=KEEP)`: the byte budget stays as it is."""
+
 BytesModel = Callable[[int, int, int], tuple[float, float]]
 """(step, stage, microbatch) -> (bytes its F holds for backward, its input's bytes): activation
 memory where no tensors exist (the simulator, sim/memory.py)."""
@@ -208,13 +211,15 @@ class RankRuntime:
         return self._canon[(task.kind, task.microbatch, task.chunk)]
 
     def reschedule(self, hint: HintOrder, mode: str, cap: int | None, *,
-                   caps: Sequence[int] | None = None, policy: str | None = None) -> None:
+                   caps: Sequence[int] | None = None, policy: str | None = None,
+                   memory: Budget | None | object = KEEP) -> None:
         """Run the next steps under another hint, mode or cap (what hint="auto" switches).
 
         Between steps only, and to a hint of the same placement and step shape: the tabulated
         needs and senders depend on nothing else, and a step's ReadySet is built at its start.
         `caps` (every rank's) and `policy` decide the reservation as in the constructor; the
-        policy stays as it was unless given.
+        policy stays as it was unless given, and so does the byte budget (`memory`: a Budget,
+        or None for none; the ledger of measured bytes is kept either way).
         """
         if self._active:
             raise RuntimeError(f"rank {self.rank}: cannot reschedule during step "
@@ -226,6 +231,10 @@ class RankRuntime:
             raise ConfigError(f"hint {hint.name!r} has another placement or step shape",
                               rank=self.rank, expected=f"{mine}", got=f"{hint.placement}, "
                               f"{hint.num_microbatches}, {hint.split_backward}")
+        if memory is not KEEP:
+            self.memory = memory  # type: ignore[assignment]
+            if self.held is not None:
+                self.held.budget = memory  # type: ignore[assignment]
         self._configure(hint, mode, cap, self._policy if policy is None else policy, caps)
 
     # -- per-step state -------------------------------------------------------------------
@@ -497,6 +506,8 @@ class RankRuntime:
             nbytes = measure(task.microbatch)
             if nbytes is None:
                 return
+            self._report.activation_bytes[(stage, task.microbatch)] = (
+                float(nbytes), self.held.input_of(task.microbatch))
         self.held.measured(task.microbatch, task.chunk, nbytes)
 
     def _fn(self, chunk: int, name: str) -> Callable[..., Any]:

@@ -36,6 +36,9 @@ class Trace:
         self.tables = np.asarray(tables, dtype=np.float64)
         self._sizes = None if sizes is None else np.asarray(sizes, dtype=np.float64)
         """(steps, M) known microbatch sizes (sim/order.py), where the caller has them"""
+        self.measured_bytes: np.ndarray | None = None
+        """(steps, stages, M, 2) measured activation bytes (held, the rank's entry input) per
+        F, where every step of a run's reports carried them (sim/memory.py replays them)"""
         self.placement = placement
         self.num_steps, _, self.num_microbatches, _ = self.tables.shape
         self.split_backward = split_backward
@@ -266,4 +269,11 @@ def trace_from_reports(reports: Iterable[StepReport], *, placement: Placement,
     trace.check(placement, num_microbatches, split_backward, trace.num_steps)
     if all(r.costs is not None for r in reports):
         trace._sizes = np.array([r.costs for r in reports], dtype=np.float64)
+    cells = placement.num_stages * num_microbatches
+    if reports and all(len(r.activation_bytes) == cells for r in reports):
+        held = np.zeros((len(reports), placement.num_stages, num_microbatches, 2))
+        for step, report in enumerate(reports):
+            for (stage, mb), values in report.activation_bytes.items():
+                held[step, stage, mb] = values
+        trace.measured_bytes = held
     return trace

@@ -18,6 +18,7 @@ from ..memory import MemorySpec
 from ..runtime.choosers import Choice
 from ..runtime.rank import MODES
 from ..telemetry.spans import StepReport
+from .budget import gated
 from .choice import FACTORS, WHOLE, Run, Tuning, candidate_hints, choose_auto, choose_schedule
 from .memory import mean_bytes
 from .order import orders_differ
@@ -35,7 +36,7 @@ def _runner(trace: Trace, jitter: str) -> Run:
             microbatch_order: str = "given") -> SimResult:
         return simulate(stages=stages, microbatches=trace.num_microbatches, hint=order,
                         mode=mode, trace=trace, jitter=jitter,
-                        cap=None if memory else list(caps), memory=memory and list(memory),
+                        **gated(caps, memory),
                         split_backward=split, steps=trace.num_steps, policy=policy,
                         stop_after=bound, order=microbatch_order)
     return run
@@ -83,10 +84,18 @@ class SimChooser:
         self.last: Tuning | None = None  # the latest table, for whoever wants to look
 
     def choose(self, reports: Sequence[StepReport], *, hint: HintOrder, budget: CapSpec,
-               unit_ms: float) -> Choice:
+               unit_ms: float, memory: MemorySpec = None) -> Choice:
+        """`memory`: a byte budget instead of `budget`, in the bytes the reports' stages
+        measured (sim/memory.py replays them; "Nx": N times the start hint's strict peak on
+        them)."""
         trace = trace_from_reports(reports, placement=hint.placement,
                                    num_microbatches=hint.num_microbatches,
                                    split_backward=hint.split_backward, unit_ms=unit_ms)
+        if memory is not None and trace.measured_bytes is None:
+            raise ConfigError("hint='auto' under memory= chooses on the bytes the stages "
+                              "measured", expected="every forward's activation bytes in the "
+                              "step reports (stages that measure them: held_bytes)",
+                              got="steps without them")
         orders = [hint] if self.same_hint else candidate_hints(
             num_stages=hint.placement.num_stages, num_ranks=hint.num_ranks,
             num_microbatches=hint.num_microbatches, split_backward=hint.split_backward,
@@ -94,7 +103,9 @@ class SimChooser:
         moves = orders_differ(trace, trace.num_steps)
         self.last = choose_schedule(_runner(trace, "none"), orders, budget=budget,
                                     reference=hint, modes=self.modes, factors=self.factors,
-                                    activations=self.activations,
+                                    activations=self.activations, memory=memory,
+                                    mean_bytes=lambda o: mean_bytes(trace, o.placement,
+                                                                    trace.num_steps),
                                     reorder=(lambda _: True) if moves else None)
         return self.last.choice
 

@@ -21,6 +21,7 @@ __all__ = ["gather_reports", "gather_rows", "merge_rows", "reduce_sum", "broadca
 
 STEP_COLUMNS = ("step", "start", "end", "peak_in_flight", "loss", "num_ranks", "rank",
                 "has_loss", "peak_activation_bytes")
+ACTIVATION_COLUMNS = ("step", "stage", "microbatch", "held_bytes", "input_bytes")
 # has_loss, not a NaN loss, says "this rank has no loss": a diverged (NaN) loss must arrive as NaN
 
 
@@ -50,12 +51,15 @@ async def _gatherv(comm: Any, rows: Any, width: int, root: int) -> Any:
 
 
 async def gather_reports(reports: Sequence[StepReport], comm: Any, *,
-                         losses: Sequence[Any] | None = None, root: int = 0
+                         losses: Sequence[Any] | None = None, root: int = 0,
+                         activations: bool = False
                          ) -> list[tuple[StepReport, float | None]] | None:
     """Merge every rank's reports of the same steps on `root`; None on the other ranks.
 
-    Every rank must call it with the same steps. `losses[i]` is this rank's loss of step i
-    (None where the rank has no loss). Returns (merged report, loss) per step on `root`.
+    Every rank must call it with the same steps (and the same `activations`). `losses[i]` is
+    this rank's loss of step i (None where the rank has no loss). `activations`: also each
+    forward's measured bytes (StepReport.activation_bytes, what hint="auto" chooses within a
+    byte budget on). Returns (merged report, loss) per step on `root`.
     """
     import numpy as np
     rank = comm.Get_rank()
@@ -68,9 +72,20 @@ async def gather_reports(reports: Sequence[StepReport], comm: Any, *,
         for i, r in enumerate(reports)], dtype=np.float64).reshape(-1, len(STEP_COLUMNS))
     all_spans = await _gatherv(comm, span_rows, len(SPAN_COLUMNS), root)
     all_steps = await _gatherv(comm, step_rows, len(STEP_COLUMNS), root)
+    held = None
+    if activations:
+        mine = np.array([(r.step, stage, mb, b, source) for r in reports
+                         for (stage, mb), (b, source) in r.activation_bytes.items()],
+                        dtype=np.float64).reshape(-1, len(ACTIVATION_COLUMNS))
+        held = await _gatherv(comm, mine, len(ACTIVATION_COLUMNS), root)
     if rank != root:
         return None
-    return merge_rows(all_spans, all_steps)
+    merged = merge_rows(all_spans, all_steps)
+    if held is not None:
+        by_step = {report.step: report for report, _ in merged}
+        for step, stage, mb, b, source in held.tolist():
+            by_step[int(step)].activation_bytes[(int(stage), int(mb))] = (b, source)
+    return merged
 
 
 async def gather_rows(comm: Any, rows: Any, width: int, *, root: int = 0) -> Any:

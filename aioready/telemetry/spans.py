@@ -54,6 +54,10 @@ class StepReport:
     """each microbatch's known cost (its size), where a hint="auto" pipeline may choose the
     microbatch order: then the spans number microbatches in the caller's order, not by slot
     (runtime/auto_order.py); None elsewhere"""
+    activation_bytes: dict[tuple[int, int], tuple[float, float]] = field(default_factory=dict)
+    """per (stage, microbatch), measured on real stages only: (the bytes its F kept for backward,
+    the bytes of its rank's entry input), what hint="auto" under memory= replays in simulation
+    (sim/memory.py); empty in the simulator, which models them"""
 
     @property
     def step_time(self) -> float:
@@ -85,6 +89,7 @@ def merge_reports(reports: list[StepReport]) -> StepReport:
         merged.spans.extend(r.spans)
         merged.peak_in_flight.update(r.peak_in_flight)
         merged.peak_activation_bytes.update(r.peak_activation_bytes)
+        merged.activation_bytes.update(r.activation_bytes)
     return merged
 
 
