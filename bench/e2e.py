@@ -355,6 +355,12 @@ def _body(summaries: list[dict[str, Any]], args: argparse.Namespace, steps: int,
               "placement / measured step time (median over steps). CPU: process time (all "
               "threads) per measured step, mean over ranks: what each runtime costs on top of "
               "the sleeps. Loss: the same model and data on both sides.", ""]
+    if any(r.get("peak_activation_bytes") for s in summaries for r in s["rows"]):
+        lines += ["Peak activation KiB: the most bytes autograd kept for backward on each rank "
+                  "in any measured step (measured on aioready's stages, on every aioready row "
+                  "of a launch with a byte budget; torch's are not measured). Byte budget: "
+                  "what each rank's gate held it to at the end (a `memNx` row; `Nx` alone "
+                  "is a count of microbatches).", ""]
     for s in summaries:
         lines += _table(s)
     lines += _per_task(summaries, args.microbatches)
