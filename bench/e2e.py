@@ -12,8 +12,9 @@ rank, whatever stages it holds in the run's placement.
 Reported per config: median step time over the measured steps (first `--warmup` steps skipped;
 step time = max over ranks after a barrier), the lower bound of the trace for that run's
 placement (aioready.telemetry.bounds.lower_bound, median over steps), efficiency = lower bound / step time (median
-over steps), and the CPU time each rank's process used per step (all its threads). Writes
-bench/results/e2e.md, e2e.json and e2e.png.
+over steps), and the CPU time each rank's process used per step (all its threads), and with a
+byte-budget config (`hint/ready@memNx`) each rank's peak activation bytes. Writes
+bench/results/e2e.md, e2e.json and e2e.png (`--out NAME`: NAME.md, .json, .png).
 
 Run: python -m bench.e2e [--quick] [--scenarios none,multimodal:0.3:3] [--steps N]
      python -m bench.e2e --scale ...: S = 4, 8, 16 ranks, thin model, every torch schedule

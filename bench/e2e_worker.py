@@ -286,8 +286,8 @@ def run_aioready(args: argparse.Namespace, trace: Any, configs: list[str],
     sizes = read_sizes(args.mb_sizes) if args.mb_sizes else None  # known before each step
     # activation bytes measured on every aioready row of a launch with a byte budget, so its
     # rows pay the same hooks and compare at equal memory (docs/policy.md "Memory budgets")
-    measure = any(byte_budget(parse_config(c)[3])[1] for c in configs
-                  if split_order(c)[0] != DEFAULT)
+    measure = any(byte_budget(parse_config(c)[3])[1] for c in (split_order(c)[0] for c in configs)
+                  if c != DEFAULT)
 
     async def one(hint: str, mode: str, policy: str, written: int | str | None,
                   order: str | None = None) -> dict[str, Any]:
@@ -355,7 +355,8 @@ def run_aioready(args: argparse.Namespace, trace: Any, configs: list[str],
             [g[i] for g in gathered] for i in range(10))
         the_loss = next(v for v in losses if v is not None)
         name = (DEFAULT if start is not None else f"{hint}/{mode}"
-                + (f":{policy}" if policy != "reserve" else "") + (f"@{written}" if written else "")
+                + (f":{policy}" if policy != "reserve" else "")
+                + (f"@{written}" if written else "")
                 + (f"+{order}" if order else "")) + ("+gloo" if gloo else "")
         record = _record(name, shape, all_times, the_loss, grad_sq, slept, counts, cpus, peaks,
                          computes)
