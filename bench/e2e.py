@@ -12,8 +12,9 @@ rank, whatever stages it holds in the run's placement.
 Reported per config: median step time over the measured steps (first `--warmup` steps skipped;
 step time = max over ranks after a barrier), the lower bound of the trace for that run's
 placement (aioready.telemetry.bounds.lower_bound, median over steps), efficiency = lower bound / step time (median
-over steps), and the CPU time each rank's process used per step (all its threads). Writes
-bench/results/e2e.md, e2e.json and e2e.png.
+over steps), and the CPU time each rank's process used per step (all its threads), and with a
+byte-budget config (`hint/ready@memNx`) each rank's peak activation bytes. Writes
+bench/results/e2e.md, e2e.json and e2e.png (`--out NAME`: NAME.md, .json, .png).
 
 Run: python -m bench.e2e [--quick] [--scenarios none,multimodal:0.3:3] [--steps N]
      python -m bench.e2e --scale ...: S = 4, 8, 16 ranks, thin model, every torch schedule
@@ -202,17 +203,35 @@ def summarize(run: dict[str, Any], *, groups: int, microbatches: int, warmup: in
 
 
 def _table(summary: dict[str, Any]) -> list[str]:
+    held = any(any(b is not None for b in r.get("peak_activation_bytes") or ())
+               for r in summary["rows"])
     lines = [f"### Scenario `{summary['scenario']}`", "",
              "| side | config | placement | split | median step ms | lower bound ms | "
-             "efficiency | CPU ms per step per rank | loss |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "efficiency | CPU ms per step per rank | loss |"
+             + (" peak activation KiB, max rank (per rank) | byte budget KiB per rank |"
+                if held else ""),
+             "|---|---|---|---|---|---|---|---|---|" + ("---|---|" if held else "")]
     for r in sorted(summary["rows"], key=lambda r: (r["side"], r["median_s"])):
         name = r["name"] + (f" (chose {r['chosen']})" if r.get("chosen") else "")
         lines.append(f"| {r['side']} | {name} | {r['style']} x{r['num_stages']} | "
                      f"{'yes' if r['split_backward'] else 'no'} | {r['median_s'] * 1e3:.1f} | "
                      f"{r['lower_bound_s'] * 1e3:.1f} | {r['efficiency']:.3f} | "
-                     f"{_mean(r.get('cpu_s_per_step', [])) * 1e3:.1f} | {r['loss']:.6f} |")
+                     f"{_mean(r.get('cpu_s_per_step', [])) * 1e3:.1f} | {r['loss']:.6f} |"
+                     + (_bytes_cells(r) if held else ""))
     return lines + [""]
+
+
+def _bytes_cells(row: dict[str, Any]) -> str:
+    """Peak activation bytes (measured on aioready's stages; torch's are not) and the byte
+    budget each rank ended under, in KiB."""
+    peaks = [b for b in row.get("peak_activation_bytes") or () if b is not None]
+    budgets = [b for b in row.get("memory_bytes") or () if b is not None]
+    peak = f"{max(peaks) / 1024:.0f} ({_kib(peaks)})" if peaks else "-"
+    return f" {peak} | {_kib(budgets) or '-'} |"
+
+
+def _kib(values: list[int]) -> str:
+    return ", ".join(f"{v / 1024:.0f}" for v in values)
 
 
 def _mean(xs: list[float]) -> float:
@@ -268,6 +287,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--backend", choices=("mpi", "gloo", "both"), default="mpi",
                     help="aioready's transport: MPI, torch.distributed gloo (rows '+gloo'), or "
                     "both side by side")
+    ap.add_argument("--out", default="e2e",
+                    help="results name: bench/results/NAME.md, .json and .png")
     ap.add_argument("--one-launch", action="store_true",
                     help="run torch in the aioready mpiexec processes instead of under torchrun")
     args = ap.parse_args(argv)
@@ -294,14 +315,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             summaries.append(summarize(run, groups=groups, microbatches=args.microbatches,
                                        warmup=args.warmup, ranks=ranks))
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "e2e.json").write_text(json.dumps(
+    (RESULTS / f"{args.out}.json").write_text(json.dumps(
         {"summaries": summaries, "task_ms": args.task_ms, "steps": steps, "warmup": args.warmup,
          "microbatches": args.microbatches, "ranks": ranks, "quick": args.quick,
          "load_start": load_start, "load_end": list(os.getloadavg()), "cores": os.cpu_count()},
         indent=1))
-    has_png = _plot(summaries, RESULTS / "e2e.png")
+    has_png = _plot(summaries, RESULTS / f"{args.out}.png")
     cmd = "python -m bench.e2e" + (" " + " ".join(argv) if argv else "")
-    write_result("e2e", _body(summaries, args, steps, has_png), cmd, load=load_start)
+    write_result(args.out, _body(summaries, args, steps, has_png), cmd, load=load_start)
     return {"summaries": summaries}
 
 
@@ -330,11 +351,17 @@ def _body(summaries: list[dict[str, Any]], args: argparse.Namespace, steps: int,
         lines.append(f"| `{s['scenario']}` | {cell(a)} | {cell(t)} | {ratio} |")
     lines.append("")
     if has_png:
-        lines += ["![median step times](e2e.png)", ""]
+        lines += [f"![median step times]({args.out}.png)", ""]
     lines += ["## Per config", "", "Efficiency = the trace's lower bound for that run's "
               "placement / measured step time (median over steps). CPU: process time (all "
               "threads) per measured step, mean over ranks: what each runtime costs on top of "
               "the sleeps. Loss: the same model and data on both sides.", ""]
+    if any(r.get("peak_activation_bytes") for s in summaries for r in s["rows"]):
+        lines += ["Peak activation KiB: the most bytes autograd kept for backward on each rank "
+                  "in any measured step (measured on aioready's stages, on every aioready row "
+                  "of a launch with a byte budget; torch's are not measured). Byte budget: "
+                  "what each rank's gate held it to at the end (a `memNx` row; `Nx` alone "
+                  "is a count of microbatches).", ""]
     for s in summaries:
         lines += _table(s)
     lines += _per_task(summaries, args.microbatches)

@@ -32,7 +32,7 @@ from .e2e_sized import read_sizes, split_order, step_costs
 from .wire_json import bcast_int, gather_json, reduce_sum_float
 
 __all__ = ["RunShape", "stage_seconds", "AIOREADY_SPLIT", "TORCH_SCHEDULES", "parse_straggler",
-           "parse_config", "DEFAULT", "default_start"]
+           "parse_config", "byte_budget", "DEFAULT", "default_start"]
 
 # hint -> split backward; the placement comes from the hint registry.
 AIOREADY_SPLIT = {"gpipe": False, "1f1b": False, "bf": False, "interleaved-1f1b": False,
@@ -206,19 +206,36 @@ def _agreed_start(args: argparse.Namespace, trace: Any, straggler: Any, comm: An
 
 
 def parse_config(config: str) -> tuple[str, str, str, int | str | None]:
-    """'hint/mode[:policy][@CAP]': CAP in-flight microbatches per rank (an int) or 'Nx' (N times
-    the hint's own peak); policy of ready mode, default the reserving one. `auto/ready@2x`:
-    hint="auto" within twice the start hint's peak."""
+    """'hint/mode[:policy][@CAP]': CAP in-flight microbatches per rank (an int), 'Nx' (N times
+    the hint's own peak count) or 'memNx' (a byte budget: N times the bytes the hint's order
+    holds at its peak, measured: Pipeline(memory="Nx")); policy of ready mode, default the
+    reserving one. `auto/ready@2x`: hint="auto" within twice the start hint's peak count;
+    `auto/ready@mem2x`: within twice its peak bytes."""
     hint, _, rest = config.partition("/")
     rest, _, cap = rest.partition("@")
     mode, _, policy = rest.partition(":")
     policy = policy or "reserve"
-    good_cap = not cap or cap.isdigit() or (cap.endswith("x") and
-                                            cap[:-1].replace(".", "", 1).isdigit())
+    factor = cap[3:] if cap.startswith("mem") else cap
+    good_cap = not cap or (cap.isdigit() and factor == cap) or (
+        factor.endswith("x") and factor[:-1].replace(".", "", 1).isdigit())
     if mode not in ("strict", "ready") or policy not in POLICIES or not good_cap:
         raise SystemExit(f"bad aioready config {config!r}: expected "
-                         f"hint/strict|ready[:{'|'.join(POLICIES)}][@CAP]")
+                         f"hint/strict|ready[:{'|'.join(POLICIES)}][@CAP], CAP an int, Nx "
+                         "or memNx")
     return hint, mode, policy, int(cap) if cap.isdigit() else cap or None
+
+
+def byte_budget(cap: int | str | None) -> tuple[int | str | None, str | None]:
+    """(count cap, byte budget) of a parsed CAP: 'memNx' is Pipeline(memory="Nx"), no count."""
+    if isinstance(cap, str) and cap.startswith("mem"):
+        return None, cap[3:]
+    return cap, None
+
+
+def _peak_bytes(report: Any, rank: int, before: int | None) -> int | None:
+    """The most activation bytes this rank held in any measured step (None: not measured)."""
+    now = None if report is None else report.peak_activation_bytes.get(rank)
+    return before if now is None else max(now, before or 0)
 
 
 SPANS_DIR = os.environ.get("AIOREADY_E2E_SPANS")  # DIR: every aioready step's spans as CSV
@@ -267,9 +284,14 @@ def run_aioready(args: argparse.Namespace, trace: Any, configs: list[str],
     targets = list(y.split(b))
     straggler = parse_straggler(args.straggler)
     sizes = read_sizes(args.mb_sizes) if args.mb_sizes else None  # known before each step
+    # activation bytes measured on every aioready row of a launch with a byte budget, so its
+    # rows pay the same hooks and compare at equal memory (docs/policy.md "Memory budgets")
+    measure = any(byte_budget(parse_config(c)[3])[1] for c in (split_order(c)[0] for c in configs)
+                  if c != DEFAULT)
 
-    async def one(hint: str, mode: str, policy: str, cap: int | str | None,
+    async def one(hint: str, mode: str, policy: str, written: int | str | None,
                   order: str | None = None) -> dict[str, Any]:
+        cap, memory = byte_budget(written)
         start = _agreed_start(args, trace, straggler, comm) if hint == DEFAULT else None
         if start is not None:  # as `aioready train` starts it: its mode, policy and caps,
             # then choices held to its activation budget (cli/auto_start.py)
@@ -290,9 +312,9 @@ def run_aioready(args: argparse.Namespace, trace: Any, configs: list[str],
         transport = TorchDistTransport() if gloo else MPITransport(comm)
         pipe = Pipeline(stages, METER.wrap(lm_loss), microbatches=M, mode=mode, policy=policy,
                         hint=auto, transport=transport, split_backward=split, device=DEVICE,
-                        num_stages=shape.placement.num_stages, cap=cap,
-                        microbatch_order=order)
-        times, cpu, compute, loss = [], [], [], None
+                        num_stages=shape.placement.num_stages, cap=cap, memory=memory,
+                        measure_memory=measure, microbatch_order=order)
+        times, cpu, compute, loss, peak_bytes = [], [], [], None, None
         counts = None if COUNTS_DIR is None else Counts(COUNTS_DIR)
         for step in range(args.warmup + args.steps):
             _begin_step(stages, injector, step, args.warmup)
@@ -315,6 +337,8 @@ def run_aioready(args: argparse.Namespace, trace: Any, configs: list[str],
                 _dump_spans(pipe.last_step.spans, f"{hint}-{mode}", rank, step)
             if out is not None:
                 loss = float(out)
+            if step >= args.warmup:
+                peak_bytes = _peak_bytes(pipe.last_step, rank, peak_bytes)
         await transport.close()
         pipe.close()
         if counts is not None:
@@ -323,19 +347,22 @@ def run_aioready(args: argparse.Namespace, trace: Any, configs: list[str],
         gathered = gather_json(comm, [
             times[args.warmup:], loss, list(injector.slept), list(injector.count),
             _per_step(cpu, args.warmup), injector.peak_activations(),
-            _per_step(compute, args.warmup), [rt.cap for rt in pipe.runtimes]])
+            _per_step(compute, args.warmup), [rt.cap for rt in pipe.runtimes], peak_bytes,
+            [None if rt.memory is None else rt.memory.bytes for rt in pipe.runtimes]])
         if gathered is None:
             return {}
-        all_times, losses, slept, counts, cpus, peaks, computes, caps = (
-            [g[i] for g in gathered] for i in range(8))
+        all_times, losses, slept, counts, cpus, peaks, computes, caps, held, budgets = (
+            [g[i] for g in gathered] for i in range(10))
         the_loss = next(v for v in losses if v is not None)
         name = (DEFAULT if start is not None else f"{hint}/{mode}"
-                + (f":{policy}" if policy != "reserve" else "") + (f"@{cap}" if cap else "")
+                + (f":{policy}" if policy != "reserve" else "")
+                + (f"@{written}" if written else "")
                 + (f"+{order}" if order else "")) + ("+gloo" if gloo else "")
         record = _record(name, shape, all_times, the_loss, grad_sq, slept, counts, cpus, peaks,
                          computes)
         record.update(caps=[c for per_rank in caps for c in per_rank],
-                      order=pipe.microbatch_order)
+                      order=pipe.microbatch_order, peak_activation_bytes=held,
+                      memory_bytes=[b for per_rank in budgets for b in per_rank])
         if start is not None:  # what the simulator's twin starts from (e2e_scale_report.py)
             record["start"] = {"hint": start.choice.hint, "label": start.label,
                                "budget": start.budget, "budget_unit": "activations"}

@@ -81,3 +81,42 @@ def test_config_names_carry_an_optional_cap() -> None:
     for bad in ("zbv/fast", "bfw/ready@x", "bfw", "bfw/ready:eager", "bfw/ready@2y"):
         with pytest.raises(SystemExit, match="hint/strict"):
             parse_config(bad)
+
+
+def test_config_names_carry_a_byte_budget() -> None:
+    from bench.e2e_worker import byte_budget
+    assert parse_config("auto/ready@mem2x") == ("auto", "ready", "reserve", "mem2x")
+    assert parse_config("1f1b/ready:greedy@mem1.5x") == ("1f1b", "ready", "greedy", "mem1.5x")
+    assert byte_budget("mem2x") == (None, "2x")
+    assert byte_budget("2x") == ("2x", None) and byte_budget(6) == (6, None)
+    for bad in ("auto/ready@mem", "auto/ready@mem2", "auto/ready@memx", "auto/ready@mem2y",
+                "auto/ready@2xmem"):
+        with pytest.raises(SystemExit, match="memNx"):
+            parse_config(bad)
+
+
+@pytest.mark.timeout(300)
+def test_e2e_auto_within_twice_the_bytes(tmp_path: Path) -> None:
+    """hint="auto" within twice the start hint's measured bytes on real MPI ranks: it switched
+    after its first step, every rank held at most its byte budget in the measured steps, and
+    the loss and gradients are those of strict 1F1B on the same model and data."""
+    configs = ["1f1b/strict", "auto/ready@mem2x"]
+    run = run_scenario("multimodal:0.3:3", workdir=tmp_path, ranks=RANKS, groups=GROUPS,
+                       microbatches=8, task_ms=2.0, warmup=1, steps=1,
+                       aioready_configs=configs, torch_configs=[],
+                       model_args=["--dtype", "float64", "--dim", "16", "--seq", "8",
+                                   "--vocab", "64"], timeout=250)
+    rows = {r["name"]: r for r in run["records"]}
+    assert set(rows) == set(configs)
+    auto, strict = rows["auto/ready@mem2x"], rows["1f1b/strict"]
+    assert auto.get("chosen"), auto
+    for row in (auto, strict):  # the launch has a byte budget: every aioready row measures
+        assert len(row["peak_activation_bytes"]) == RANKS
+        assert all(b is not None and b > 0 for b in row["peak_activation_bytes"]), row["name"]
+    assert strict["memory_bytes"] == [None] * RANKS
+    budgets = auto["memory_bytes"]
+    assert all(b is not None and b > 0 for b in budgets), budgets
+    for rank, (held, budget) in enumerate(zip(auto["peak_activation_bytes"], budgets)):
+        assert held <= budget, (rank, held, budget, auto["chosen"])
+    assert abs(auto["loss"] - strict["loss"]) <= 1e-10, (auto["loss"], strict["loss"])
+    assert auto["grad_sq"] == pytest.approx(strict["grad_sq"], rel=1e-9)
