@@ -34,9 +34,9 @@ __all__ = ["default_auto", "auto_budget", "auto_chooser", "agreed_start", "needs
 
 def default_auto(*, mode: str, memory: object, dp: int, tp: int) -> bool:
     """Whether `aioready train` with no --hint runs "auto": not where the caller fixed the
-    order (--mode strict), gates by bytes (--memory: "--hint auto" chooses within the bytes, docs/policy.md
-    "Choosing within the bytes in a Pipeline") or runs a process grid (--dp, --tp: the chooser agrees over one line);
-    those keep 1F1B, the default of a Pipeline."""
+    order (--mode strict), gates by bytes (--memory: "--hint auto" chooses within the bytes,
+    docs/policy.md "Choosing within the bytes in a Pipeline") or runs a process grid (--dp,
+    --tp: the chooser agrees over one line); those keep 1F1B, the default of a Pipeline."""
     return mode == "ready" and memory is None and dp == 1 and tp == 1
 
 

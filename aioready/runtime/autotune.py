@@ -11,8 +11,9 @@ different orders. In one process the reports of every rank are at hand. Under MP
 reports are gathered to rank 0 as numbers (telemetry/gather.py), rank 0 chooses, and the choice
 crosses to the others as a few integers (hint, placement, mode, policy, microbatch order, one
 cap and one byte budget per rank; under a byte budget each forward's measured bytes are
-gathered beside the spans): no pickle, and no rank decides from data another lacks. Where auto chooses the
-microbatch order too, each step's costs travel with its spans (runtime/auto_order.py).
+gathered beside the spans): no pickle, and no rank decides from data another lacks. Where auto
+chooses the microbatch order too, each step's costs travel with its spans
+(runtime/auto_order.py).
 
 A switch happens between steps, so a step runs wholly under one hint: gradients stay those of
 the unsplit model (tests/test_autotune.py checks them across switches).
