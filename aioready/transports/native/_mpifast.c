@@ -56,6 +56,13 @@ static unsigned long get32(const unsigned char *p) {
 }
 
 /* an integer argument in [0, hi], else -1 (no exception left set) */
+/* Whether a fastcall function `name` got its `n` arguments; else a TypeError set. */
+static int takes(const char *name, Py_ssize_t nargs, Py_ssize_t n) {
+    if (nargs == n) return 1;
+    PyErr_Format(PyExc_TypeError, "%s takes %zd arguments", name, n);
+    return 0;
+}
+
 static long bounded(PyObject *o, long hi) {
     long v = PyLong_AsLong(o);
     if (v == -1 && PyErr_Occurred()) { PyErr_Clear(); return -1; }
@@ -150,10 +157,7 @@ PyDoc_STRVAR(send_doc,
 "(its bytes, the request's handle) to keep until it completes; NotImplemented if a field\n"
 "does not fit the header (the Python plan raises what it raises).");
 static PyObject *send(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 13) {
-        PyErr_SetString(PyExc_TypeError, "send takes 13 arguments");
-        return NULL;
-    }
+    if (!takes("send", nargs, 13)) return NULL;
     message_args m;
     int ok = parse_message(args, &m);
     if (ok < 0) return NULL;
@@ -173,10 +177,7 @@ PyDoc_STRVAR(send_head_doc,
 "A header-only message (tensor count 0: a notice): the fixed header and zero padding up to\n"
 "`total` bytes, what the Python plan packs for it; sent and answered as `send`.");
 static PyObject *send_head(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 9) {
-        PyErr_SetString(PyExc_TypeError, "send_head takes 9 arguments");
-        return NULL;
-    }
+    if (!takes("send_head", nargs, 9)) return NULL;
     message_args m;
     int route = parse_route(args, &m);
     long total = bounded(args[8], 0x7fffffffL);
@@ -199,10 +200,7 @@ PyDoc_STRVAR(send_parts_doc,
 "and the tensor, kept until it completes; NotImplemented as `send`.");
 static PyObject *send_parts(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     static const char zeros[16];
-    if (nargs != 14) {
-        PyErr_SetString(PyExc_TypeError, "send_parts takes 14 arguments");
-        return NULL;
-    }
+    if (!takes("send_parts", nargs, 14)) return NULL;
     message_args m;
     int ok = parse_message(args, &m);
     if (ok < 0) return NULL;
@@ -417,10 +415,7 @@ PyDoc_STRVAR(send_multi_doc,
 "and each part (ptr, n, off) of `parts` copied to its offset, every other byte zero (what\n"
 "wire_plans.MultiPlans packs); sent and answered as `send`.");
 static PyObject *send_multi(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 12) {
-        PyErr_SetString(PyExc_TypeError, "send_multi takes 12 arguments");
-        return NULL;
-    }
+    if (!takes("send_multi", nargs, 12)) return NULL;
     message_args m;
     int route = parse_route(args, &m);
     if (!PyBytes_Check(args[8]) || !PyTuple_Check(args[10])) {
