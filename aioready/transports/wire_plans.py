@@ -181,31 +181,33 @@ class MultiPlans:
             plan = self._learn(tensors, key)
         return plan
 
-    def encode(self, msg: Message) -> bytes | None:
-        tensors = msg.tensors
+    def _covered(self, tensors: tuple[Any, ...]) -> tuple[Any, list[Any]] | None:
+        """The plan of `tensors` and those of them to copy; None where the general path
+        encodes (no plan, or a tensor whose memory may not be copied): what `encode` and
+        `parts` both check first."""
         plan = self._plan(tensors)
         if plan is None:
             return None
         present = _plain_present(tensors)
-        if present is None:
+        return None if present is None else (plan, present)
+
+    def encode(self, msg: Message) -> bytes | None:
+        covered = self._covered(msg.tensors)
+        if covered is None:
             return None
-        pack, desc, _, _ = plan
+        (pack, desc, _, _), present = covered
         return pack(HEADER_MAGIC, _VERSION, msg.kind, msg.step, msg.stage, msg.microbatch,
-                    msg.tag, len(tensors), desc,
+                    msg.tag, len(msg.tensors), desc,
                     *(_string_at(t.data_ptr(), t.nbytes) for t in present))
 
     def parts(self, msg: Message) -> tuple[bytes, tuple[tuple[int, int, int], ...], int] | None:
         """What `encode` writes, as (descriptor block, (pointer, bytes, offset) of each tensor,
         message bytes) for a sender that copies the tensors itself (the compiled helper's
         `send_multi`); None where `encode` gives None."""
-        tensors = msg.tensors
-        plan = self._plan(tensors)
-        if plan is None:
+        covered = self._covered(msg.tensors)
+        if covered is None:
             return None
-        present = _plain_present(tensors)
-        if present is None:
-            return None
-        _, desc, offsets, total = plan
+        (_, desc, offsets, total), present = covered
         parts = tuple((t.data_ptr(), t.nbytes, off) for t, off in zip(present, offsets))
         return desc, parts, total
 
