@@ -136,7 +136,7 @@ def test_policy_bench_end_to_end_on_a_tiny_grid(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(policy, "JITTERS", ("multimodal:0.3:3",))
     monkeypatch.setattr(policy, "QUICK", {"stages": (4,), "seeds": 2, "opt_cases": ((4, 4),),
                                           "opt_seeds": 1})
-    body = policy.main(["--quick", "--time-limit", "0.1", "--jobs", "1"])
+    body = policy.main(["--quick", "--time-limit", "0.1", "--jobs", "2"])
     for cfg in policy.CONFIGS:
         assert f"| 4 | {cfg.name} |" in body and f"| 4, 4 | multimodal:0.3:3 | {cfg.name} |" in body
     data = json.loads((tmp_path / "policy.json").read_text())
