@@ -99,8 +99,9 @@ def _head_format(desc: bytes) -> str:
 
 
 def _multi_default() -> bool:
-    """`AIOREADY_MPI_PLANS_MULTI=0`: plans for lone tensors only (as before: docs/hot_path.md
-    "Plans for several tensors")."""
+    """`AIOREADY_MPI_PLANS_MULTI=0`: plans for lone tensors only (as before:
+    docs/hot_path_measurements.md "Notices ring no loop that computes, plans for several
+    tensors")."""
     return os.environ.get("AIOREADY_MPI_PLANS_MULTI", "1") != "0"
 
 
