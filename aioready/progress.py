@@ -393,7 +393,8 @@ class ProgressEngine:
             if done and cfg.spin_s and self._waiting is not False and not self.virtual:
                 # progress just now, not busy: inside the spin window, as the rules below find
                 # (`_progressed` reset the window and its CPU mark); not asked again on the
-                # pass that hands a message to its awaiting coroutine (docs/hot_path.md)
+                # pass that hands a message to its awaiting coroutine
+                # (docs/hot_path_measurements.md "The message path, second round")
                 hot = True
             else:
                 now = loop.time()
@@ -688,7 +689,8 @@ def _no_hush(_: bool = True) -> bool:
 
 @types.coroutine
 def _pass() -> Generator[None, None, None]:
-    """One loop pass: `asyncio.sleep(0)` without its own coroutine frame (docs/hot_path.md)."""
+    """One loop pass: `asyncio.sleep(0)` without its own coroutine frame
+    (docs/hot_path_measurements.md "The message path, second round")."""
     yield
 
 

@@ -397,7 +397,7 @@ class MPITransport:
         self._pending.add(req, done, big)
 
     def poll(self) -> int:
-        try:  # one function, not two: this runs every hot pass (docs/hot_path.md)
+        try:  # one function, not two: this runs every hot pass (docs/hot_path_measurements.md)
             n = self._probe() if self._deliver is not None else 0
             if not self._pending.reqs:
                 return n
@@ -463,7 +463,8 @@ class MPITransport:
         After a doorbell rang, a header is there, and with 16 ranks MPICH took 2-5 calls to
         match it (measured: the sender's datagram read, then Improbe until it matches): up to
         `_RUNG_PROBES` more, where the engine would park 250 us between two polls and wake
-        again (an idle rank's ring-to-delivery 0.5-2 ms -> docs/hot_path.md).
+        again (an idle rank's ring-to-delivery 0.5-2 ms -> docs/hot_path_measurements.md "What
+        wakes a rank").
 
         An empty probe after a match is repeated once as well: a poll that matched an older
         message (a peer's notice) left the newer one, which rang, to the next ring or the 50 ms
