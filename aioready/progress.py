@@ -24,7 +24,8 @@ poll:
   `bell_backstop_s` (50 ms) as a backstop only: the message wakes the rank, not a timer sweep
   (bench/results/oversub.md: 8 and 16 ranks on 2 cores). While the arbiter waits, a ring that
   names its source (`ring(source)`) is answered in the loop's reader callback: the source is
-  polled there and the park goes on (docs/hot_path.md "The idle wake-up traced").
+  polled there and the park goes on (docs/hot_path_measurements.md "The idle wake-up
+  traced").
   Not `asyncio.sleep`: uvloop turns sub-millisecond sleeps into 0 (a spin) and the default loop
   stretches them to ~1.1 ms. Without a timerfd (non-Linux, or a loop without `add_reader` such as
   the virtual clock) the engine falls back to `loop.call_later` with at least `min_sleep_s` (1 ms);
@@ -40,7 +41,8 @@ sources have doorbells and nothing is tracked, `busy_sleep` (off by default) has
 sleep through the task instead, with no rings and only the backstop, and the runtime's
 `task_ended()` poll before the arbiter decides (`_park_through_task`); `task_lead_s` (off by
 default) is the middle way for a paced task, whose end is known (`task_ends_at`): one poll that
-long before the end, then through to it (docs/hot_path.md "A task's end"). Measured in
+long before the end, then through to it (docs/hot_path_measurements.md "A task's end").
+Measured in
 bench/e2e (4 ranks on 2 cores, 20 ms tasks): with the plain policy a rank waiting through a long
 bubble backed off to 8 ms parks and each such wake-up added milliseconds to the critical path.
 When more ranks share the host than it has cores (`oversubscribed`), spinning only takes time
@@ -275,7 +277,8 @@ class ProgressEngine:
         runs, the source is polled here, in the loop's reader callback: the message reaches
         its awaiting coroutine in this loop pass, and when nothing now needs polling (its
         `arm_doorbell()` still says yes) the park goes on, doorbells armed: no wake-up of the
-        engine's task, no second poll, no re-arm (docs/hot_path.md "What wakes a rank"). Else
+        engine's task, no second poll, no re-arm (docs/hot_path_measurements.md "What wakes a
+        rank"). Else
         (nothing matched yet, a request to poll, a busy rank, a ring outside a park) the
         engine's task wakes and polls, with grace parks after it; with a spin window, it wakes
         to spin after the message as it did."""
@@ -377,7 +380,8 @@ class ProgressEngine:
                     and self._arm_doorbells()):
                 # waiting with no spin window (oversubscribed): straight to the doorbells, whose
                 # park polls once armed; a poll before arming found nothing more (one pass, two
-                # polls, at each wait's start: docs/hot_path.md "What wakes a rank")
+                # polls, at each wait's start: docs/hot_path_measurements.md "What wakes a
+                # rank")
                 self.num_parks += 1
                 await self._park_on_doorbells(cfg.bell_backstop_s)
                 continue
@@ -389,7 +393,8 @@ class ProgressEngine:
             if done and cfg.spin_s and self._waiting is not False and not self.virtual:
                 # progress just now, not busy: inside the spin window, as the rules below find
                 # (`_progressed` reset the window and its CPU mark); not asked again on the
-                # pass that hands a message to its awaiting coroutine (docs/hot_path.md)
+                # pass that hands a message to its awaiting coroutine
+                # (docs/hot_path_measurements.md "The message path, second round")
                 hot = True
             else:
                 now = loop.time()
@@ -460,8 +465,9 @@ class ProgressEngine:
         median task overran 1.1 against 0.7 ms at 8 ranks and 2.8 against 0.7 ms at 16, as the
         scheduler (Linux EEVDF, a loaded host) gives a long sleeper a core later, and a notice
         read at the task's end dates its forecast from then: so it is off by default. Measured
-        again with precise task ends and no ring at a task's start (docs/hot_path.md "A task's
-        end"): 13-18 % less CPU per task at 16 ranks, overrun p90 1.3-1.4x."""
+        again with precise task ends and no ring at a task's start
+        (docs/hot_path_measurements.md "A task's end"): 13-18 % less CPU per task at 16 ranks,
+        overrun p90 1.3-1.4x."""
         self._through_task = True
         self.num_task_parks += 1
         try:
@@ -482,9 +488,10 @@ class ProgressEngine:
         not answer a ring meanwhile, so its doorbells are disarmed: a peer's message rings
         nobody, where it cost the sender a datagram and this rank, after the task, a reader
         callback whose poll found the message gone (the task's-end poll had delivered it), a
-        wake-up of the engine's task and its grace parks (docs/hot_path.md "The quiet path's
-        doorbells"). The park itself goes on. Off by default (`AIOREADY_INLINE_DISARM=1`):
-        less CPU a task, but bench.e2e's steps were 2-8 % longer (docs/hot_path.md). By
+        wake-up of the engine's task and its grace parks (docs/hot_path_measurements.md "The
+        quiet path's doorbells"). The park itself goes on. Off by default
+        (`AIOREADY_INLINE_DISARM=1`): less CPU a task, but bench.e2e's steps were 2-8 % longer
+        (docs/hot_path.md). By
         default only notices ring nobody (a source's `hush_doorbell`, which the MPI transport
         has: `AIOREADY_HUSH_NOTICES`): the end's poll reads them, where the ring that a notice
         cost was answered after the task anyway; a data message still rings."""
@@ -682,7 +689,8 @@ def _no_hush(_: bool = True) -> bool:
 
 @types.coroutine
 def _pass() -> Generator[None, None, None]:
-    """One loop pass: `asyncio.sleep(0)` without its own coroutine frame (docs/hot_path.md)."""
+    """One loop pass: `asyncio.sleep(0)` without its own coroutine frame
+    (docs/hot_path_measurements.md "The message path, second round")."""
     yield
 
 

@@ -3,9 +3,10 @@
 Why not `asyncio.sleep` for a task's duration: uvloop's timers count whole milliseconds from a
 clock cached at the start of each loop pass, so a 10 ms sleep often ends up to ~1 ms early, and
 the rest (`clock.sleep_until` sleeps it) rounds to a 0 ms timer: the loop spins for it, ~20
-passes and 50-250 us of CPU a task (measured: docs/hot_path.md "A task's end: one precise
-wake-up"). The default loop rounds its epoll timeout up to the next millisecond instead, so it
-wakes up to 1 ms late. A timerfd armed at the absolute deadline wakes the loop once, on time.
+passes and 50-250 us of CPU a task (measured: docs/hot_path_measurements.md "A task's end:
+one precise wake-up"). The default loop rounds its epoll timeout up to the next millisecond
+instead, so it wakes up to 1 ms late. A timerfd armed at the absolute deadline wakes the loop
+once, on time.
 
 `LoopTimer` is one timerfd per event loop, watched with `loop.add_reader` for the loop's life and
 armed at the earliest pending deadline; `TimerFd` is the bare timer (the completion engine parks

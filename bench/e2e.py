@@ -378,8 +378,9 @@ def cpu_us_per_task(row: dict[str, Any], microbatches: int, ranks: int = 4,
                     beyond_compute: bool = False) -> float:
     """A rank's process CPU per step divided by the tasks it runs in a step (F, B and, split,
     W, for each chunk it holds): the runtime's CPU per task, on top of the same model compute
-    on both sides (docs/hot_path.md). `beyond_compute`: less that compute as measured on the
-    rank (bench/e2e_compute.py); NaN for a record without it."""
+    on both sides (docs/hot_path_measurements.md "The quiet path's doorbells, and the measure
+    checked"). `beyond_compute`: less that compute as measured on the rank
+    (bench/e2e_compute.py); NaN for a record without it."""
     tasks = microbatches * (3 if row["split_backward"] else 2) * row["num_stages"] // ranks
     cpu = _mean(row.get("cpu_s_per_step", []))
     if beyond_compute:

@@ -2,8 +2,9 @@
 spent inside the stage modules' forward, `torch.autograd.backward` and `torch.autograd.grad`,
 and the loss. Both runtimes call these same functions for the same model (bench/e2e_worker.py
 builds it for both), so a rank's CPU less this is the CPU its runtime spends beyond the model
-(the per-task table of bench/e2e.py; docs/hot_path.md). Its own cost is two thread-clock reads
-per call, a few calls per task, the same on both sides.
+(the per-task table of bench/e2e.py; docs/hot_path_measurements.md "The quiet path's
+doorbells, and the measure checked"). Its own cost is two thread-clock reads per call, a few
+calls per task, the same on both sides.
 """
 
 from __future__ import annotations

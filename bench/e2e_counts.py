@@ -4,7 +4,7 @@ CPU figures move with the host's load; these counts mostly do not: engine polls 
 doorbell rings answered and datagrams sent, messages sent and received, and the loop thread's
 voluntary and involuntary context switches, over the measured steps only. Each rank writes
 DIR/<config>-rank<N>.json; `python -m bench.e2e_counts DIR` prints them per task
-(docs/hot_path.md "Ready against strict"). Off (None) unless the variable is set.
+(docs/hot_path_measurements.md "Ready against strict"). Off (None) unless the variable is set.
 """
 
 from __future__ import annotations

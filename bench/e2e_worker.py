@@ -375,7 +375,8 @@ def run_aioready(args: argparse.Namespace, trace: Any, configs: list[str],
     async def all_configs() -> None:
         for config in configs:
             # each config from the same process state: the previous config's closed pipeline,
-            # left in reference cycles, cost the next one CPU until collected (docs/hot_path.md)
+            # left in reference cycles, cost the next one CPU until collected
+            # (docs/hot_path_measurements.md "Not done yet")
             gc.collect()
             config, order = split_order(config)
             record = await one(*((DEFAULT, "ready", "reserve", None) if config == DEFAULT

@@ -1,8 +1,8 @@
-"""Notices ring no loop that computes, and a probe after a match looks twice (docs/hot_path.md
-"Notices ring no loop that computes"): the engine hushes its parked sources' doorbells for a
-task on the loop thread and polls until dry at its end; the doorbell leaves such a rank alone
-for a notice and rings it for data; `MPITransport._probe` delivers a message that a match left
-behind. Each with its switch off, the behaviour it replaces."""
+"""Notices ring no loop that computes, and a probe after a match looks twice
+(docs/hot_path_measurements.md "Notices ring no loop that computes"): the engine hushes its parked
+sources' doorbells for a task on the loop thread and polls until dry at its end; the doorbell
+leaves such a rank alone for a notice and rings it for data; `MPITransport._probe` delivers a
+message that a match left behind. Each with its switch off, the behaviour it replaces."""
 
 from __future__ import annotations
 

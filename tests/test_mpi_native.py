@@ -131,9 +131,9 @@ def test_exact_over_mpi_with_the_helper_on_and_off(native: str) -> None:
 @pytest.mark.parametrize("heads", ["1", "0"], ids=["notices-in-c", "switch-off"])
 def test_exact_over_mpi_with_notices_sent_by_the_helper_or_not(heads: str) -> None:
     """The reserving policy's 1F1B over two ranks, its notices sent by the compiled helper's
-    `send_head` (`AIOREADY_NATIVE_HEADERS`, docs/hot_path.md "Ready against strict") and by the
-    Python path: the same losses and gradients as the unsplit model either way, and notices
-    went through the helper exactly where the switch is on."""
+    `send_head` (`AIOREADY_NATIVE_HEADERS`, docs/hot_path_measurements.md "Ready against strict")
+    and by the Python path: the same losses and gradients as the unsplit model either way, and
+    notices went through the helper exactly where the switch is on."""
     case = "1f1b:ready:1:1"
     proc = run_mpi(2, [str(SCRIPTS / "exact.py"), case], timeout=150,
                    env={"AIOREADY_MPI_NATIVE": "1", "AIOREADY_NATIVE_HEADERS": heads})
@@ -148,11 +148,12 @@ def test_exact_over_mpi_with_notices_sent_by_the_helper_or_not(heads: str) -> No
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("recv", ["1", "0"], ids=["notices-read-in-c", "switch-off"])
 def test_exact_over_mpi_with_notices_read_by_the_helper_or_not(recv: str) -> None:
-    """The reserving 1F1B over two ranks, each notice received handed by the C probe straight
-    to the runtime's notice handler as its fields (`AIOREADY_NATIVE_RECV_HEADS`, docs/hot_path.md
-    "The notice's read in one C call") or delivered as a Message: the unsplit model's losses
-    and gradients either way, and notices read in C exactly where the switch is on: every one
-    sent but each rank's first (header-only messages' receive plan is learned from it)."""
+    """The reserving 1F1B over two ranks, each notice received handed by the C probe straight to
+    the runtime's notice handler as its fields (`AIOREADY_NATIVE_RECV_HEADS`,
+    docs/hot_path_measurements.md "The notice's read in one C call") or delivered as a Message: the
+    unsplit model's losses and gradients either way, and notices read in C exactly where the switch
+    is on: every one sent but each rank's first (header-only messages' receive plan is learned from
+    it)."""
     case = "1f1b:ready:1:1"
     proc = run_mpi(2, [str(SCRIPTS / "exact.py"), case], timeout=150,
                    env={"AIOREADY_MPI_NATIVE": "1", "AIOREADY_NATIVE_RECV_HEADS": recv})
@@ -172,9 +173,10 @@ def test_exact_over_mpi_with_notices_read_by_the_helper_or_not(recv: str) -> Non
 @pytest.mark.parametrize("multi", ["1", "0"], ids=["several-in-c", "switch-off"])
 def test_several_tensors_there_and_back_with_the_helpers_send_or_not(multi: str) -> None:
     """Messages of several tensors with None slots, sent by the compiled helper's `send_multi`
-    (`AIOREADY_NATIVE_MULTI`, docs/hot_path.md "Ready against strict") and by the Python plan:
-    every tensor and None slot comes back as sent, through the C send exactly where it is on
-    (received by the Python plan: AIOREADY_NATIVE_RECV_MULTI=0, the test below has the C one)."""
+    (`AIOREADY_NATIVE_MULTI`, docs/hot_path_measurements.md "Ready against strict") and by the
+    Python plan: every tensor and None slot comes back as sent, through the C send exactly where it
+    is on (received by the Python plan: AIOREADY_NATIVE_RECV_MULTI=0, the test below has the C
+    one)."""
     proc = run_mpi(2, [str(SCRIPTS / "exact.py"), "multi"], timeout=100,
                    env={"AIOREADY_MPI_NATIVE": "1", "AIOREADY_NATIVE_MULTI": multi,
                         "AIOREADY_NATIVE_RECV_MULTI": "0"})
@@ -187,10 +189,10 @@ def test_several_tensors_there_and_back_with_the_helpers_send_or_not(multi: str)
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("recv", ["1", "0"], ids=["viewed-in-c", "switch-off"])
 def test_several_tensors_there_and_back_received_by_the_helper_or_not(recv: str) -> None:
-    """The same messages received by the C probe, which views several tensors from the receive
-    plan (`AIOREADY_NATIVE_RECV_MULTI`, docs/hot_path.md "The notice's read in one C call"), or
-    by the Python plan: every tensor and None slot comes back as sent either way, through the
-    C receive exactly where it is on."""
+    """The same messages received by the C probe, which views several tensors from the receive plan
+    (`AIOREADY_NATIVE_RECV_MULTI`, docs/hot_path_measurements.md "The notice's read in one C
+    call"), or by the Python plan: every tensor and None slot comes back as sent either way,
+    through the C receive exactly where it is on."""
     proc = run_mpi(2, [str(SCRIPTS / "exact.py"), "multi"], timeout=100,
                    env={"AIOREADY_MPI_NATIVE": "1", "AIOREADY_NATIVE_RECV_MULTI": recv})
     result = _results(proc)["multi"]

@@ -1,7 +1,7 @@
 """The compiled helper's header-only and several-tensor sends (`NativePath._head`, `_several`,
-docs/hot_path.md "Ready against strict"), their bookkeeping checked against fakes: the sequence
-number, a send not completed at once tracked, the doorbell's notice rule (a notice rings no
-peer whose loop computes, data does), what they cannot take left to the Python path, and the
+docs/hot_path_measurements.md "Ready against strict"), their bookkeeping checked against fakes: the
+sequence number, a send not completed at once tracked, the doorbell's notice rule (a notice rings
+no peer whose loop computes, data does), what they cannot take left to the Python path, and the
 switches."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A notice read by the compiled probe and handed to the runtime as its fields
-(`NativePath.route_notices`, docs/hot_path.md "The notice's read in one C call"), checked
-against fakes: what the probe's answers do (counted, nothing handed over as a Message, a
+(`NativePath.route_notices`, docs/hot_path_measurements.md "The notice's read in one C call"),
+checked against fakes: what the probe's answers do (counted, nothing handed over as a Message, a
 handler's error failing the step as deliver's does), the switches (this one and
 `AIOREADY_NATIVE_RECV_MULTI`, several tensors viewed in C), and the runtime's reading of the
 fields equal to its reading of the Message (the same task, duration and error)."""

@@ -1,5 +1,5 @@
-"""The CPU device's quiet path over MPI with the engine's doorbells disarmed during a task on
-the loop thread (`ProgressEngine.inline_task_begins`, docs/hot_path.md "The quiet path's
+"""The CPU device's quiet path over MPI with the engine's doorbells disarmed during a task on the
+loop thread (`ProgressEngine.inline_task_begins`, docs/hot_path_measurements.md "The quiet path's
 doorbells") and with that switched off: the same losses and gradients as the unsplit model."""
 
 from __future__ import annotations

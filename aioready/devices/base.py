@@ -19,7 +19,7 @@ T = TypeVar("T")
 class TaskInfo(NamedTuple):
     """Who runs what: used by duration models, the sim device and telemetry. A named tuple
     (immutable, like Span) because the runtime builds one per task: 0.16 us where a frozen
-    dataclass took 0.5 (docs/hot_path.md)."""
+    dataclass took 0.5 (docs/hot_path_measurements.md "The pieces")."""
 
     step: int
     rank: int

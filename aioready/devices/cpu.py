@@ -5,7 +5,8 @@ The hand-off to the thread and back costs more than a tiny stage computes (25-60
 loaded 2-core host, bench/hot_path.py), and while the thread computes the loop still wakes for
 the completion engine's busy parks: in bench.e2e's 1F1B (4 ranks, 20-40 ms tasks) the loop
 thread woke ~6 times a task and spent ~1 ms of CPU a task against ~0.6 ms with the compute on
-it (docs/hot_path.md "CPU per task beyond the model"). So two paths put a task on the loop thread:
+it (docs/hot_path_measurements.md "CPU per task beyond the model"). So two paths put a task on
+the loop thread:
 
 - **quiet** (`quiet_inline`, env `AIOREADY_CPU_QUIET_INLINE`): when the loop has nothing else
   to do. By default only on a loop that `aioready.run` made (the CLI, a launched script:

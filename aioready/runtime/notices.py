@@ -55,7 +55,7 @@ class Notices:
         """(peer, notice) for `task` starting now, or None (its output stays here, or there is
         no estimate yet). The duration sent is the early side of the estimate: a feeder that
         runs short must not find the receiver busy. The notice names this rank as its source
-        (the in-process transport then delivers it as it is, docs/hot_path.md)."""
+        (the in-process transport then delivers it as it is, docs/hot_path_measurements.md)."""
         target = self._targets.get((task.chunk, task.kind))
         if target is None:
             return None

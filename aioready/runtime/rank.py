@@ -341,7 +341,8 @@ class RankRuntime:
 
     def _notice_fields(self, step: int, stage: int, microbatch: int, tag: int) -> None:
         """`_notice` of the fields alone: what the MPI transport's compiled probe hands over
-        (transport.route_notices; docs/hot_path.md "The notice's read in one C call")."""
+        (transport.route_notices; docs/hot_path_measurements.md "The notice's read in one C
+        call")."""
         if self._notices is None or not self._active or step != self.step_index:
             return
         try:

@@ -57,8 +57,8 @@ class Message:
 def _fast_init() -> Callable[..., None]:
     """`Message.__init__` through its slots' own setters: the frozen dataclass's generated one
     calls `object.__setattr__` for each field, 0.56 us a message here against 0.33 (a message
-    is built for every send and every receive: docs/hot_path.md). Same fields, same defaults,
-    still frozen (assignment raises as before)."""
+    is built for every send and every receive: docs/hot_path_measurements.md "The message
+    path"). Same fields, same defaults, still frozen (assignment raises as before)."""
     s_step, s_kind, s_stage, s_mb, s_tensors, s_tag, s_source = (
         getattr(Message, name).__set__ for name in
         ("step", "kind", "stage", "microbatch", "tensors", "tag", "source"))

@@ -102,7 +102,8 @@ class InprocTransport:
                                 rank=dest, expected="an open endpoint", got=msg.describe())
         try:
             # a sender that named itself (the runtime does) is delivered as sent: one Message
-            # per message, not two (docs/hot_path.md)
+            # per message, not two (docs/hot_path_measurements.md "The reserving policy's
+            # share")
             deliver(msg if msg.source == self._rank else msg.received_from(self._rank))
         except Exception as exc:
             on_failure = self._world._on_failure[dest]

@@ -397,7 +397,7 @@ class MPITransport:
         self._pending.add(req, done, big)
 
     def poll(self) -> int:
-        try:  # one function, not two: this runs every hot pass (docs/hot_path.md)
+        try:  # one function, not two: this runs every hot pass (docs/hot_path_measurements.md)
             n = self._probe() if self._deliver is not None else 0
             if not self._pending.reqs:
                 return n
@@ -438,7 +438,7 @@ class MPITransport:
         `hush_doorbell(False)` (parked as before), their data messages still do. A notice read
         at the task's end is read when its ring would have been answered, after the task, so
         no decision changes; the sender saves its datagram, this rank the wake-up
-        (docs/hot_path.md "Notices ring no loop that computes")."""
+        (docs/hot_path_measurements.md "Notices ring no loop that computes")."""
         if self._bell is None or not self._hush or not self._probe_again:
             return False  # (the end's one poll must find every notice: `_probe`'s docstring)
         self._bell.set_computing(hushed)
@@ -463,7 +463,8 @@ class MPITransport:
         After a doorbell rang, a header is there, and with 16 ranks MPICH took 2-5 calls to
         match it (measured: the sender's datagram read, then Improbe until it matches): up to
         `_RUNG_PROBES` more, where the engine would park 250 us between two polls and wake
-        again (an idle rank's ring-to-delivery 0.5-2 ms -> docs/hot_path.md).
+        again (an idle rank's ring-to-delivery 0.5-2 ms -> docs/hot_path_measurements.md "What
+        wakes a rank").
 
         An empty probe after a match is repeated once as well: a poll that matched an older
         message (a peer's notice) left the newer one, which rang, to the next ring or the 50 ms
@@ -650,9 +651,9 @@ class MPITransport:
 
     def route_notices(self, handler: Callable[[int, int, int, int], None] | None) -> bool:
         """Have the compiled helper hand each received notice's (step, stage, microbatch, tag)
-        to `handler` instead of a Message to `deliver` (docs/hot_path.md "The notice's read in
-        one C call"); False, and Messages as before, where it does not (helper off,
-        AIOREADY_NATIVE_RECV_HEADS=0). None: Messages again."""
+        to `handler` instead of a Message to `deliver` (docs/hot_path_measurements.md "The
+        notice's read in one C call"); False, and Messages as before, where it does not
+        (helper off, AIOREADY_NATIVE_RECV_HEADS=0). None: Messages again."""
         return self._native is not None and self._native.route_notices(handler)
 
     def _raise(self, exc: BaseException) -> None:

@@ -10,17 +10,19 @@ so the errors and the bytes are the same. Switch: `AIOREADY_MPI_NATIVE=0`.
 
 A header-only message (the reserving policy's notice, one a task that feeds a peer) is sent by
 `send_head`, where the Python path took a failed plan lookup, the several-tensor plan's `pack`
-and mpi4py's `Isend` and `Test` (docs/hot_path.md "Ready against strict"). Switch:
-`AIOREADY_NATIVE_HEADERS=0` (those go the Python way again). Likewise a message of several
-tensors that a several-tensor plan covers (bench.e2e's activations with their tags, gradients
-with a None slot): `send_multi` copies each tensor to its offset; `AIOREADY_NATIVE_MULTI=0`.
+and mpi4py's `Isend` and `Test` (docs/hot_path_measurements.md "Ready against strict").
+Switch: `AIOREADY_NATIVE_HEADERS=0` (those go the Python way again). Likewise a message of
+several tensors that a several-tensor plan covers (bench.e2e's activations with their tags,
+gradients with a None slot): `send_multi` copies each tensor to its offset;
+`AIOREADY_NATIVE_MULTI=0`.
 
 A header-only notice received is handed by the C probe, after the receive plan's checks, straight
 to the receiver's notice handler (`route_notices`) as four integers: no Message, no routing by
-kind (docs/hot_path.md "The notice's read in one C call"). Switch: `AIOREADY_NATIVE_RECV_HEADS=0`
-(a notice is a Message delivered as before). Likewise a received message of several tensors
-that a receive plan takes is viewed in C from the plan's views (the Python plan's work, ~50 us
-cold a message); `AIOREADY_NATIVE_RECV_MULTI=0`: the Python plan again.
+kind (docs/hot_path_measurements.md "The notice's read in one C call"). Switch:
+`AIOREADY_NATIVE_RECV_HEADS=0` (a notice is a Message delivered as before). Likewise a received
+message of several tensors that a receive plan takes is viewed in C from the plan's views (the
+Python plan's work, ~50 us cold a message); `AIOREADY_NATIVE_RECV_MULTI=0`: the Python plan
+again.
 """
 
 from __future__ import annotations

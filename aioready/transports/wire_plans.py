@@ -5,7 +5,8 @@ and over. For such a layout the sender keeps one `struct.Struct` that writes the
 the cached descriptor, the padding and the payload in a single `pack` (one call where
 `WireCodec.encode_inline` joins five parts); the receiver keeps, by message length, a Struct that
 reads the fixed header and the descriptor block in one `unpack_from`, and builds the tensors and
-the `Message` without the general decoder's loops (docs/hot_path.md: 8 B one-way ~9 -> ~6 us).
+the `Message` without the general decoder's loops (docs/hot_path_measurements.md "The message
+path": 8 B one-way ~9 -> ~6 us).
 
 The bytes are the wire format `WireCodec` writes, byte for byte. A plan is only ever a cache of
 what the general path validated: a received message is taken by its plan only when its length,
@@ -99,8 +100,9 @@ def _head_format(desc: bytes) -> str:
 
 
 def _multi_default() -> bool:
-    """`AIOREADY_MPI_PLANS_MULTI=0`: plans for lone tensors only (as before: docs/hot_path.md
-    "Plans for several tensors")."""
+    """`AIOREADY_MPI_PLANS_MULTI=0`: plans for lone tensors only (as before:
+    docs/hot_path_measurements.md "Notices ring no loop that computes, plans for several
+    tensors")."""
     return os.environ.get("AIOREADY_MPI_PLANS_MULTI", "1") != "0"
 
 
