@@ -100,7 +100,7 @@ def _head_format(desc: bytes) -> str:
 
 def _multi_default() -> bool:
     """`AIOREADY_MPI_PLANS_MULTI=0`: plans for lone tensors only (as before: docs/hot_path.md
-    "Plans for several tensors")."""
+    "Notices ring no loop that computes")."""
     return os.environ.get("AIOREADY_MPI_PLANS_MULTI", "1") != "0"
 
 
