@@ -11,8 +11,8 @@ is replayed by bench/optimum.py's `check`, which was written without this schedu
 
 How it decides (docs/policy_measurements.md "The true limit at S=128"): time advances over every
 rank's decisions in time order; a rank that is free picks, among its tasks whose inputs are placed
-(so their arrival times are known, unlike online), the first class of `Rule.order` (B: backward, F:
-a forward that admits nothing, A: an entry forward that admits a microbatch, W: weight
+(so their arrival times are known, unlike online), the first class of `Rule.order` (B: backward,
+F: a forward that admits nothing, A: an entry forward that admits a microbatch, W: weight
 gradient) that has a task ready now and memory to run it, the least priority first within a
 class (the microbatch index, or `overtaking`'s). Clairvoyance enters as a reservation: a task of
 a later class starts only if it ends no later than `reserve` units after the earliest known
