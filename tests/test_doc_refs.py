@@ -81,11 +81,13 @@ def all_citations() -> list[tuple[str, str, str]]:
 
 
 def test_the_scanner_reads_the_forms_in_use(tmp_path: Path) -> None:
-    """Each form the repository writes is read, wrapped or not; a quoted phrase that follows a
-    plain mention of a file is read too, which is why the titles must stay exact."""
+    """Each form the repository writes is read: wrapped across comment lines, after a backtick
+    or a parenthesis, escaped in a string, several titles after one file; a file named without a
+    title is no citation."""
     sample = tmp_path / "sample.py"
-    sample.write_text('# see (docs/policy.md "The microbatch\n# order") and docs/async.md` "Spin,\n'
-                      '# park, back off"\nx = "(docs/policy.md \\"Memory budgets\\")"\n'
+    sample.write_text('# see (docs/policy.md "The microbatch\n# order") and '
+                      'docs/async.md` "Spin,\n# park, back off"\n'
+                      'x = "(docs/policy.md \\"Memory budgets\\")"\n'
                       '"""docs/hot_path.md ("A task\'s end", "Not done yet")."""\n'
                       'y = "docs/policy.md)."  # no title\n', encoding="utf-8")
     assert citations(sample) == [("policy.md", "The microbatch order"),
