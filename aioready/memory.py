@@ -47,8 +47,8 @@ class Budget:
 
     `count`: also at most this many microbatches in flight, checked wherever the bytes are (a
     count-capped schedule the tuner chose within a byte budget, with the byte gate kept as a
-    backstop; under the reservation max(count, the order's peak + 1): docs/policy.md "Count caps
-    within the bytes"); not a written form, a Budget is passed as it is."""
+    backstop; under the reservation max(count, the order's peak + 1): docs/policy_measurements.md
+    "Count caps within the bytes"); not a written form, a Budget is passed as it is."""
 
     bytes: int | None = None
     factor: float | None = None

@@ -1,4 +1,5 @@
-"""Where unsplit auto loses at twice the bytes (docs/policy.md "Auto at twice the bytes").
+"""Where unsplit auto loses at twice the bytes (docs/policy_measurements.md "Auto at twice the
+bytes").
 
 One simulated step (M = 4S, multimodal:0.3:3, unsplit by default) of what `hint="auto"` chooses
 within `memory="2x"` (twice strict 1F1B's peak activation bytes per rank, sim/budget.py), and,

@@ -9,9 +9,9 @@ microbatch is held on a rank from the start of its entry F to the end of its las
 there, at most `cap` at once (a release at t before an admit at t). Every schedule it returns
 is replayed by bench/optimum.py's `check`, which was written without this scheduler.
 
-How it decides (docs/policy.md "The true limit at S=128"): time advances over every rank's
-decisions in time order; a rank that is free picks, among its tasks whose inputs are placed (so
-their arrival times are known, unlike online), the first class of `Rule.order` (B: backward,
+How it decides (docs/policy_measurements.md "The true limit at S=128"): time advances over every
+rank's decisions in time order; a rank that is free picks, among its tasks whose inputs are placed
+(so their arrival times are known, unlike online), the first class of `Rule.order` (B: backward,
 F: a forward that admits nothing, A: an entry forward that admits a microbatch, W: weight
 gradient) that has a task ready now and memory to run it, the least priority first within a
 class (the microbatch index, or `overtaking`'s). Clairvoyance enters as a reservation: a task of

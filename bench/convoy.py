@@ -1,4 +1,4 @@
-"""Where the time goes at twice the memory on multimodal jitter (docs/policy.md).
+"""Where the time goes at twice the memory on multimodal jitter (docs/policy_measurements.md).
 
 One simulated step of greedy bfw, split backward, M = 4S, with 2S on every rank: per rank, the
 busy time and the idle time split into "something was ready" (only entry forwards held back by

@@ -1,5 +1,5 @@
-"""Where a multimodal step loses its time under the cost orders (docs/policy.md "The microbatch
-order"): the drain.
+"""Where a multimodal step loses its time under the cost orders (docs/policy_measurements.md
+"The microbatch order"): the drain.
 
 One simulated step (split backward, M = 4S, multimodal:0.3:3) of the hint auto most often
 chooses at twice the memory (greedy zb-h2), in the given order and in each cost order of

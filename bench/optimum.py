@@ -7,7 +7,8 @@ planner could run for known durations under the same in-flight rule as the runti
 benchmark helper (an optional `bench` extra), not part of the library: the solver takes seconds
 to minutes per instance and is only practical for S <= 8, M <= 32.
 
-Formulation (docs/policy.md "The offline optimum"), in integer time units of `unit_ms`:
+Formulation (docs/policy_measurements.md "The offline optimum"), in integer time units of
+`unit_ms`:
   - one fixed-size interval per task (F, B, and W with a split backward) on its stage's rank;
   - no overlap on a rank (one task at a time, no preemption);
   - F(s,m) starts after F(s-1,m) ends plus the activation's message delay, B(s,m) after F(s,m)

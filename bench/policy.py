@@ -34,7 +34,8 @@ set.
 `auto bytes` rows give auto the column's budget in activation bytes (`memory="2x"`: twice
 strict 1F1B's peak bytes per rank, sim/budget.py; held out: those bytes as a number), and
 `--peak-bytes` adds a section with every row's peak bytes against strict 1F1B's on the same
-durations, so that equal memory is measured (docs/policy.md "Auto at twice the bytes").
+durations, so that equal memory is measured (docs/policy_measurements.md "Auto at twice the
+bytes").
 
 A row is one line in CONFIGS (a new policy: `Config("auto", hint="auto", baseline="1f1b")`); a
 budget is one entry of BUDGETS (keyword arguments to simulate and Pipeline). Within one (S,
@@ -43,8 +44,8 @@ its exact pruning) reuse the fixed rows' runs, since a run is a pure function of
 configuration; a candidate stopped past a bound is reused under any lower bound; auto rows that
 differ only in their label (the given order where the durations carry no sizes) are one choice;
 and the given-order auto rows run first, so the rows that also reorder reuse their candidates
-(docs/policy.md "What a choice costs"). The points, then the optimum instances, run in a pool of
-`--jobs` processes (one CP-SAT worker each when there are two).
+(docs/policy_measurements.md "What a choice costs"). The points, then the optimum instances,
+run in a pool of `--jobs` processes (one CP-SAT worker each when there are two).
 
 Timing (2-core machine): the whole grid, `--seeds 10`, takes about an hour of two free cores,
 most of it in the auto rows at S=32 (the held-out rows, whose choices reuse no fixed row's
@@ -177,7 +178,8 @@ BUDGETS: dict[str, dict[str, Any]] = {"default": {}, "2x": {"cap": "2x"}}
 JITTERS = ("lognormal:0.5", "multimodal:0.3:3", "lognormal:0.2+straggler:1:1.5")
 STAGES = (4, 8, 16, 32)
 # (S, M) where the optimum is computed; at S=8, M=32 the solver rarely improved on the
-# simulated schedules within its time limit (docs/policy.md), so it is left out: --opt-cases
+# simulated schedules within its time limit (docs/policy_measurements.md), so it is left out:
+# --opt-cases
 OPT_CASES = ((4, 8), (4, 16), (8, 16))
 QUICK = {"stages": (4, 8), "seeds": 3, "opt_cases": ((4, 8), (8, 16)), "opt_seeds": 1}
 UNIT_MS = 1e-2
@@ -522,8 +524,8 @@ def _summary(units: list[dict[str, Any]]) -> dict[str, Any]:
                                            for u in units) if same else None,
                          "eff": median(u["rows"][name]["eff"] for u in units),
                          "ord": median(u["rows"][name]["ord"] for u in units),
-                         # per seed, in seed order (policy.json; docs/policy.md reads tuning
-                         # and validation seeds apart)
+                         # per seed, in seed order (policy.json;
+                         # docs/policy_measurements.md reads tuning and validation seeds apart)
                          "eff_seeds": [u["rows"][name]["eff"] for u in units],
                          "speedup_seeds": speed,
                          "peak": max(u["rows"][name]["peak"] for u in units),

@@ -3,13 +3,13 @@ more robust where one step misleads most (S=4, M=8, unsplit, lognormal:0.5)?
 
 A runtime that chose on its one measured step (bench.policy's `held-out` rows) picks the
 candidate fastest on that draw; under per-task noise that is often not the fastest on the next
-step (docs/policy.md "Choosing on a window of steps"), and a window of k real steps costs k - 1
-steps under the start hint first. Resampling needs no more steps (aioready/sim/resample.py,
-bench/policy_held.py `choice_draw(copies=)`): each (stage, kind) keeps its measured
-durations but deals them to the microbatches in a seeded random order, per copy, the known
-sizes staying with their microbatches. It is a choice rule
-only: the candidates, budget and tie-breaks are `choose_auto`'s. One more rule is read beside
-it: the one measured step with exact ties broken to the most memory (`roomy`).
+step (docs/policy_measurements.md "Choosing on a window of steps"), and a window of k real steps
+costs k - 1 steps under the start hint first. Resampling needs no more steps
+(aioready/sim/resample.py, bench/policy_held.py `choice_draw(copies=)`): each (stage, kind) keeps
+its measured durations but deals them to the microbatches in a seeded random order, per copy,
+the known sizes staying with their microbatches. It is a choice rule only: the candidates,
+budget and tie-breaks are `choose_auto`'s. One more rule is read beside it: the one measured
+step with exact ties broken to the most memory (`roomy`).
 
 Per seed: hindsight (chosen on the scored step 0), held out (chosen on step 1), bootstrap k
 (chosen on step 1 and k - 1 copies of it, the mean of a k-step run per candidate, as

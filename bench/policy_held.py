@@ -52,11 +52,11 @@ HELD_STEP = 1
 KNOWN = ("sizes", "step")
 WINDOW = 4
 """The held-out window rows' k: tuned on seeds 0-4 (lognormal:0.5, S,M = 4,8 / 4,16 / 8,16),
-where the mean regret against hindsight stopped shrinking past 4 steps (docs/policy.md
+where the mean regret against hindsight stopped shrinking past 4 steps (docs/policy_measurements.md
 "Choosing on a window of steps"); seeds 5-9 validate it."""
 RESAMPLE = 8
 """The resampled rows' steps in all: the one measured step and RESAMPLE - 1 copies of it
-(docs/policy.md "Resampling the measured step")."""
+(docs/policy_measurements.md "Choosing on a window of steps", on resampling)."""
 
 
 def choice_draw(jitter: str, seed: int, stages: int, microbatches: int, split: bool,

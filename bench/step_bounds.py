@@ -1,5 +1,6 @@
 """Two lower bounds on one pipeline step, tighter than telemetry.bounds where it matters at
-S=128 (docs/policy.md "The true limit at S=128"). Benchmark helpers, not library code.
+S=128 (docs/policy_measurements.md "The true limit at S=128"). Benchmark helpers, not library
+code.
 
 `memory_bound` (any schedule within per-rank caps): telemetry.bounds.lower_bound_table lets a
 split backward's W fill the gradient's way back to stage 0 (the tail) on every rank. But W can

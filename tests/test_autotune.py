@@ -76,7 +76,8 @@ def test_the_tuner_picks_the_brute_force_best() -> None:
 
 def test_the_whole_budget_is_a_candidate() -> None:
     """Under 2S on every rank, 2x of 1F1B's or BFW's own peak leaves the late ranks' memory
-    unused; the whole budget is a candidate of every hint (docs/policy.md "The whole budget").
+    unused; the whole budget is a candidate of every hint (docs/policy_measurements.md "The whole
+    budget").
     Where 2x already reaches the budget everywhere (the per-rank "2x"), nothing is added."""
     orders = candidate_hints(num_stages=4, num_ranks=4, num_microbatches=16, split_backward=True)
     uniform = {(c.choice.hint, c.choice.mode, c.choice.policy, c.choice.cap): c.factor

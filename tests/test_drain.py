@@ -130,7 +130,7 @@ def test_drain_never_deadlocks_on_any_placement(name: str, split: bool) -> None:
 
 def test_it_gains_on_split_hints_under_twice_1f1b_memory_per_rank() -> None:
     """lognormal:0.5, S=8, caps 2(S - r), seeds 0-3: drain is faster than greedy on the same
-    durations in total, for BFW and ZB-H2 (the figures at S=32: docs/policy.md)."""
+    durations in total, for BFW and ZB-H2 (the figures at S=32: docs/policy_measurements.md)."""
     S = 8
 
     def total(hint: str, policy: str) -> float:

@@ -55,7 +55,8 @@ def test_backward_keeps_its_rank_and_strict_mode_ignores_it() -> None:
 
 def test_it_gains_where_slow_microbatches_lead_convoys() -> None:
     """multimodal:0.3:3 at twice 1F1B's fullest rank on every rank, S=8, seeds 0-3: `light`
-    is faster than greedy on the same durations in total (the exact figures: docs/policy.md)."""
+    is faster than greedy on the same durations in total (the exact figures:
+    docs/policy_measurements.md)."""
     def total(policy: str) -> float:
         return sum(simulate(stages=8, microbatches=32, hint="zb-h2", jitter="multimodal:0.3:3",
                             seed=seed, split_backward=True, policy=policy, cap=16).step_time

@@ -48,7 +48,8 @@ def test_middle_needs_the_number_of_stages(stages: object) -> None:
 def test_auto_tries_middle_and_it_wins_where_the_drain_waits() -> None:
     """S=8, M=32, multimodal, split, 2S on every rank, seed 0: the given, ascending and
     descending orders leave the drain waiting on the heavy microbatches (best 0.95 of the lower
-    bound); a light tail after them reaches 0.99 (docs/policy.md "The microbatch order")."""
+    bound); a light tail after them reaches 0.99 (docs/policy_measurements.md "The microbatch
+    order")."""
     kw = dict(stages=8, microbatches=32, hint="auto", jitter="multimodal:0.3:3", seed=0,
               split_backward=True, cap=16)
     run = aioready.simulate(**kw)

@@ -81,8 +81,8 @@ def test_ready_runs_other_work_first_and_finishes_sooner(split: bool, policy: st
 
 
 def test_with_the_hints_own_cap_greedy_gains_nothing_here() -> None:
-    """The honest counterpart (docs/policy.md "Where the gains come from"): at the 1F1B cap there
-    is no slack to use."""
+    """The honest counterpart (docs/policy_measurements.md "Where the gains come from"): at the
+    1F1B cap there is no slack to use."""
     assert run("ready", "1f1b").last_step.step_time >= run("strict", "1f1b").last_step.step_time
 
 

@@ -367,7 +367,7 @@ class Pipeline:
         """Await a wait outside `step` that involves the peers (a barrier, a gather, a close)
         under the peer timeout: a peer that stops answering meanwhile ends it with
         PeerLostError naming the peer and `what`, instead of waiting forever
-        (docs/architecture.md "Faults and what ends a job"). Without peers, just awaits."""
+        (docs/security.md "Faults and what ends a job"). Without peers, just awaits."""
         if self.peer_monitor is None:
             return await awaitable
         for rt in self.runtimes:

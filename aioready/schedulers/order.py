@@ -1,14 +1,14 @@
 """The order microbatches enter the pipeline in, from a cost known before the step.
 
 Every hint ranks microbatch *slots* 0..M-1; which microbatch fills which slot is free, since a
-step's gradients are the sum over its microbatches. With one slot order for all, a heavy
-microbatch early leads a convoy: every stage runs forwards in slot order, so the light ones
-behind it move at its pace (docs/policy.md "Where the time goes at twice the memory"). What a
-step cannot avoid is the fill, slot 0's forward chain down the stages before the last one has
-work, and the drain, the last slot's backward chain back up; both are paid at that slot's
-microbatch's cost. The offline optimum (bench/optimum.py) starts with light microbatches and
-ends with one (docs/policy.md "The microbatch order"). Both orders here put the lightest
-microbatch last (the drain runs backward pieces, the longer ones) and a light one first:
+step's gradients are the sum over its microbatches. With one slot order for all, a heavy microbatch
+early leads a convoy: every stage runs forwards in slot order, so the light ones behind it move at
+its pace (docs/policy_measurements.md "Where the time goes at twice the memory"). What a step
+cannot avoid is the fill, slot 0's forward chain down the stages before the last one has work, and
+the drain, the last slot's backward chain back up; both are paid at that slot's microbatch's cost.
+The offline optimum (bench/optimum.py) starts with light microbatches and ends with one
+(docs/policy.md "The microbatch order"). Both orders here put the lightest microbatch last (the
+drain runs backward pieces, the longer ones) and a light one first:
 
 - "ascending": the others lightest first, so the heavy ones come just before the last. Light
   microbatches fill the pipeline fast and none waits behind a heavy one until the end.
@@ -20,11 +20,11 @@ microbatch last (the drain runs backward pieces, the longer ones) and a light on
   "ascending" with a longer light tail: after the last heavy microbatch enters, enough light
   ones follow it to keep every stage busy while its long round trip (S stages down, S back up)
   drains, instead of the drain waiting on it. The optimum's schedules have this shape too.
-  The tail's length is the one measured shape parameter (S, 3S/2, 2S tried; docs/policy.md
-  "The microbatch order"), so it needs the number of stages, and whether the backward is
-  split: an unsplit backward (its weight gradient runs with it, nothing to defer into the
-  drain) sends each microbatch back up through a longer chain, and its best tail is 7S/4
-  ("An unsplit backward's tail" there).
+  The tail's length is the one measured shape parameter (S, 3S/2, 2S tried;
+  docs/policy_measurements.md "The microbatch order"), so it needs the number of stages, and
+  whether the backward is split: an unsplit backward (its weight gradient runs with it, nothing to
+  defer into the drain) sends each microbatch back up through a longer chain, and its best tail is
+  7S/4 ("An unsplit backward's tail" there).
 
 None wins everywhere, so `hint="auto"` simulates each next to the given order.
 

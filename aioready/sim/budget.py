@@ -34,7 +34,7 @@ The two forms differ only in what a candidate is given and what "fits" compares 
   It fits, like the byte-gated ones, when its simulated peak bytes do. The byte gate predicts a
   microbatch's bytes from its input and misses each task's own noise, so a byte-gated candidate
   that uses the whole budget goes over it on noisy durations; a count cap that holds fewer
-  microbatches can fit where it does not (docs/policy.md "Auto at twice the bytes").
+  microbatches can fit where it does not (docs/policy_measurements.md "Auto at twice the bytes").
 
 `mean_bytes(order)` is each rank's mean bytes per microbatch (every chunk) on the durations
 being tuned for; the simulator's comes from its bytes model (sim/memory.py).
@@ -129,7 +129,8 @@ class Limit:
         whole budget on every rank: the budget itself as a candidate. A hint's own peak can be
         far below the budget on some ranks (1F1B's last rank holds 1, BFW's 2), where 2x of it
         leaves most of the memory unused; greedy BFW with the budget on every rank is the
-        fastest candidate on many lognormal steps (docs/policy.md "The whole budget")."""
+        fastest candidate on many lognormal steps (docs/policy_measurements.md "The whole
+        budget")."""
         if self.held:
             room = [m // order.placement.num_chunks for m in self.per_rank]
         elif self.in_bytes:

@@ -1,14 +1,14 @@
 """More steps from the steps measured: each (stage, kind)'s durations dealt to the microbatches
 again, so a choice can rank candidates by a mean over plausible steps.
 
-Why: `hint="auto"` chooses the candidate fastest on the steps it measured. Under per-task noise
-the candidates that matter are within a few percent of each other, and on one step several tie
-exactly (the extra memory of one was never used on that draw; docs/policy.md "Resampling the
-measured step"), so the one chosen is often not the fastest on the next step. A window of real
-steps (`AutoHint(window=k)`) helps but costs k - 1 steps under the start hint first. Dealing a
-measured step's durations to the microbatches in a seeded random order, per (stage, kind), is
-another plausible step wherever the noise is drawn per task; the microbatch's known size factor
-(sim/order.py, what its inputs tell) stays with the microbatch, only the rest is dealt. The
+Why: `hint="auto"` chooses the candidate fastest on the steps it measured. Under per-task noise the
+candidates that matter are within a few percent of each other, and on one step several tie exactly
+(the extra memory of one was never used on that draw; docs/policy_measurements.md "Choosing on a
+window of steps", on resampling), so the one chosen is often not the fastest on the next step. A
+window of real steps (`AutoHint(window=k)`) helps but costs k - 1 steps under the start hint first.
+Dealing a measured step's durations to the microbatches in a seeded random order, per (stage,
+kind), is another plausible step wherever the noise is drawn per task; the microbatch's known size
+factor (sim/order.py, what its inputs tell) stays with the microbatch, only the rest is dealt. The
 measured steps come first, unchanged.
 
 What it assumes: noise independent of the microbatch beyond its size (a per-microbatch effect
