@@ -33,6 +33,14 @@ def _record(side: str, name: str, cpu_ms: float, compute_ms: float) -> dict[str,
             **({"caps": [4, 3, 2, 1]} if side == "aioready" else {})}
 
 
+def test_runs_when_named_not_in_all() -> None:
+    import bench.__main__ as runner
+    assert "e2e_pairs" in runner.discover() and "e2e_pairs" in runner.NAMED_ONLY
+    assert runner.command_for("e2e_pairs", quick=True)[-3:] == ["-m", "bench.e2e_pairs",
+                                                                  "--quick"]
+    assert runner._constants("e2e_pairs")["TIMEOUT_S"] == pairs.TIMEOUT_S
+
+
 def test_order_alternates() -> None:
     assert [pairs.order_of(i) for i in range(4)] == [
         ("aioready", "torch"), ("torch", "aioready"), ("aioready", "torch"), ("torch", "aioready")]
