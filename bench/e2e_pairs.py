@@ -80,18 +80,24 @@ def spread(xs: list[float]) -> dict[str, float]:
 
 
 def config_stats(pairs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per (scenario, config): each column's median [min-max] over the pairs, and how many
-    pairs have aioready at or below torch (ratio <= 1.00, plain and beyond compute)."""
-    by: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    """Per (scenario, config): each column's median [min-max] over the pairs, how many pairs
+    have aioready at or below torch (ratio <= 1.00, plain and beyond compute), and the median
+    ratio beyond compute of the pairs each side went first in (a gap between the two says the
+    launch order itself moves the figure)."""
+    by: dict[tuple[str, str], list[tuple[str, dict[str, Any]]]] = {}
     for p in pairs:
         for fig in p["figures"]:
-            by.setdefault((p["scenario"], fig["config"]), []).append(fig)
+            by.setdefault((p["scenario"], fig["config"]), []).append((p["order"][0], fig))
     out = []
-    for (scenario, config), figs in by.items():
+    for (scenario, config), firsts_figs in by.items():
+        figs = [f for _, f in firsts_figs]
+        first = {side: [f["ratio_beyond"] for s, f in firsts_figs if s == side] for side in SIDES}
         out.append({"scenario": scenario, "config": config, "torch": figs[0]["torch"],
                     "pairs": len(figs), **{c: spread([f[c] for f in figs]) for c in COLUMNS},
                     "at_or_below": sum(f["ratio"] <= 1.0 for f in figs),
-                    "at_or_below_beyond": sum(f["ratio_beyond"] <= 1.0 for f in figs)})
+                    "at_or_below_beyond": sum(f["ratio_beyond"] <= 1.0 for f in figs),
+                    "beyond_by_first": {side: common.median(xs) if xs else None
+                                        for side, xs in first.items()}})
     return out
 
 
@@ -120,7 +126,7 @@ def _config_table(data: dict[str, Any], st: dict[str, Any]) -> list[str]:
 
 def _memory(data: dict[str, Any]) -> list[str]:
     """What each compared config held: its caps and the peak activations measured per rank."""
-    lines = ["| scenario | config | aioready caps (each rank's stages in turn) | aioready peak "
+    lines = ["| scenario | config | aioready caps, rank by rank | aioready peak "
              "activations per rank | torch schedule | torch peak activations per rank |",
              "|---|---|---|---|---|---|"]
     seen = set()
@@ -144,7 +150,7 @@ def page(data: dict[str, Any]) -> str:
     lines = [
         f"S={data['ranks']} ranks, M={data['microbatches']} microbatches, bench.e2e's GPT-style "
         f"model of {data['groups']} layer groups, injected F = {data['task_ms']:g} ms per linear "
-        f"stage (B = W = the same, split), scenario(s) {data['scenarios']}. "
+        f"stage (B = 2F, or B = W = F split), scenario(s) {data['scenarios']}. "
         f"{len({p['pair'] for p in data['pairs']})} launch pairs: each pair runs one aioready "
         f"launch (mpiexec, MPITransport; {data['aioready']}) and one "
         f"torch.distributed.pipelining launch (torchrun, gloo; {data['torch']}) back to back, "
@@ -154,7 +160,8 @@ def page(data: dict[str, Any]) -> str:
         "step, mean over ranks, as bench.e2e's \"CPU per task on the same schedule\". Beyond "
         "compute: the same less the thread CPU measured inside the model's forward, backward "
         "and loss, alike on both sides. Ratio: aioready / torch within one pair; at or below "
-        "1.00, aioready spent no more CPU per task than torch in that pair.", "",
+        "1.00, aioready spent no more CPU per task than torch in that pair. The last column of "
+        "the summary splits the pairs by which side went first.", "",
         "Memory: every row runs at its schedule's own caps (aioready's caps are the hint's, "
         "torch's are its schedule's; no `@CAP` config is compared). Peak activations: the most "
         "activations a rank held at once, in linear-stage microbatches, as measured in the "
@@ -162,12 +169,16 @@ def page(data: dict[str, Any]) -> str:
     lines += _memory(data)
     lines += ["## Summary", "",
               "| scenario | config | torch | pairs | aioready / torch, median [min-max] | "
-              "at or below 1.00 | beyond compute, median [min-max] | at or below 1.00 |",
-              "|---|---|---|---|---|---|---|---|"]
+              "at or below 1.00 | beyond compute, median [min-max] | at or below 1.00 | "
+              "beyond compute, aioready first; torch first |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for st in data["configs"]:
+        by_first = "; ".join("-" if x is None else f"{x:.2f}"
+                             for x in (st["beyond_by_first"][s] for s in SIDES))
         lines.append(f"| `{st['scenario']}` | {st['config']} | {st['torch']} | {st['pairs']} | "
                      f"{_cell(st['ratio'], '.2f')} | {st['at_or_below']} | "
-                     f"{_cell(st['ratio_beyond'], '.2f')} | {st['at_or_below_beyond']} |")
+                     f"{_cell(st['ratio_beyond'], '.2f')} | {st['at_or_below_beyond']} | "
+                     f"{by_first} |")
     lines += ["", "## Per pair", ""]
     for st in data["configs"]:
         lines += _config_table(data, st)

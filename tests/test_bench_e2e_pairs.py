@@ -64,10 +64,10 @@ def test_pair_ratios_are_the_pairs_own_figures() -> None:
 
 def test_config_stats_are_medians_and_counts() -> None:
     ratios = [0.8, 1.0, 1.3, 0.9, 1.1]
-    made = [{"scenario": "none", "figures": [
+    made = [{"scenario": "none", "order": list(pairs.order_of(i)), "figures": [
         {"config": "1f1b/strict", "torch": "Schedule1F1B", "aioready_us": 100 * r,
          "torch_us": 100.0, "ratio": r, "aioready_beyond_us": 50 * r * r,
-         "torch_beyond_us": 50.0, "ratio_beyond": r * r}]} for r in ratios]
+         "torch_beyond_us": 50.0, "ratio_beyond": r * r}]} for i, r in enumerate(ratios)]
     (st,) = pairs.config_stats(made)
     assert st["pairs"] == 5 and st["torch"] == "Schedule1F1B"
     assert st["ratio"] == {"median": 1.0, "min": 0.8, "max": 1.3}
@@ -75,6 +75,9 @@ def test_config_stats_are_medians_and_counts() -> None:
     assert st["ratio_beyond"]["median"] == pytest.approx(1.0)
     assert st["torch_us"] == {"median": 100.0, "min": 100.0, "max": 100.0}
     assert st["at_or_below"] == 3 and st["at_or_below_beyond"] == 3  # 0.8, 1.0, 0.9
+    # beyond compute by the side that went first: pairs 0, 2, 4 (0.64, 1.69, 1.21) and 1, 3
+    assert st["beyond_by_first"]["aioready"] == pytest.approx(1.21)
+    assert st["beyond_by_first"]["torch"] == pytest.approx((1.0 + 0.81) / 2)
 
 
 def test_main_pairs_launches_and_writes_page(tmp_path: Path,
@@ -113,6 +116,8 @@ def test_main_pairs_launches_and_writes_page(tmp_path: Path,
     assert st["ratio"]["median"] == pytest.approx(statistics.median(want))
     assert st["ratio_beyond"]["median"] == pytest.approx(statistics.median(want_beyond))
     assert st["at_or_below"] == 3 and st["at_or_below_beyond"] == 2  # pair 1: 10 / 9.5 beyond
+    assert st["beyond_by_first"] == {"aioready": pytest.approx(statistics.median(
+        [want_beyond[0], want_beyond[2]])), "torch": pytest.approx(want_beyond[1])}
     saved = json.loads((tmp_path / "p.json").read_text())
     assert saved["configs"] == data["configs"]
     _check_page((tmp_path / "p.md").read_text(), saved)
@@ -140,6 +145,11 @@ def _check_page(text: str, data: dict[str, Any]) -> None:
         assert (f"{st['ratio']['median']:.2f} [{st['ratio']['min']:.2f}-"
                 f"{st['ratio']['max']:.2f}]") in med
         assert f"{st['ratio_beyond']['median']:.2f} [" in med
+        first = "; ".join("-" if x is None else f"{x:.2f}"
+                          for x in (st["beyond_by_first"][s] for s in pairs.SIDES))
+        assert (f"| `{st['scenario']}` | {st['config']} | {st['torch']} | {st['pairs']} | "
+                f"{st['ratio']['median']:.2f} [") in text
+        assert f"| {st['at_or_below_beyond']} | {first} |" in text
         assert (f"Pairs at or below 1.00: {st['at_or_below']} of {st['pairs']} (plain), "
                 f"{st['at_or_below_beyond']} of {st['pairs']} (beyond compute).") in text
     for p in data["pairs"]:  # the launches table: each pair's order and its load readings
