@@ -24,7 +24,7 @@ import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from . import common
 from .e2e import SAME_SCHEDULE, SCENARIOS, cpu_us_per_task, run_scenario, summarize
@@ -145,13 +145,19 @@ def _peaks(values: list[float | None] | None) -> str:
     return ", ".join("-" if v is None else f"{v:g}" for v in values) if values else "-"
 
 
+def _done(data: dict[str, Any]) -> str:
+    done = len({p["pair"] for p in data["pairs"]})
+    return str(done) if done == data["pairs_asked"] else (
+        f"{done} of the {data['pairs_asked']} asked (the run stopped or is still going)")
+
+
 def page(data: dict[str, Any]) -> str:
     """The results page: set-up, launches with their load, per-config pairs, summary, gaps."""
     lines = [
         f"S={data['ranks']} ranks, M={data['microbatches']} microbatches, bench.e2e's GPT-style "
         f"model of {data['groups']} layer groups, injected F = {data['task_ms']:g} ms per linear "
         f"stage (B = 2F, or B = W = F split), scenario(s) {data['scenarios']}. "
-        f"{len({p['pair'] for p in data['pairs']})} launch pairs: each pair runs one aioready "
+        f"{_done(data)} launch pairs: each pair runs one aioready "
         f"launch (mpiexec, MPITransport; {data['aioready']}) and one "
         f"torch.distributed.pipelining launch (torchrun, gloo; {data['torch']}) back to back, "
         "pair 0 aioready first, the order swapped every pair. Each launch: "
@@ -205,9 +211,11 @@ def _left_out(data: dict[str, Any]) -> list[str]:
             + (", ".join(other) or "none") + "."]
 
 
-def run_pairs(args: argparse.Namespace, workdir: Path) -> list[dict[str, Any]]:
+def run_pairs(args: argparse.Namespace, workdir: Path,
+              on_pair: Callable[[list[dict[str, Any]]], None]) -> list[dict[str, Any]]:
     """Every pair of every scenario: the two launches in `order_of(pair)`, the load average
-    (1 minute) read before and after each launch, and the pair's summarized rows."""
+    (1 minute) read before and after each launch, and the pair's summarized rows. `on_pair`
+    gets the pairs so far after each one, so a launch that fails late keeps the earlier ones."""
     configs = {"aioready": [c for c in args.aioready.split(",") if c],
                "torch": [c for c in args.torch.split(",") if c]}
     out = []
@@ -235,6 +243,7 @@ def run_pairs(args: argparse.Namespace, workdir: Path) -> list[dict[str, Any]]:
             print(f"[e2e_pairs] pair {pair} `{spec}` ({' then '.join(order_of(pair))}): "
                   + ", ".join(f"{f['config']} {f['ratio_beyond']:.2f}"
                               for f in out[-1]["figures"]), flush=True)
+            on_pair(out)
     return out
 
 
@@ -269,18 +278,22 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse(argv)
     load_start = list(os.getloadavg())
-    with tempfile.TemporaryDirectory(prefix="aioready-e2e-pairs-") as tmp:
-        pairs = run_pairs(args, Path(tmp))
-    stats = config_stats(pairs)
-    data = {"pairs": pairs, "configs": stats, "ranks": RANKS, "groups": GROUPS,
-            **{k: getattr(args, k) for k in ("steps", "warmup", "microbatches", "task_ms",
-                                             "seed", "scenarios", "aioready", "torch")},
-            "load_start": load_start, "load_end": list(os.getloadavg()),
-            "cores": os.cpu_count()}
-    common.RESULTS.mkdir(parents=True, exist_ok=True)
-    (common.RESULTS / f"{args.out}.json").write_text(json.dumps(data, indent=1))
     cmd = "python -m bench.e2e_pairs" + (" " + " ".join(argv) if argv else "")
-    common.write_result(args.out, page(data), cmd, load=load_start)
+    data: dict[str, Any] = {}
+
+    def save(pairs: list[dict[str, Any]]) -> None:
+        """The JSON and the page of the pairs so far (rewritten after every pair)."""
+        data.update(pairs=pairs, configs=config_stats(pairs), pairs_asked=args.pairs,
+                    ranks=RANKS, groups=GROUPS, load_start=load_start,
+                    load_end=list(os.getloadavg()), cores=os.cpu_count(),
+                    **{k: getattr(args, k) for k in ("steps", "warmup", "microbatches",
+                                                     "task_ms", "seed", "scenarios", "aioready",
+                                                     "torch")})
+        common.RESULTS.mkdir(parents=True, exist_ok=True)
+        (common.RESULTS / f"{args.out}.json").write_text(json.dumps(data, indent=1))
+        common.write_result(args.out, page(data), cmd, load=load_start)
+    with tempfile.TemporaryDirectory(prefix="aioready-e2e-pairs-") as tmp:
+        run_pairs(args, Path(tmp), save)
     return data
 
 

@@ -80,26 +80,34 @@ def test_config_stats_are_medians_and_counts() -> None:
     assert st["beyond_by_first"]["torch"] == pytest.approx((1.0 + 0.81) / 2)
 
 
-def test_main_pairs_launches_and_writes_page(tmp_path: Path,
-                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    """The launches stubbed with made-up records whose CPU changes with every launch: the
-    page and the JSON give each pair's own ratio, in the alternating order, and their medians."""
-    calls: list[str] = []
-
+def _stub_launches(calls: list[str], fail_at: int = 0) -> Any:
+    """A run_scenario that launches nothing: made-up records whose CPU changes with every
+    launch (the n-th launch reads 10 + n ms a step for aioready, twice that for torch), over a
+    real trace; the `fail_at`-th launch fails as a launch does."""
     def fake_run(spec: str, *, workdir: Path, aioready_configs: list[str],
                  torch_configs: list[str], **kw: Any) -> dict[str, Any]:
         side = "aioready" if aioready_configs else "torch"
         assert not (aioready_configs and torch_configs)
         calls.append(side)
+        if len(calls) == fail_at:
+            raise RuntimeError("exit 1: a launch failed")
         workdir.mkdir(parents=True, exist_ok=True)
         trace = workdir / "trace.csv"
         generate_trace(spec, seed=0, groups=8, microbatches=M, steps=WARMUP + STEPS,
                        task_ms=2.0, path=trace)
-        cpu = 10.0 + len(calls)  # each launch a different figure
+        cpu = 10.0 + len(calls)
         recs = ([_record("aioready", c, cpu, 4.0) for c in aioready_configs]
                 + [_record("torch", c, 2 * cpu, 16.5) for c in torch_configs])
         return {"scenario": spec, "trace": str(trace), "records": recs}
+    return fake_run
 
+
+def test_main_pairs_launches_and_writes_page(tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """The launches stubbed: the page and the JSON give each pair's own ratio, in the
+    alternating order, and their medians."""
+    calls: list[str] = []
+    fake_run = _stub_launches(calls)
     monkeypatch.setattr(pairs, "run_scenario", fake_run)
     monkeypatch.setattr(common, "RESULTS", tmp_path)
     data = pairs.main(["--pairs", "3", "--steps", str(STEPS), "--aioready", "1f1b/strict",
@@ -121,6 +129,22 @@ def test_main_pairs_launches_and_writes_page(tmp_path: Path,
     saved = json.loads((tmp_path / "p.json").read_text())
     assert saved["configs"] == data["configs"]
     _check_page((tmp_path / "p.md").read_text(), saved)
+
+
+def test_a_late_failure_keeps_the_pairs_done(tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[str] = []
+    monkeypatch.setattr(pairs, "run_scenario", _stub_launches(calls, fail_at=4))
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    with pytest.raises(RuntimeError, match="a launch failed"):
+        pairs.main(["--pairs", "3", "--steps", str(STEPS), "--aioready", "1f1b/strict",
+                    "--torch", "Schedule1F1B", "--out", "p"])
+    saved = json.loads((tmp_path / "p.json").read_text())
+    assert [p["pair"] for p in saved["pairs"]] == [0] and saved["pairs_asked"] == 3
+    assert saved["pairs"][0]["figures"][0]["ratio"] == pytest.approx(11 / 24)
+    text = (tmp_path / "p.md").read_text()
+    assert "1 of the 3 asked" in text
+    _check_page(text, saved)
 
 
 def _check_page(text: str, data: dict[str, Any]) -> None:
