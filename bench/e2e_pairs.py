@@ -8,7 +8,7 @@ Here each pair runs the two launches back to back, the order swapped every pair 
 first, pair 1 torch first, ...), so a drift in the load falls on both sides alike and on each
 side first as often as second; the figure is the per-pair ratio, with its median and spread, not
 a ratio of two separate runs. The launches, the records and the per-task arithmetic are
-bench.e2e's own (`run_scenario`, `summarize`, `cpu_us_per_task`, `SAME_SCHEDULE`).
+bench.e2e's own (`run_scenario`, `summarize`, `cpu_us_per_task`, `same_schedule`).
 
 Run: python -m bench.e2e_pairs [--pairs 8] [--steps 8] [--scenarios none]
        [--aioready 1f1b/ready,1f1b/strict,zbv/strict] [--torch Schedule1F1B,ScheduleZBVZeroBubble]
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from . import common
-from .e2e import SAME_SCHEDULE, SCENARIOS, cpu_us_per_task, run_scenario, summarize
+from .e2e import SCENARIOS, cpu_us_per_task, run_scenario, same_schedule, summarize
 
 __all__ = ["SIDES", "order_of", "pair_ratios", "config_stats", "page", "run_pairs", "main"]
 
@@ -39,18 +39,6 @@ TIMEOUT_S = 7200.0  # the runner's limit when named (`python -m bench e2e_pairs`
 def order_of(pair: int) -> tuple[str, str]:
     """The launch order of pair `pair`: aioready first in even pairs, torch first in odd ones."""
     return SIDES if pair % 2 == 0 else SIDES[::-1]
-
-
-def same_schedule(rows: list[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-    """(aioready row, torch row) for each aioready config whose schedule torch ran, at the
-    schedule's own caps (a `@CAP` config holds other caps than torch's, so it has no twin)."""
-    torch_rows = {r["name"]: r for r in rows if r["side"] == "torch"}
-    out = []
-    for r in sorted(rows, key=lambda r: r["name"]):
-        other = torch_rows.get(SAME_SCHEDULE.get(r["name"].split("/")[0], ""))
-        if r["side"] == "aioready" and other is not None and "@" not in r["name"]:
-            out.append((r, other))
-    return out
 
 
 def pair_ratios(rows: list[dict[str, Any]], microbatches: int,

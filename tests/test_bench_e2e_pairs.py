@@ -62,6 +62,17 @@ def test_pair_ratios_are_the_pairs_own_figures() -> None:
     assert fig["caps"] == [4, 3, 2, 1]
 
 
+def test_e2e_page_pairs_the_same_rows() -> None:
+    """bench.e2e's one-run table and this module pick the same twins (bench.e2e.same_schedule)."""
+    from bench.e2e import _per_task
+    rows = [_record("aioready", "1f1b/strict", 16.0, 8.0),
+            _record("aioready", "1f1b/ready@2x", 1.0, 0.5),
+            _record("torch", "Schedule1F1B", 32.0, 8.0)]
+    table = [ln for ln in _per_task([{"scenario": "none", "rows": rows}], M) if ln.startswith(
+        "| `none`")]
+    assert table == ["| `none` | 1f1b | 1f1b/strict | 1000 | 2000 | 0.50 | 500 | 1500 | 0.33 |"]
+
+
 def test_config_stats_are_medians_and_counts() -> None:
     ratios = [0.8, 1.0, 1.3, 0.9, 1.1]
     made = [{"scenario": "none", "order": list(pairs.order_of(i)), "figures": [
