@@ -12,6 +12,7 @@ launched as `mpiexec -n N python -m bench.NAME`; `TIMEOUT_S = X` sets its timeou
 True` (or LAUNCH) skips it, reported as skipped, where `nvidia-smi` finds no GPU. Constants are read
 from the source text, without importing the module.
 `all` (not `--quick`) also runs the heavy tests (`pytest -m heavy`), whose outcome is listed.
+A benchmark in NAMED_ONLY runs only when named: a repeated measure too long for `all`.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ REPORT = HERE / "RESULTS.md"
 ORDER = ["arbiter", "hints", "sim_vs_real", "transport", "telemetry", "scaling", "policy", "tp",
          "faults", "e2e", "gpu_check", "recompute"]
 HELPERS = {"common", "e2e_worker", "gpu_mpi_check"}  # launched by another benchmark
+NAMED_ONLY = {"e2e_pairs"}  # launch pairs of bench.e2e, ~1 min each: `python -m bench e2e_pairs`
 # what a module's own constants would say, for modules written before the convention
 LAUNCH: dict[str, dict[str, Any]] = {
     "transport": {"MPI_RANKS": 2},
@@ -374,7 +376,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.names == ["report"]:
         print(write_report(quick=args.quick))
         return 0
-    names = known + ([] if args.quick else [HEAVY]) if args.names == ["all"] else args.names
+    names = ([n for n in known if n not in NAMED_ONLY] + ([] if args.quick else [HEAVY])
+             if args.names == ["all"] else args.names)
     unknown = [n for n in names if n not in known and n != HEAVY]
     if unknown:
         ap.error(f"unknown benchmark(s) {unknown}; expected 'all', 'report' or some of {known}")

@@ -44,7 +44,7 @@ from typing import Any
 from .common import RESULTS, median, write_result
 
 __all__ = ["SCENARIOS", "AIOREADY_CONFIGS", "TORCH_CONFIGS", "generate_trace", "run_scenario",
-           "summarize", "main"]
+           "summarize", "same_schedule", "main"]
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = ["none", "lognormal:0.5", "multimodal:0.3:3", "straggler:1:1.5"]
@@ -374,6 +374,18 @@ SAME_SCHEDULE = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B",
                  "interleaved-zb": "ScheduleInterleavedZeroBubble", "zbv": "ScheduleZBVZeroBubble"}
 
 
+def same_schedule(rows: list[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(aioready row, torch row) for each aioready config whose schedule torch ran, by name, at
+    the schedule's own caps (a `@CAP` config holds other caps than torch's: it has no twin)."""
+    torch_rows = {r["name"]: r for r in rows if r["side"] == "torch"}
+    out = []
+    for r in sorted(rows, key=lambda r: r["name"]):
+        other = torch_rows.get(SAME_SCHEDULE.get(r["name"].split("/")[0], ""))
+        if r["side"] == "aioready" and other is not None and "@" not in r["name"]:
+            out.append((r, other))
+    return out
+
+
 def cpu_us_per_task(row: dict[str, Any], microbatches: int, ranks: int = 4,
                     beyond_compute: bool = False) -> float:
     """A rank's process CPU per step divided by the tasks it runs in a step (F, B and, split,
@@ -401,12 +413,8 @@ def _per_task(summaries: list[dict[str, Any]], microbatches: int) -> list[str]:
              "aioready / torch | aioready beyond compute | torch beyond compute | "
              "aioready / torch beyond compute |", "|---|---|---|---|---|---|---|---|---|"]
     for s in summaries:
-        torch_rows = {r["name"]: r for r in s["rows"] if r["side"] == "torch"}
-        for r in sorted(s["rows"], key=lambda r: r["name"]):
+        for r, other in same_schedule(s["rows"]):
             hint = r["name"].split("/")[0]
-            other = torch_rows.get(SAME_SCHEDULE.get(hint, ""))
-            if r["side"] != "aioready" or other is None or "@" in r["name"]:
-                continue
             a, t = cpu_us_per_task(r, microbatches), cpu_us_per_task(other, microbatches)
             ab = cpu_us_per_task(r, microbatches, beyond_compute=True)
             tb = cpu_us_per_task(other, microbatches, beyond_compute=True)
