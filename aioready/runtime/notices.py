@@ -60,8 +60,11 @@ class Notices:
         if fields is None:
             return None
         peer, stage, tag = fields
-        return peer, Message(step, MessageKind.NOTICE, stage, task.microbatch, (), tag,
-                             self.rank)
+        return peer, self.message(step, stage, task.microbatch, tag)
+
+    def message(self, step: int, stage: int, microbatch: int, tag: int) -> Message:
+        """The notice as a Message from this rank (`fields` of it with the step)."""
+        return Message(step, MessageKind.NOTICE, stage, microbatch, (), tag, self.rank)
 
     def fields(self, task: Task, forecast: Forecast) -> tuple[int, int, int] | None:
         """`announce` without a Message: (peer, the peer's stage, tag), what a notice board's

@@ -499,16 +499,20 @@ class RankRuntime:
     def _announce(self, task: Task, start: float) -> None:
         """The notice of `task`, started at `start`: on the notice board where the transport
         offers one and the ring has room, else a Message (runtime/notices.py)."""
-        fields = self._notices.fields(task, self.forecast)  # type: ignore[union-attr,arg-type]
+        notices, board = self._notices, self._board
+        if board is None:
+            sent = notices.announce(task, self.forecast, self.step_index)  # type: ignore
+            if sent is not None:
+                self.transport.send_nowait(*sent)
+            return
+        fields = notices.fields(task, self.forecast)  # type: ignore[union-attr,arg-type]
         if fields is None:
             return
         peer, stage, tag = fields
-        board = self._board
-        if board is not None and board.post(peer, self.step_index, stage, task.microbatch, tag,
-                                            start):
-            return  # no doorbell: the receiver reads it at its next decision
-        self.transport.send_nowait(peer, Message(self.step_index, MessageKind.NOTICE, stage,
-                                                 task.microbatch, (), tag, self.rank))
+        if not board.post(peer, self.step_index, stage, task.microbatch, tag, start):
+            self.transport.send_nowait(peer, notices.message(  # type: ignore[union-attr]
+                self.step_index, stage, task.microbatch, tag))
+        # (no doorbell for a posted one: the receiver reads it at its next decision)
 
     def _measure_forward(self, task: Task) -> int:
         """Record a forward's duration; return the cost factor its activation carries on."""
