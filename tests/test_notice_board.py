@@ -23,7 +23,13 @@ from aioready.tasks import Kind, Task
 from aioready.testing.helpers import make_mlp_stages, max_grad_diff, mse_loss, reference_step
 from aioready.transports import native
 from aioready.transports.base import WrappedTransport
-from aioready.transports.notice_board import SLOTS, NoticeBoard, board_bytes
+from aioready.transports.notice_board import (
+    MAX_RANKS,
+    SLOTS,
+    NoticeBoard,
+    board_bytes,
+    notice_board,
+)
 from aioready.transports.secure import SecureTransport
 
 TOL = 1e-10
@@ -85,6 +91,21 @@ def test_several_senders_and_a_reader_that_raises() -> None:
     assert [r[2] for r in records(b1)] == [6]  # the one that raised is consumed, not the rest
     b1.close()
     assert b1.read(boom) == 0 and not b1.post(0, 0, 0, 0, 0, 0.0)
+
+
+@pytest.mark.parametrize("size,switch", [(2, "0"), (MAX_RANKS + 1, "1")])
+def test_no_board_without_a_collective_where_it_is_off_or_too_large(
+        monkeypatch: pytest.MonkeyPatch, size: int, switch: str) -> None:
+    """The switch off, or more ranks than MAX_RANKS: None on every rank before any collective
+    (a world whose collectives raise)."""
+    monkeypatch.setenv("AIOREADY_NOTICE_BOARD", switch)
+
+    def collective(*_: Any) -> None:
+        raise AssertionError("a collective was called")
+
+    world = SimpleNamespace(Get_size=lambda: size, Get_rank=lambda: 0, Bcast=collective,
+                            Split_type=collective)
+    assert notice_board(SimpleNamespace(), world, native.load()) is None
 
 
 def pipeline(S: int, M: int, board: bool = True, **kwargs: Any

@@ -37,10 +37,13 @@ import numpy as np
 
 from .shared_file import job_name, map_on_every_rank
 
-__all__ = ["NoticeBoard", "notice_board", "SLOTS"]
+__all__ = ["NoticeBoard", "notice_board", "SLOTS", "MAX_RANKS"]
 
 SLOTS = 64
 """Records a ring holds unread (native/_mpifast.c BOARD_SLOTS)."""
+
+MAX_RANKS = 64
+"""No board for more ranks: rings grow as the square of the ranks (6.8 MB of /dev/shm at 64)."""
 
 OnRecord = Callable[[int, int, int, int, float], None]
 
@@ -108,9 +111,10 @@ def board_bytes(module: ModuleType, ranks: int) -> int:
 
 def notice_board(MPI: Any, world: Any, module: ModuleType | None) -> NoticeBoard | None:
     """A board for `world` (collective: every rank calls it) when every rank is on this Linux
-    host and has the compiled helper `module`, and AIOREADY_NOTICE_BOARD is not 0; else None."""
+    host and has the compiled helper `module`, they are at most MAX_RANKS, and
+    AIOREADY_NOTICE_BOARD is not 0; else None."""
     if os.environ.get("AIOREADY_NOTICE_BOARD", "1") == "0" or not sys.platform.startswith(
-            "linux"):
+            "linux") or world.Get_size() > MAX_RANKS:
         return None
     name = job_name(world)
     shared = map_on_every_rank(
