@@ -13,6 +13,7 @@ import mmap
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -91,6 +92,18 @@ def test_several_senders_and_a_reader_that_raises() -> None:
     assert [r[2] for r in records(b1)] == [6]  # the one that raised is consumed, not the rest
     b1.close()
     assert b1.read(boom) == 0 and not b1.post(0, 0, 0, 0, 0, 0.0)
+
+
+def test_counters_out_of_bounds_are_a_protocol_error() -> None:
+    """A ring's head is a peer's word: one that claims more records than the ring holds is
+    refused, not read around the ring."""
+    b0, b1 = boards(2)
+    assert b0.post(1, 0, 1, 0, 0, 0.0)
+    ring = b0._slot[1]
+    head = ring * board_bytes(native.load(), 1)  # the ring's first bytes: its head
+    b0._view[head:head + 8] = np.frombuffer((SLOTS + 5).to_bytes(8, "little"), np.uint8)
+    with pytest.raises(ProtocolError, match="out of bounds"):
+        b1.read(lambda *fields: None)
 
 
 @pytest.mark.parametrize("size,switch", [(2, "0"), (MAX_RANKS + 1, "1")])

@@ -35,6 +35,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..errors import ProtocolError
 from .shared_file import job_name, map_on_every_rank
 
 __all__ = ["NoticeBoard", "notice_board", "SLOTS", "MAX_RANKS"]
@@ -51,7 +52,7 @@ OnRecord = Callable[[int, int, int, int, float], None]
 class NoticeBoard:
     """One rank's view of the board: `post` into its rings to peers, `read` of theirs to it."""
 
-    __slots__ = ("_module", "_map", "_view", "_base", "_slot", "_first", "_count",
+    __slots__ = ("_module", "_map", "_view", "_base", "_slot", "_first", "_count", "_me",
                  "num_posted", "num_full", "num_read")
 
     def __init__(self, module: ModuleType, shared: mmap.mmap, slots: dict[int, int],
@@ -66,6 +67,7 @@ class NoticeBoard:
         # ring of (src, dst) = src * count + dst: a post goes to mine * count + theirs
         self._slot = {rank: mine * count + i for rank, i in slots.items() if rank != me}
         self._first, self._count = mine, count  # reads rings mine, mine + count, ...
+        self._me = me
         self.num_posted = self.num_full = self.num_read = 0
 
     def post(self, dest: int, step: int, stage: int, microbatch: int, tag: int,
@@ -84,11 +86,17 @@ class NoticeBoard:
     def read(self, on_record: OnRecord) -> int:
         """Hand every unread record for this rank to on_record(step, stage, microbatch, tag,
         at), oldest first per sender; how many. What on_record raises propagates (the record
-        that raised is consumed, the rest stay for the next read)."""
+        that raised is consumed, the rest stay for the next read); counters that say more
+        records than a ring holds (a peer's bytes) raise ProtocolError."""
         if self._base is None:
             return 0
-        got = self._module.board_read(self._base, self._first, self._count, self._count,
-                                      on_record)
+        try:
+            got = self._module.board_read(self._base, self._first, self._count, self._count,
+                                          on_record)
+        except OverflowError as exc:  # a peer wrote counters that no ring can hold
+            raise ProtocolError("notice board ring out of bounds", rank=self._me,
+                                expected=f"at most {SLOTS} records unread", got=str(exc)
+                                ) from None
         self.num_read += got
         return got
 

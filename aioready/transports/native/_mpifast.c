@@ -508,7 +508,8 @@ PyDoc_STRVAR(board_read_doc,
 "board_read(base, first, stride, count, on_notice) -> int\n"
 "Hand every new record of the rings first, first + stride, ... (count rings) of the board at\n"
 "`base` to on_notice(step, stage, microbatch, tag, at), oldest first; returns how many. A\n"
-"record is consumed before its call: what on_notice raises propagates, the rest stay.");
+"record is consumed before its call: what on_notice raises propagates, the rest stay.\n"
+"OverflowError: a ring's counters say more records than it holds (a peer's bytes).");
 static PyObject *board_read(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (!takes("board_read", nargs, 5)) return NULL;
     long first = PyLong_AsLong(args[1]), stride = PyLong_AsLong(args[2]);
@@ -523,7 +524,13 @@ static PyObject *board_read(PyObject *self, PyObject *const *args, Py_ssize_t na
         board_ring *r = ring_at(args[0], first + i * stride);
         if (r == NULL) return NULL;
         uint64_t tail = __atomic_load_n(&r->tail, __ATOMIC_RELAXED);
-        while (tail != __atomic_load_n(&r->head, __ATOMIC_ACQUIRE)) {
+        uint64_t head = __atomic_load_n(&r->head, __ATOMIC_ACQUIRE);
+        if (head - tail > BOARD_SLOTS) {  /* a peer's counter: input, bounded */
+            PyErr_Format(PyExc_OverflowError, "ring %ld holds %llu records unread, at most %d",
+                         first + i * stride, (unsigned long long)(head - tail), BOARD_SLOTS);
+            return NULL;
+        }
+        while (tail != head) {  /* (records posted meanwhile: the next read) */
             board_record rec = r->slots[tail % BOARD_SLOTS];
             __atomic_store_n(&r->tail, ++tail, __ATOMIC_RELEASE);
             PyObject *fields[5] = {PyLong_FromUnsignedLong(rec.step),
