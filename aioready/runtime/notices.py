@@ -60,7 +60,8 @@ class Notices:
         if fields is None:
             return None
         peer, stage, tag = fields
-        return peer, self.message(step, stage, task.microbatch, tag)
+        return peer, Message(step, MessageKind.NOTICE, stage, task.microbatch, (), tag,
+                             self.rank)  # (not `message`: one call less a notice)
 
     def message(self, step: int, stage: int, microbatch: int, tag: int) -> Message:
         """The notice as a Message from this rank (`fields` of it with the step)."""

@@ -469,7 +469,12 @@ class RankRuntime:
         forecast = self.forecast
         start = self._now()
         if self._notices is not None:  # tell the rank this task feeds that it starts now
-            self._announce(task, start)
+            if self._board is None:
+                sent = self._notices.announce(task, forecast, self.step_index)  # type: ignore
+                if sent is not None:
+                    self.transport.send_nowait(*sent)
+            else:
+                self._post_notice(task, start)
         self.num_events += 1
         self.running_task = task
         self._task_start = start
@@ -496,15 +501,10 @@ class RankRuntime:
         if self._engine is not None:  # the next decision sees what arrived during the task
             self._engine.task_ended()
 
-    def _announce(self, task: Task, start: float) -> None:
-        """The notice of `task`, started at `start`: on the notice board where the transport
-        offers one and the ring has room, else a Message (runtime/notices.py)."""
+    def _post_notice(self, task: Task, start: float) -> None:
+        """The notice of `task`, started at `start`, on the transport's notice board, or a
+        Message where its ring is full (runtime/notices.py)."""
         notices, board = self._notices, self._board
-        if board is None:
-            sent = notices.announce(task, self.forecast, self.step_index)  # type: ignore
-            if sent is not None:
-                self.transport.send_nowait(*sent)
-            return
         fields = notices.fields(task, self.forecast)  # type: ignore[union-attr,arg-type]
         if fields is None:
             return

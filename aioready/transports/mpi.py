@@ -262,7 +262,7 @@ class MPITransport:
                 self._bell.close()
                 self._bell = None  # an engine that armed it may still disarm it
             if self.notice_board is not None:
-                self.notice_board.close()  # a runtime's bound `post` answers False from here
+                self.notice_board.close()  # later posts answer False, reads find nothing
             for stager in set(self._stagers.values()):
                 stager.close()
             if self._plane is not None:
