@@ -121,12 +121,27 @@ def test_no_board_without_a_collective_where_it_is_off_or_too_large(
     assert notice_board(SimpleNamespace(), world, native.load()) is None
 
 
-def pipeline(S: int, M: int, board: bool = True, **kwargs: Any
-             ) -> tuple[aioready.Pipeline, list[NoticeBoard]]:
+class FullBoard:
+    """A board whose every ring is full: each notice falls back to a Message."""
+
+    def __init__(self) -> None:
+        self.num_refused = 0
+
+    def post(self, *fields: Any) -> bool:
+        self.num_refused += 1
+        return False
+
+    def read(self, on_record: Any) -> int:
+        return 0
+
+
+def pipeline(S: int, M: int, board: str = "board", **kwargs: Any
+             ) -> tuple[aioready.Pipeline, list[Any]]:
+    """`board`: "board" (one shared board), "full" (FullBoard each), "none"."""
     pipe = aioready.Pipeline(make_mlp_stages(S, seed=S), mse_loss, microbatches=M, **kwargs)
-    shared = boards(S)
+    shared: list[Any] = boards(S) if board != "full" else [FullBoard() for _ in range(S)]
     for rt in pipe.runtimes:
-        if board:
+        if board != "none":
             rt.transport.notice_board = shared[rt.rank]  # type: ignore[attr-defined]
     return pipe, shared
 
@@ -137,13 +152,14 @@ def batch(M: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
             [torch.randn(3, 16, generator=gen, dtype=torch.float64) for _ in range(M)])
 
 
-@pytest.mark.parametrize("board", [True, False], ids=["board", "no-board"])
+@pytest.mark.parametrize("board", ["board", "full", "none"])
 @pytest.mark.parametrize("hint,split,policy", [("1f1b", False, "reserve"),
                                                ("1f1b", True, "drain")])
 async def test_a_pipeline_with_a_board_equals_the_unsplit_model(hint: str, split: bool,
-                                                                policy: str, board: bool) -> None:
+                                                                policy: str, board: str) -> None:
     """Endpoints that share a board: every notice posted there (no NOTICE message), each read,
-    the loss and gradients those of the unsplit model; without one, notices are Messages."""
+    the loss and gradients those of the unsplit model; without one, or with every ring full,
+    notices are Messages."""
     S, M, steps = 3, 6, 2
     pipe, shared = pipeline(S, M, board, hint=hint, mode="ready", policy=policy,
                             split_backward=split)
@@ -155,15 +171,19 @@ async def test_a_pipeline_with_a_board_equals_the_unsplit_model(hint: str, split
                 p.grad = None
         loss = await pipe.step(xs, ys)
     pipe.close()
-    posted = sum(b.num_posted for b in shared)
-    assert sum(b.num_full for b in shared) == 0
-    assert sum(b.num_read for b in shared) == posted
     data = 2 * (S - 1) * M * steps  # activations and gradients
     messages = sum(rt.transport.num_sent for rt in pipe.runtimes) - sum(sent_before)
-    if board:  # no notice went as a Message
-        assert posted > 0 and messages == data
+    if board == "full":  # each refused notice went as a Message
+        refused = sum(b.num_refused for b in shared)
+        assert refused > 0 and messages == data + refused
     else:
-        assert posted == 0 and messages > data
+        posted = sum(b.num_posted for b in shared)
+        assert sum(b.num_full for b in shared) == 0
+        assert sum(b.num_read for b in shared) == posted
+        if board == "board":  # no notice went as a Message
+            assert posted > 0 and messages == data
+        else:
+            assert posted == 0 and messages > data
     stages = make_mlp_stages(S, seed=S)
     ref_loss, ref = reference_step(stages, mse_loss, xs, ys)
     assert abs(float(loss) - float(ref_loss)) <= TOL
