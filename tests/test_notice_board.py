@@ -36,6 +36,12 @@ from aioready.transports.secure import SecureTransport
 TOL = 1e-10
 
 
+@pytest.fixture(autouse=True)
+def _helper_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The board needs the compiled helper, also in a run with the fast paths switched off."""
+    monkeypatch.setenv("AIOREADY_MPI_NATIVE", "1")
+
+
 def boards(n: int) -> list[NoticeBoard]:
     """The views of n ranks (world ranks 0..n-1) of one board in an anonymous mapping."""
     module = native.load()

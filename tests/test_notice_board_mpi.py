@@ -36,7 +36,8 @@ def _field(text: str, name: str) -> int | float:
 @pytest.mark.parametrize("board", ["1", "0"], ids=["board", "switch-off"])
 def test_exact_over_mpi_with_notices_on_the_board_or_not(board: str) -> None:
     proc = run_mpi(2, [str(SCRIPTS / "exact.py"), *CASES], timeout=150,
-                   env={"AIOREADY_MPI_NATIVE": "1", "AIOREADY_NOTICE_BOARD": board})
+                   env={"AIOREADY_MPI_FAST": "1", "AIOREADY_MPI_NATIVE": "1",
+                        "AIOREADY_NOTICE_BOARD": board})
     results = _results(proc)
     assert sorted(results) == sorted(CASES), proc.stdout
     for case in CASES:
