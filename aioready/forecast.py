@@ -146,10 +146,11 @@ class Forecast:
         (ready_set Note [light first])."""
         return self._factor.get(microbatch)
 
-    def notice(self, task: Task, duration: float) -> None:
-        """The feeder of our `task` started now and takes about `duration`."""
+    def notice(self, task: Task, duration: float, at: float | None = None) -> None:
+        """The feeder of our `task` started at `at` (None: now, when a notice is dated on
+        reading) and takes about `duration`."""
         self._feeder[(task.chunk, task.kind)] = duration
-        self._expected[task] = self._now() + duration
+        self._expected[task] = (self._now() if at is None else at) + duration
 
     def arrived(self, task: Task) -> None:
         self._expected.pop(task, None)

@@ -136,7 +136,8 @@ def test_exact_over_mpi_with_notices_sent_by_the_helper_or_not(heads: str) -> No
     notices went through the helper exactly where the switch is on."""
     case = "1f1b:ready:1:1"
     proc = run_mpi(2, [str(SCRIPTS / "exact.py"), case], timeout=150,
-                   env={"AIOREADY_MPI_NATIVE": "1", "AIOREADY_NATIVE_HEADERS": heads})
+                   env={"AIOREADY_MPI_NATIVE": "1", "AIOREADY_NATIVE_HEADERS": heads,
+                        "AIOREADY_NOTICE_BOARD": "0"})  # notices as MPI messages
     result = _results(proc)[case]
     assert _field(result, "loss_seen") == "1", result
     assert float(_field(result, "loss_diff")) <= TOL, result
@@ -156,7 +157,8 @@ def test_exact_over_mpi_with_notices_read_by_the_helper_or_not(recv: str) -> Non
     it)."""
     case = "1f1b:ready:1:1"
     proc = run_mpi(2, [str(SCRIPTS / "exact.py"), case], timeout=150,
-                   env={"AIOREADY_MPI_NATIVE": "1", "AIOREADY_NATIVE_RECV_HEADS": recv})
+                   env={"AIOREADY_MPI_NATIVE": "1", "AIOREADY_NATIVE_RECV_HEADS": recv,
+                        "AIOREADY_NOTICE_BOARD": "0"})  # notices as MPI messages
     result = _results(proc)[case]
     assert _field(result, "loss_seen") == "1", result
     assert float(_field(result, "loss_diff")) <= TOL, result

@@ -58,7 +58,7 @@ def test_exact_over_mpi_with_notices_hushed_and_probing_again_or_not(hush: str,
     doorbell park were hushed only where the switch is on."""
     env = {"AIOREADY_CPU_QUIET_INLINE": "1", "AIOREADY_MPI_FAST": "1", "AIOREADY_SPIN_US": "0",
            "AIOREADY_INLINE_DISARM": "0", "AIOREADY_HUSH_NOTICES": hush,
-           "AIOREADY_PROBE_AGAIN": again}
+           "AIOREADY_PROBE_AGAIN": again, "AIOREADY_NOTICE_BOARD": "0"}  # MPI notices
     results = _exact_on_the_quiet_path(env)
     hushes = int(_field(results[CASES[-1]], "hushes"))  # counted from the launch's start
     assert (hushes > 0) if hush == "1" else hushes == 0, results

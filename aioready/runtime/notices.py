@@ -56,6 +56,20 @@ class Notices:
         no estimate yet). The duration sent is the early side of the estimate: a feeder that
         runs short must not find the receiver busy. The notice names this rank as its source
         (the in-process transport then delivers it as it is, docs/hot_path_measurements.md)."""
+        fields = self.fields(task, forecast)
+        if fields is None:
+            return None
+        peer, stage, tag = fields
+        return peer, Message(step, MessageKind.NOTICE, stage, task.microbatch, (), tag,
+                             self.rank)  # (not `message`: one call less a notice)
+
+    def message(self, step: int, stage: int, microbatch: int, tag: int) -> Message:
+        """The notice as a Message from this rank (`fields` of it with the step)."""
+        return Message(step, MessageKind.NOTICE, stage, microbatch, (), tag, self.rank)
+
+    def fields(self, task: Task, forecast: Forecast) -> tuple[int, int, int] | None:
+        """`announce` without a Message: (peer, the peer's stage, tag), what a notice board's
+        record holds (transports/notice_board.py) with the step, microbatch and start time."""
         target = self._targets.get((task.chunk, task.kind))
         if target is None:
             return None
@@ -64,8 +78,7 @@ class Notices:
             return None
         peer, stage, bit = target
         tag = encode_duration(duration)  # at most NOTICE_B - 1 (forecast Note [no min/max])
-        return peer, Message(step, MessageKind.NOTICE, stage, task.microbatch, (),
-                             (tag if tag < NOTICE_B else NOTICE_B - 1) | bit, self.rank)
+        return peer, stage, (tag if tag < NOTICE_B else NOTICE_B - 1) | bit
 
     def read(self, msg: Message, num_microbatches: int) -> tuple[Task, float]:
         """The local task a peer's notice is about, and the duration it announced."""

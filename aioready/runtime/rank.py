@@ -150,6 +150,8 @@ class RankRuntime:
         self.reports: list[StepReport] = []
         self._handlers = {Kind.F: self._run_f, Kind.B: self._run_b, Kind.W: self._run_w}
         self._opened = False
+        # the transport's notice board (transports/notice_board.py), if it offers one
+        self._board: Any = None
         self._now: Callable[[], float] = time.monotonic
         self._engine: ProgressEngine | None = None  # the loop's completion engine, if any
         self.num_events = 0  # messages in, tasks started and ended: the watchdogs' progress count
@@ -339,10 +341,11 @@ class RankRuntime:
         dropped."""
         self._notice_fields(msg.step, msg.stage, msg.microbatch, msg.tag)
 
-    def _notice_fields(self, step: int, stage: int, microbatch: int, tag: int) -> None:
+    def _notice_fields(self, step: int, stage: int, microbatch: int, tag: int,
+                       at: float | None = None) -> None:
         """`_notice` of the fields alone: what the MPI transport's compiled probe hands over
         (transport.route_notices; docs/hot_path_measurements.md "The notice's read in one C
-        call")."""
+        call"), and a notice board's record with its sender's start time `at`."""
         if self._notices is None or not self._active or step != self.step_index:
             return
         try:
@@ -351,8 +354,18 @@ class RankRuntime:
         except ProtocolError as exc:
             self.fail(exc)
             return
-        if self._missing.get(task, 0) > 0:
-            self.forecast.notice(task, duration)  # type: ignore[union-attr]
+        if self._missing.get(task, 0) > 0:  # else its message came first: nothing to expect
+            self.forecast.notice(task, duration, at)  # type: ignore[union-attr]
+
+    def _board_notice(self, step: int, stage: int, microbatch: int, tag: int,
+                      at: float) -> None:
+        """A notice board's record (a peer's bytes: checked as a notice's header is)."""
+        if at - at != 0.0:  # NaN or infinite (math.isfinite without its call)
+            self.fail(ProtocolError("notice dated at a time that is not finite",
+                                    rank=self.rank, step=step, expected="a finite time",
+                                    got=f"at={at!r} for stage {stage} microbatch {microbatch}"))
+            return
+        self._notice_fields(step, stage, microbatch, tag, at)
 
     def fail(self, exc: BaseException) -> None:
         """Stop the running step with `exc` (from a message handler or a watchdog)."""
@@ -402,6 +415,7 @@ class RankRuntime:
             route = getattr(self.transport, "route_notices", None)  # the MPI transport's
             if route is not None and self._notices is not None:
                 route(self._notice_fields)
+            self._board = getattr(self.transport, "notice_board", None)
             self._opened = True
 
     async def run_step(self, step: int, inputs: Sequence[Any] | None = None,
@@ -414,8 +428,10 @@ class RankRuntime:
         self._reset(step, inputs, targets)
         try:
             engine = self._engine = ProgressEngine.existing()
+            check = self._check if self._board is None or self._notices is None \
+                else self._read_then_check  # notices read when a decision may need them
             await run_arbiter(self._ready, self._execute, self._wakeup, len(self._missing),
-                              self._check, None if engine is None else engine.set_waiting)
+                              check, None if engine is None else engine.set_waiting)
             await self.transport.wait_sent()
             if self.coordinator is not None:
                 await self.coordinator.wait_sent()
@@ -438,16 +454,27 @@ class RankRuntime:
         if self._error is not None:
             raise self._error
 
+    def _read_then_check(self) -> None:
+        """`_check` after reading the notice board: before each decision, which is when the
+        forecast may be consulted (transports/notice_board.py Note [no ring, read at
+        decisions])."""
+        self._board.read(self._board_notice)
+        if self._error is not None:
+            raise self._error
+
     async def _execute(self, task: Task) -> None:
         stage = self.stages[task.chunk]
         info = TaskInfo(self.step_index, self.rank, stage, task.chunk, task.microbatch,
                         task.kind)
         forecast = self.forecast
-        if self._notices is not None:  # tell the rank this task feeds that it starts now
-            sent = self._notices.announce(task, forecast, self.step_index)  # type: ignore
-            if sent is not None:
-                self.transport.send_nowait(*sent)
         start = self._now()
+        if self._notices is not None:  # tell the rank this task feeds that it starts now
+            if self._board is None:
+                sent = self._notices.announce(task, forecast, self.step_index)  # type: ignore
+                if sent is not None:
+                    self.transport.send_nowait(*sent)
+            else:
+                self._post_notice(task, start)
         self.num_events += 1
         self.running_task = task
         self._task_start = start
@@ -473,6 +500,19 @@ class RankRuntime:
             self._satisfy(heir)
         if self._engine is not None:  # the next decision sees what arrived during the task
             self._engine.task_ended()
+
+    def _post_notice(self, task: Task, start: float) -> None:
+        """The notice of `task`, started at `start`, on the transport's notice board, or a
+        Message where its ring is full (runtime/notices.py)."""
+        notices, board = self._notices, self._board
+        fields = notices.fields(task, self.forecast)  # type: ignore[union-attr,arg-type]
+        if fields is None:
+            return
+        peer, stage, tag = fields
+        if not board.post(peer, self.step_index, stage, task.microbatch, tag, start):
+            self.transport.send_nowait(peer, notices.message(  # type: ignore[union-attr]
+                self.step_index, stage, task.microbatch, tag))
+        # (no doorbell for a posted one: the receiver reads it at its next decision)
 
     def _measure_forward(self, task: Task) -> int:
         """Record a forward's duration; return the cost factor its activation carries on."""

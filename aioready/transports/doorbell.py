@@ -20,11 +20,12 @@ closing is local.
 from __future__ import annotations
 
 import mmap
-import os
 import socket
 from typing import Any
 
 import numpy as np
+
+from .shared_file import job_name, map_on_every_rank
 
 __all__ = ["Doorbell"]
 
@@ -34,65 +35,33 @@ _COMPUTING = 2  # a "parked" byte's value while the parked rank's loop computes 
 class Doorbell:
     """One rank's socket and its view of every local rank's "parked" byte.
 
-    The bytes live in a file of /dev/shm that local rank 0 creates and unlinks once every local
-    rank mapped it, not in an MPI window: freeing a window waits for every rank, and a rank that
-    fails must be able to close its transport while its peers are still running.
+    The bytes live in a file of /dev/shm made by shared_file.map_on_every_rank.
     """
 
     def __init__(self, MPI: Any, world: Any) -> None:
-        token = np.frombuffer(os.urandom(8), np.uint8).copy()
-        world.Bcast(token, root=0)  # one name space per job; numpy, nothing pickled
-        name = token.tobytes().hex()
+        name = job_name(world)  # one name space per job
         self._prefix = f"\0aioready-{name}-".encode()
+        self._me_world = world.Get_rank()
         self.num_rung = 0
         self._sock: socket.socket | None = None
         self._map: mmap.mmap | None = None
         self._flags = np.zeros(0, np.uint8)
-        local = world.Split_type(MPI.COMM_TYPE_SHARED)
-        try:
-            self.usable = local.Get_size() == world.Get_size()  # every peer can ring this rank
-            if self.usable:
-                self.usable = self._attach(MPI, local, world.Get_rank(), f"/dev/shm/aioready-{name}")
-        finally:
-            local.Free()
-        if not self.usable:
+        shared = map_on_every_rank(MPI, world, f"/dev/shm/aioready-{name}", lambda n: n,
+                                   self._bind)
+        self.usable = shared is not None
+        if shared is None:
             self.close()
+            return
+        self._map, self._slot = shared  # world rank -> its byte
+        self._flags = np.frombuffer(self._map, np.uint8)
+        self._me = self._slot[self._me_world]
 
-    def _attach(self, MPI: Any, local: Any, me: int, path: str) -> bool:
-        """Map the shared bytes and bind the socket, on every local rank or on none."""
-        first = local.Get_rank() == 0
-        ok = np.zeros(1, np.int32)
-        try:
-            if first:
-                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-                os.ftruncate(fd, max(local.Get_size(), 1))
-                os.close(fd)
-            ok[0] = 1
-        except OSError:
-            pass
-        local.Bcast(ok, root=0)
-        if ok[0]:
-            try:
-                fd = os.open(path, os.O_RDWR)
-                try:
-                    self._map = mmap.mmap(fd, max(local.Get_size(), 1))
-                finally:
-                    os.close(fd)
-                self._flags = np.frombuffer(self._map, np.uint8)
-                self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-                self._sock.setblocking(False)
-                self._sock.bind(self._prefix + str(me).encode())
-            except OSError:
-                ok[0] = 0
-        every = np.zeros(1, np.int32)
-        local.Allreduce(ok, every, op=MPI.MIN)  # also: every socket is bound before any ring
-        if first and os.path.exists(path):
-            os.unlink(path)  # the mappings keep the bytes; nothing is left behind
-        ranks = np.zeros(local.Get_size(), np.int64)
-        local.Allgather(np.array([me], np.int64), ranks)
-        self._slot = {int(w): i for i, w in enumerate(ranks)}  # world rank -> byte
-        self._me = self._slot[me]
-        return bool(every[0])
+    def _bind(self) -> bool:
+        """This rank's socket, bound before any peer may ring it (map_on_every_rank's setup)."""
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._sock.setblocking(False)
+        self._sock.bind(self._prefix + str(self._me_world).encode())
+        return True
 
     def fileno(self) -> int:
         assert self._sock is not None

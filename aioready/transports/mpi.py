@@ -60,6 +60,7 @@ from .header import MAX_TENSORS, TensorSpec
 from .mpi_native import NativePath, header_too_large
 from .mpi_requests import PendingRequests
 from .native import load as load_native
+from .notice_board import notice_board
 from .ordered import OrderedArrivals, device_tag, split_tag
 from .receive_pool import ReceivePool
 from .tensor_bytes import host_bytes, torch_module
@@ -146,6 +147,8 @@ class MPITransport:
             self, module, seq_mod=_SEQ_MOD, probes=_PROBES_PER_POLL, rung_probes=_RUNG_PROBES)
         if self._native is not None:
             self._probe = self._native.probe  # type: ignore[method-assign]
+        # notices in shared memory where every rank is on this host (notice_board.py); collective
+        self.notice_board = notice_board(MPI, self._hdr, module) if self.fast else None
         self._pool = ReceivePool()
         self._host_device = device is None or str(device) == "cpu"
         self._cuda_device = not self._host_device and torch_module().device(device).type == "cuda"
@@ -258,6 +261,8 @@ class MPITransport:
                     self._engine.loop.remove_reader(self._bell.fileno())
                 self._bell.close()
                 self._bell = None  # an engine that armed it may still disarm it
+            if self.notice_board is not None:
+                self.notice_board.close()  # later posts answer False, reads find nothing
             for stager in set(self._stagers.values()):
                 stager.close()
             if self._plane is not None:

@@ -1,7 +1,7 @@
 """Pipeline cases over MPITransport vs the unsplit model; rank 0 prints one RESULT line per case.
 
 Usage: mpiexec -n R python tests/mpi_scripts/exact.py CASE [CASE ...]
-CASE = hint:mode:split:varlen, e.g. 1f1b:ready:1:0. Every rank builds the same full model from a
+CASE = hint:mode:split:varlen[:policy], e.g. 1f1b:ready:1:0 (policy: reserve unless named). Every rank builds the same full model from a
 fixed seed and keeps its own stages; the reference runs the whole model on every rank.
 CASE = ooo (2 ranks): rank 0 is a raw MPITransport sender that runs stage 0 by hand and sends
 microbatch 3 first, the others 0.3 s later; rank 1 runs stage 1 in ready mode and must run F3
@@ -59,7 +59,7 @@ def max_all(comm, value: float) -> float:
 
 
 async def one_case(comm, case: str, seed: int) -> None:
-    hint_name, mode, split, varlen = case.split(":")
+    hint_name, mode, split, varlen, *policy = case.split(":")
     split_b, var = split == "1", varlen == "1"
     size, rank = comm.Get_size(), comm.Get_rank()
     spec = HINTS[hint_name]
@@ -72,7 +72,8 @@ async def one_case(comm, case: str, seed: int) -> None:
     xs, ys = batch(M, var, seed + 1)
     transport = make_transport(comm)
     pipe = Pipeline([full[s] for s in mine], mse_loss, microbatches=M, hint=hint, mode=mode,
-                    transport=transport, split_backward=split_b)
+                    transport=transport, split_backward=split_b,
+                    policy=policy[0] if policy else "reserve")
     loss = await pipe.step(xs, ys)
     await transport.close()
     pipe.close()
@@ -82,6 +83,9 @@ async def one_case(comm, case: str, seed: int) -> None:
     heads = comm.allreduce(getattr(transport._native, "num_heads", 0))  # notices sent in C
     # notices read in C, handed to the runtime as fields (route_notices)
     notices_in = comm.allreduce(getattr(transport._native, "num_notices", 0))
+    board = transport.notice_board  # notices posted on the shared-memory board, and read
+    posted = comm.allreduce(0 if board is None else board.num_posted)
+    board_read = comm.allreduce(0 if board is None else board.num_read)
     ref_loss, ref = reference_step(make_mlp_stages(S, width=WIDTH, seed=seed), mse_loss, xs, ys)
     gdiff = 0.0
     for s in mine:
@@ -93,7 +97,8 @@ async def one_case(comm, case: str, seed: int) -> None:
     if rank == 0:
         say(f"RESULT {case} loss_diff={ldiff:.3e} grad_diff={gdiff:.3e} "
             f"loss_seen={int(has_loss)} quiet={quiet} disarms={disarms} "
-            f"hushes={hushes} heads={heads} notices_in={notices_in}")
+            f"hushes={hushes} heads={heads} notices_in={notices_in} board={posted} "
+            f"board_read={board_read}")
 
 
 async def out_of_order(comm, seed: int) -> None:

@@ -44,7 +44,7 @@ def data():
 async def one_step(comm, sealed: bool, key: bytes = KEY, peer_timeout: float = 20):
     rank = comm.Get_rank()
     stages = make_mlp_stages(2, seed=11)
-    transport = TorchDistTransport() if TORCHRUN else MPITransport(comm)
+    transport = inner = TorchDistTransport() if TORCHRUN else MPITransport(comm)
     if sealed:
         transport = SecureTransport(transport, key=key, session=await secure_session(comm))
     pipe = Pipeline([stages[rank]], mse_loss, microbatches=4, hint="1f1b",
@@ -53,7 +53,9 @@ async def one_step(comm, sealed: bool, key: bytes = KEY, peer_timeout: float = 2
     loss = await pipe.step(x if rank == 0 else None, y if rank == 1 else None)
     await transport.close()
     pipe.close()
-    return loss, [p.grad.clone() for p in stages[rank].parameters()]
+    board = getattr(inner, "notice_board", None)  # notices posted there, not sealed
+    return loss, [p.grad.clone() for p in stages[rank].parameters()], (
+        -1 if board is None else board.num_posted)
 
 
 def max_all(comm, value: float) -> float:
@@ -71,8 +73,8 @@ async def main() -> None:
         dist.init_process_group("gloo")
     comm = TorchComm() if TORCHRUN else MPI.COMM_WORLD
     rank = comm.Get_rank()
-    plain_loss, plain = await one_step(comm, False)
-    sealed_loss, sealed = await one_step(comm, True)
+    plain_loss, plain, plain_board = await one_step(comm, False)
+    sealed_loss, sealed, sealed_board = await one_step(comm, True)
     same = all(torch.equal(a, b) for a, b in zip(plain, sealed))
     same = same and (rank == 0 or torch.equal(plain_loss, sealed_loss))
     x, y = data()
@@ -83,8 +85,10 @@ async def main() -> None:
         diff = max(diff, abs(float(sealed_loss) - float(ref_loss)))
     same_all = max_all(comm, 0.0 if same else 1.0) == 0.0
     diff = max_all(comm, diff)
+    plain_board, sealed_board = (max_all(comm, float(n)) for n in (plain_board, sealed_board))
     if rank == 0:
-        say(f"RESULT identical={same_all} ref_diff={diff:.3e}")
+        say(f"RESULT identical={same_all} ref_diff={diff:.3e} board_plain={plain_board:.0f} "
+            f"board_sealed={sealed_board:.0f}")
     try:
         await one_step(comm, True, KEY if rank == 0 else bytes(32), peer_timeout=8)
         say(f"MISKEYED rank={rank} no error")

@@ -15,11 +15,17 @@
  *        (step, stage, microbatch, tag): no Message is built for it. Several tensors (None slots
  *        among them) are viewed from the plan's views where asked (`multi`).
  *
+ * board_post / board_read: the notice board's rings (notice_board.py): a record written into
+ *        the ring of (this rank, a peer) of a shared mapping, and every new record of the rings
+ *        (any peer, this rank) handed to a callback; single producer, single consumer, the
+ *        counters published with release stores and read with acquire loads.
+ *
  * The wire format is header.py's `_FIXED` = "<HBBIHIIB" (19 bytes), little-endian.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <mpi.h>
+#include <stdint.h>
 #include <string.h>
 
 #define FIXED 19
@@ -453,6 +459,101 @@ static PyObject *send_multi(PyObject *self, PyObject *const *args, Py_ssize_t na
     return isend_test(buf, total, &m);
 }
 
+/* The notice board: for each ordered pair (src, dst) of the n local ranks, the ring at index
+ * src * n + dst of the mapping. `head` is written by src alone, `tail` by dst alone, each on its
+ * own cache line; a record is written before its head is published (release) and read after
+ * the head is seen (acquire), and its slot is reused only after the tail passed it. */
+#define BOARD_SLOTS 64
+typedef struct { uint32_t step, stage, microbatch, tag; double at; } board_record;
+typedef struct {
+    uint64_t head; char pad_head[56];
+    uint64_t tail; char pad_tail[56];
+    board_record slots[BOARD_SLOTS];
+} board_ring;
+
+/* ring `index` of the board at `base` (a Python int address) */
+static board_ring *ring_at(PyObject *base, long index) {
+    char *p = (char *)PyLong_AsVoidPtr(base);
+    if (p == NULL) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "the board is closed");
+        return NULL;
+    }
+    return (board_ring *)(p + (size_t)index * sizeof(board_ring));
+}
+
+PyDoc_STRVAR(board_post_doc,
+"board_post(base, ring, step, stage, microbatch, tag, at) -> bool\n"
+"Write the record into ring `ring` of the board mapped at address `base`; False (nothing\n"
+"written) when its 64 slots are all unread, or a field does not fit 32 bits.");
+static PyObject *board_post(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (!takes("board_post", nargs, 7)) return NULL;
+    long index = PyLong_AsLong(args[1]);
+    double at = PyFloat_AsDouble(args[6]);
+    if (PyErr_Occurred()) return NULL;
+    long step = bounded(args[2], 0xffffffffL), stage = bounded(args[3], 0xffffffffL);
+    long mb = bounded(args[4], 0xffffffffL), tag = bounded(args[5], 0xffffffffL);
+    if ((step | stage | mb | tag) < 0 || index < 0) Py_RETURN_FALSE;
+    board_ring *r = ring_at(args[0], index);
+    if (r == NULL) return NULL;
+    uint64_t head = __atomic_load_n(&r->head, __ATOMIC_RELAXED);
+    if (head - __atomic_load_n(&r->tail, __ATOMIC_ACQUIRE) >= BOARD_SLOTS) Py_RETURN_FALSE;
+    board_record *rec = &r->slots[head % BOARD_SLOTS];
+    rec->step = (uint32_t)step; rec->stage = (uint32_t)stage;
+    rec->microbatch = (uint32_t)mb; rec->tag = (uint32_t)tag; rec->at = at;
+    __atomic_store_n(&r->head, head + 1, __ATOMIC_RELEASE);
+    Py_RETURN_TRUE;
+}
+
+PyDoc_STRVAR(board_read_doc,
+"board_read(base, first, stride, count, on_notice) -> int\n"
+"Hand every new record of the rings first, first + stride, ... (count rings) of the board at\n"
+"`base` to on_notice(step, stage, microbatch, tag, at), oldest first; returns how many. A\n"
+"record is consumed before its call: what on_notice raises propagates, the rest stay.\n"
+"OverflowError: a ring's counters say more records than it holds (a peer's bytes).");
+static PyObject *board_read(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (!takes("board_read", nargs, 5)) return NULL;
+    long first = PyLong_AsLong(args[1]), stride = PyLong_AsLong(args[2]);
+    long count = PyLong_AsLong(args[3]);
+    if (PyErr_Occurred()) return NULL;
+    if (first < 0 || stride < 0 || count < 0) {
+        PyErr_SetString(PyExc_ValueError, "board_read: first, stride and count are >= 0");
+        return NULL;
+    }
+    long read = 0;
+    for (long i = 0; i < count; i++) {
+        board_ring *r = ring_at(args[0], first + i * stride);
+        if (r == NULL) return NULL;
+        uint64_t tail = __atomic_load_n(&r->tail, __ATOMIC_RELAXED);
+        uint64_t head = __atomic_load_n(&r->head, __ATOMIC_ACQUIRE);
+        if (head - tail > BOARD_SLOTS) {  /* a peer's counter: input, bounded */
+            PyErr_Format(PyExc_OverflowError, "ring %ld holds %llu records unread, at most %d",
+                         first + i * stride, (unsigned long long)(head - tail), BOARD_SLOTS);
+            return NULL;
+        }
+        while (tail != head) {  /* (records posted meanwhile: the next read) */
+            board_record rec = r->slots[tail % BOARD_SLOTS];
+            __atomic_store_n(&r->tail, ++tail, __ATOMIC_RELEASE);
+            PyObject *fields[5] = {PyLong_FromUnsignedLong(rec.step),
+                                   PyLong_FromUnsignedLong(rec.stage),
+                                   PyLong_FromUnsignedLong(rec.microbatch),
+                                   PyLong_FromUnsignedLong(rec.tag), PyFloat_FromDouble(rec.at)};
+            PyObject *out = NULL;
+            if (fields[0] && fields[1] && fields[2] && fields[3] && fields[4])
+                out = PyObject_Vectorcall(args[4], fields, 5, NULL);
+            for (int k = 0; k < 5; k++) Py_XDECREF(fields[k]);
+            if (out == NULL) return NULL;
+            Py_DECREF(out);
+            read++;
+        }
+    }
+    return PyLong_FromLong(read);
+}
+
+PyDoc_STRVAR(board_ring_bytes_doc, "board_ring_bytes() -> the size of one ring in bytes");
+static PyObject *board_ring_bytes(PyObject *self, PyObject *unused) {
+    return PyLong_FromSize_t(sizeof(board_ring));
+}
+
 static PyMethodDef methods[] = {
     {"setup", setup, METH_VARARGS, setup_doc},
     {"send", (PyCFunction)(void (*)(void))send, METH_FASTCALL, send_doc},
@@ -460,6 +561,9 @@ static PyMethodDef methods[] = {
     {"send_head", (PyCFunction)(void (*)(void))send_head, METH_FASTCALL, send_head_doc},
     {"send_multi", (PyCFunction)(void (*)(void))send_multi, METH_FASTCALL, send_multi_doc},
     {"probe", (PyCFunction)(void (*)(void))probe, METH_FASTCALL, probe_doc},
+    {"board_post", (PyCFunction)(void (*)(void))board_post, METH_FASTCALL, board_post_doc},
+    {"board_read", (PyCFunction)(void (*)(void))board_read, METH_FASTCALL, board_read_doc},
+    {"board_ring_bytes", board_ring_bytes, METH_NOARGS, board_ring_bytes_doc},
     {NULL, NULL, 0, NULL},
 };
 

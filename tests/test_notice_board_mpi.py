@@ -1,0 +1,52 @@
+"""The notice board over MPI (aioready/transports/notice_board.py, docs/hot_path.md "Notices
+through a shared-memory board"): the reserving 1F1B and the draining 1F1B with split backward
+over two ranks equal the unsplit model with the board on (every notice posted on it and read,
+none sent as an MPI message: the rings of two ranks never fill in a step of four microbatches)
+and off (`AIOREADY_NOTICE_BOARD=0`: every notice an MPI message, the board unused)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import requires_mpi, run_mpi
+
+SCRIPTS = Path(__file__).resolve().parent / "mpi_scripts"
+TOL = 1e-10
+CASES = ["1f1b:ready:0:0", "1f1b:ready:1:1:drain"]
+
+pytestmark = [pytest.mark.mpi, requires_mpi]
+
+
+def _results(proc: subprocess.CompletedProcess) -> dict[str, str]:
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return dict(line.split(" ", 2)[1:] for line in proc.stdout.splitlines()
+                if line.startswith("RESULT "))
+
+
+def _field(text: str, name: str) -> int | float:
+    match = re.search(rf"\b{name}=(\S+)", text)
+    assert match, f"no {name} in {text!r}"
+    return float(match.group(1))
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("board", ["1", "0"], ids=["board", "switch-off"])
+def test_exact_over_mpi_with_notices_on_the_board_or_not(board: str) -> None:
+    proc = run_mpi(2, [str(SCRIPTS / "exact.py"), *CASES], timeout=150,
+                   env={"AIOREADY_MPI_FAST": "1", "AIOREADY_MPI_NATIVE": "1",
+                        "AIOREADY_NOTICE_BOARD": board})
+    results = _results(proc)
+    assert sorted(results) == sorted(CASES), proc.stdout
+    for case in CASES:
+        result = results[case]
+        assert _field(result, "loss_seen") == 1, (case, result)
+        assert _field(result, "loss_diff") <= TOL, (case, result)
+        assert _field(result, "grad_diff") <= TOL, (case, result)
+        posted, read, mpi = (_field(result, f) for f in ("board", "board_read", "heads"))
+        if board == "1":
+            assert posted > 0 and read == posted and mpi == 0, (case, result)
+        else:
+            assert posted == read == 0 and mpi > 0, (case, result)
