@@ -5,7 +5,7 @@ MPI message cost ~10 us to send and ~33 us to receive, cold, plus a doorbell rin
 receiver: most of what the reserving policy cost beyond strict mode (docs/hot_path.md "Notices
 through a shared-memory board"). Here it is a 24-byte record written into a ring of a shared
 mapping: for each ordered pair (src, dst) of ranks, a single-producer single-consumer ring of
-64 records (step, stage, microbatch, tag: u32 each; `at`: the sender's time.monotonic() when the
+256 records (step, stage, microbatch, tag: u32 each; `at`: the sender's time.monotonic() when the
 task started, f64), its head and tail counters on their own cache lines, in C (native/_mpifast.c
 `board_post`, `board_read`). A full ring refuses the record (`post` answers False): the caller
 sends the notice over MPI as before. Made with the MPI transport, collectively, where the
@@ -49,11 +49,16 @@ from .shared_file import job_name, map_on_every_rank
 
 __all__ = ["NoticeBoard", "notice_board", "SLOTS", "MAX_RANKS"]
 
-SLOTS = 64
-"""Records a ring holds unread (native/_mpifast.c BOARD_SLOTS)."""
+SLOTS = 256
+"""Records a ring holds unread (native/_mpifast.c BOARD_SLOTS): a step's records wait there
+until a consultation reads them or the step ends, and a rank that never consults its forecast
+(the reserving 1F1B's first and last) gets about M a step from a neighbour; at 64 slots a step
+of 128 microbatches filled half its notices into MPI messages (tests/test_notice_board_reads.py
+counts them)."""
 
 MAX_RANKS = 64
-"""No board for more ranks: rings grow as the square of the ranks (6.8 MB of /dev/shm at 64)."""
+"""No board for more ranks: rings grow as the square of the ranks (6.3 kB each: 0.4 MB of
+/dev/shm at 8 ranks, 26 MB at 64)."""
 
 OnRecord = Callable[[int, int, int, int, float], None]
 

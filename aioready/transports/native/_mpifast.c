@@ -464,7 +464,7 @@ static PyObject *send_multi(PyObject *self, PyObject *const *args, Py_ssize_t na
  * src * n + dst of the mapping. `head` is written by src alone, `tail` by dst alone, each on its
  * own cache line; a record is written before its head is published (release) and read after
  * the head is seen (acquire), and its slot is reused only after the tail passed it. */
-#define BOARD_SLOTS 64
+#define BOARD_SLOTS 256  /* a step's notices to a rank that rarely consults its forecast */
 typedef struct { uint32_t step, stage, microbatch, tag; double at; } board_record;
 typedef struct {
     uint64_t head; char pad_head[56];
@@ -485,7 +485,7 @@ static board_ring *ring_at(PyObject *base, long index) {
 PyDoc_STRVAR(board_post_doc,
 "board_post(base, ring, step, stage, microbatch, tag, at) -> bool\n"
 "Write the record into ring `ring` of the board mapped at address `base`; False (nothing\n"
-"written) when its 64 slots are all unread, or a field does not fit 32 bits.");
+"written) when its 256 slots are all unread, or a field does not fit 32 bits.");
 static PyObject *board_post(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (!takes("board_post", nargs, 7)) return NULL;
     long index = PyLong_AsLong(args[1]);
