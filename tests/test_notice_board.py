@@ -1,10 +1,10 @@
 """The notice board (aioready/transports/notice_board.py, docs/hot_path.md "Notices through a
 shared-memory board"): its rings in C keep each sender's records in order, refuse a record when
 full (the notice then goes as a Message), and serve several senders; a runtime posts its notices
-there dated by the task's start, reads them before each decision, checks them as a notice's
-header is checked, ignores one whose message came first; an in-process pipeline whose endpoints
-share a board equals the unsplit model with every notice on the board; a sealed transport
-offers no board."""
+there dated by the task's start, reads them where its forecast is consulted (the rest dropped
+at the step's end), checks them as a notice's header is checked, ignores one whose message came
+first but for its duration; an in-process pipeline whose endpoints share a board equals the
+unsplit model with every notice on the board; a sealed transport offers no board."""
 
 from __future__ import annotations
 
@@ -215,6 +215,7 @@ def test_board_records_are_checked_dated_by_the_sender_and_stale_ones_ignored() 
     assert rt.forecast.earliest_arrival(f2) == 92.0  # the sender's date, not the reading's
     rt._board_notice(4, 1, 1, NOTICE_B | 5_000_000, 95.0)  # B1 arrived already: ignored
     assert rt.forecast._expected.keys() == {f2}
+    assert rt.forecast._feeder[(0, Kind.B)] == 5.0  # but for its feeder's duration (read late)
     rt._board_notice(3, 1, 3, 1, 90.0)  # another step's: dropped
     assert rt.failed == []
     for fields in ((4, 0, 0, 1, 1.0), (4, 1, 9, 1, 1.0), (4, 1, 3, 1, math.nan),
