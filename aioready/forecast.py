@@ -152,6 +152,10 @@ class Forecast:
         self._feeder[(task.chunk, task.kind)] = duration
         self._expected[task] = (self._now() if at is None else at) + duration
 
+    def announced(self, task: Task, duration: float) -> None:
+        """A notice for `task` read after its message: only the feeder's duration counts."""
+        self._feeder[(task.chunk, task.kind)] = duration
+
     def arrived(self, task: Task) -> None:
         self._expected.pop(task, None)
 

@@ -1,10 +1,10 @@
 """The notice board (aioready/transports/notice_board.py, docs/hot_path.md "Notices through a
 shared-memory board"): its rings in C keep each sender's records in order, refuse a record when
 full (the notice then goes as a Message), and serve several senders; a runtime posts its notices
-there dated by the task's start, reads them before each decision, checks them as a notice's
-header is checked, ignores one whose message came first; an in-process pipeline whose endpoints
-share a board equals the unsplit model with every notice on the board; a sealed transport
-offers no board."""
+there dated by the task's start, reads them where its forecast is consulted (the rest dropped
+at the step's end), checks them as a notice's header is checked, ignores one whose message came
+first but for its duration; an in-process pipeline whose endpoints share a board equals the
+unsplit model with every notice on the board; a sealed transport offers no board."""
 
 from __future__ import annotations
 
@@ -51,9 +51,9 @@ def boards(n: int) -> list[NoticeBoard]:
     return [NoticeBoard(module, shared, slots, r) for r in range(n)]
 
 
-def records(board: NoticeBoard) -> list[tuple[Any, ...]]:
+def records(board: NoticeBoard, step: int = 0) -> list[tuple[Any, ...]]:
     got: list[tuple[Any, ...]] = []
-    board.read(lambda *fields: got.append(fields))
+    board.read(lambda *fields: got.append(fields), step)
     return got
 
 
@@ -62,9 +62,9 @@ def test_records_arrive_in_order_with_their_fields() -> None:
     sent = [(3, 1, m, (NOTICE_B if m % 2 else 0) | (1000 + m), 12.5 + m / 3) for m in range(5)]
     for fields in sent:
         assert b0.post(1, *fields)
-    assert records(b0) == []  # nothing for rank 0
-    assert records(b1) == sent
-    assert records(b1) == []  # read once
+    assert records(b0, 3) == []  # nothing for rank 0
+    assert records(b1, 3) == sent
+    assert records(b1, 3) == []  # read once
     assert (b0.num_posted, b1.num_read) == (5, 5)
     assert not b0.post(1, 1 << 32, 0, 0, 0, 0.0)  # a field the record cannot hold: MPI's way
     assert not b0.post(7, 0, 0, 0, 0, 0.0)  # not a local rank
@@ -94,10 +94,10 @@ def test_several_senders_and_a_reader_that_raises() -> None:
         raise ValueError(fields[2])
 
     with pytest.raises(ValueError, match="5"):
-        b1.read(boom)
+        b1.read(boom, 0)
     assert [r[2] for r in records(b1)] == [6]  # the one that raised is consumed, not the rest
     b1.close()
-    assert b1.read(boom) == 0 and not b1.post(0, 0, 0, 0, 0, 0.0)
+    assert b1.read(boom, 0) == 0 and not b1.post(0, 0, 0, 0, 0, 0.0)
 
 
 def test_counters_out_of_bounds_are_a_protocol_error() -> None:
@@ -109,7 +109,7 @@ def test_counters_out_of_bounds_are_a_protocol_error() -> None:
     head = ring * board_bytes(native.load(), 1)  # the ring's first bytes: its head
     b0._view[head:head + 8] = np.frombuffer((SLOTS + 5).to_bytes(8, "little"), np.uint8)
     with pytest.raises(ProtocolError, match="out of bounds"):
-        b1.read(lambda *fields: None)
+        b1.read(lambda *fields: None, 0)
 
 
 @pytest.mark.parametrize("size,switch", [(2, "0"), (MAX_RANKS + 1, "1")])
@@ -137,7 +137,7 @@ class FullBoard:
         self.num_refused += 1
         return False
 
-    def read(self, on_record: Any) -> int:
+    def read(self, on_record: Any, step: int) -> int:
         return 0
 
 
@@ -185,9 +185,10 @@ async def test_a_pipeline_with_a_board_equals_the_unsplit_model(hint: str, split
     else:
         posted = sum(b.num_posted for b in shared)
         assert sum(b.num_full for b in shared) == 0
-        assert sum(b.num_read for b in shared) == posted
-        if board == "board":  # no notice went as a Message
-            assert posted > 0 and messages == data
+        read, skipped = (sum(b.num_read for b in shared), sum(b.num_skipped for b in shared))
+        assert read + skipped == posted  # read where consulted, the rest dropped at step ends
+        if board == "board":  # no notice went as a Message; the drain consults the forecast
+            assert posted > 0 and messages == data and (read > 0 or policy != "drain")
         else:
             assert posted == 0 and messages > data
     stages = make_mlp_stages(S, seed=S)
@@ -214,6 +215,7 @@ def test_board_records_are_checked_dated_by_the_sender_and_stale_ones_ignored() 
     assert rt.forecast.earliest_arrival(f2) == 92.0  # the sender's date, not the reading's
     rt._board_notice(4, 1, 1, NOTICE_B | 5_000_000, 95.0)  # B1 arrived already: ignored
     assert rt.forecast._expected.keys() == {f2}
+    assert rt.forecast._feeder[(0, Kind.B)] == 5.0  # but for its feeder's duration (read late)
     rt._board_notice(3, 1, 3, 1, 90.0)  # another step's: dropped
     assert rt.failed == []
     for fields in ((4, 0, 0, 1, 1.0), (4, 1, 9, 1, 1.0), (4, 1, 3, 1, math.nan),

@@ -245,14 +245,19 @@ class RankRuntime:
         self.step_index = step
         n_chunks = len(self.stages)
         M = self.num_microbatches
+        forecast, board = self.forecast, self._board is not None and self._notices is not None
+        if board:  # old records go, in C (transports/notice_board.py)
+            self._board.read(None, step)
         ready = ReadySet(
             self._priority, cap=self.cap, num_chunks=n_chunks,
             split_backward=self.split_backward, strict_order=self._strict_order,
             reserve_order=self._reserve_order,
             reserve_peak=self._hint_peak,
-            fits=self.forecast.fits if self._reserving else None, held=self.held,
+            fits=(self._read_fits if board else forecast.fits  # type: ignore[union-attr]
+                  ) if self._reserving else None, held=self.held,
             lightness=self.forecast.carried if self._light else None,  # type: ignore[union-attr]
-            drain=self.forecast.clear_of_gradients if self._drain else None,  # type: ignore
+            drain=(self._read_clear if board else forecast.clear_of_gradients  # type: ignore
+                   ) if self._drain else None,
             entries=M)
         self._ready: ReadyQueue = ready
         if self.coordinator is not None:
@@ -356,6 +361,8 @@ class RankRuntime:
             return
         if self._missing.get(task, 0) > 0:  # else its message came first: nothing to expect
             self.forecast.notice(task, duration, at)  # type: ignore[union-attr]
+        elif at is not None:  # a board's record read late: the duration still counts
+            self.forecast.announced(task, duration)  # type: ignore[union-attr]
 
     def _board_notice(self, step: int, stage: int, microbatch: int, tag: int,
                       at: float) -> None:
@@ -428,10 +435,10 @@ class RankRuntime:
         self._reset(step, inputs, targets)
         try:
             engine = self._engine = ProgressEngine.existing()
-            check = self._check if self._board is None or self._notices is None \
-                else self._read_then_check  # notices read when a decision may need them
             await run_arbiter(self._ready, self._execute, self._wakeup, len(self._missing),
-                              check, None if engine is None else engine.set_waiting)
+                              self._check, None if engine is None else engine.set_waiting)
+            if self._board is not None and self._notices is not None:
+                self._board.read(None, step + 1)  # this step's unread records go
             await self.transport.wait_sent()
             if self.coordinator is not None:
                 await self.coordinator.wait_sent()
@@ -454,13 +461,23 @@ class RankRuntime:
         if self._error is not None:
             raise self._error
 
-    def _read_then_check(self) -> None:
-        """`_check` after reading the notice board: before each decision, which is when the
-        forecast may be consulted (transports/notice_board.py Note [no ring, read at
-        decisions])."""
-        self._board.read(self._board_notice)
+    def _read_board(self) -> None:
+        """Read the notice board's records of this step where the forecast is consulted, so
+        that it sees every record posted before (transports/notice_board.py Note [no ring, read
+        where consulted]); a bad record aborts the step there."""
+        self._board.read(self._board_notice, self.step_index)
         if self._error is not None:
             raise self._error
+
+    def _read_fits(self, candidate: Task, reserved: Task) -> bool:
+        """`Forecast.fits` after reading the board."""
+        self._read_board()
+        return self.forecast.fits(candidate, reserved)  # type: ignore[union-attr]
+
+    def _read_clear(self, candidate: Task) -> bool:
+        """`Forecast.clear_of_gradients` after reading the board."""
+        self._read_board()
+        return self.forecast.clear_of_gradients(candidate)  # type: ignore[union-attr]
 
     async def _execute(self, task: Task) -> None:
         stage = self.stages[task.chunk]

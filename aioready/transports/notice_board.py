@@ -5,24 +5,33 @@ MPI message cost ~10 us to send and ~33 us to receive, cold, plus a doorbell rin
 receiver: most of what the reserving policy cost beyond strict mode (docs/hot_path.md "Notices
 through a shared-memory board"). Here it is a 24-byte record written into a ring of a shared
 mapping: for each ordered pair (src, dst) of ranks, a single-producer single-consumer ring of
-64 records (step, stage, microbatch, tag: u32 each; `at`: the sender's time.monotonic() when the
+256 records (step, stage, microbatch, tag: u32 each; `at`: the sender's time.monotonic() when the
 task started, f64), its head and tail counters on their own cache lines, in C (native/_mpifast.c
 `board_post`, `board_read`). A full ring refuses the record (`post` answers False): the caller
 sends the notice over MPI as before. Made with the MPI transport, collectively, where the
 doorbell's bytes are (shared_file.py), on every rank or on none; without the compiled helper
 there is no board. `AIOREADY_NOTICE_BOARD=0`: no board, notices over MPI.
 
-Note [no ring, read at decisions]: a notice over MPI never woke the arbiter (the runtime's
+Note [no ring, read where consulted]: a notice over MPI never woke the arbiter (the runtime's
 notice handler only updates the forecast); the doorbell rang for it only so that a parked loop
 would read it soon, because its expected arrival was dated by the receiver's clock when it was
 read. A board record carries the sender's start time, and CLOCK_MONOTONIC is one clock for
-every process of a Linux host, so its date does not depend on when it is read: the receiver reads
-the board only when a decision may consult the forecast, before each arbiter decision
-(RankRuntime's check). Decisions are as good or better than with MPI notices: every record
-posted before a decision is seen by it (a release store of the head before the decision's
-acquire load), where an MPI notice was seen only if a poll had received it; and its expected
-arrival is the sender's start plus the duration, not the receiver's later reading time plus the
-duration (which predicted the message too late by the notice's latency).
+every process of a Linux host, so its date does not depend on when it is read: the receiver
+reads the board only where the forecast is consulted, in the ReadySet's `fits` and `drain`
+callbacks (RankRuntime `_read_fits`, `_read_clear`), each read just before its consultation.
+Every record posted before a consultation is seen by it (the sender's release store of the
+head before the reader's acquire load), which is what reading before every decision gave and
+one better: a record posted between a decision's start and its consultation (by another
+process) is seen too. The forecast's state at a consultation is the one reading before every
+decision would leave, but for one thing: a record read after its task's message came sets no
+expected arrival either way (`arrived` has cleared it, or the `_missing` guard skips it), yet it
+now sets the feeder's last announced duration (Forecast.announced), which reading before each
+decision did only when a decision happened to fall between the post and the message. Now that
+duration is always the last one announced before the consultation, not a race's pick. Records
+are read for one step: those of earlier steps are dropped in C without a call (at a step's start
+and end, and at any read), those of a later step (a peer ahead) stay for it, where reading
+before every decision dropped them or not by the same race. A step's unread records go at its
+end; a ring full before then refuses, and the notice goes over MPI (correct, slower).
 """
 
 from __future__ import annotations
@@ -40,11 +49,16 @@ from .shared_file import job_name, map_on_every_rank
 
 __all__ = ["NoticeBoard", "notice_board", "SLOTS", "MAX_RANKS"]
 
-SLOTS = 64
-"""Records a ring holds unread (native/_mpifast.c BOARD_SLOTS)."""
+SLOTS = 256
+"""Records a ring holds unread (native/_mpifast.c BOARD_SLOTS): a step's records wait there
+until a consultation reads them or the step ends, and a rank that never consults its forecast
+(the reserving 1F1B's first and last) gets about M a step from a neighbour; at 64 slots a step
+of 128 microbatches filled half its notices into MPI messages (tests/test_notice_board_reads.py
+counts them)."""
 
 MAX_RANKS = 64
-"""No board for more ranks: rings grow as the square of the ranks (6.8 MB of /dev/shm at 64)."""
+"""No board for more ranks: rings grow as the square of the ranks (6.3 kB each: 0.4 MB of
+/dev/shm at 8 ranks, 26 MB at 64)."""
 
 OnRecord = Callable[[int, int, int, int, float], None]
 
@@ -53,7 +67,7 @@ class NoticeBoard:
     """One rank's view of the board: `post` into its rings to peers, `read` of theirs to it."""
 
     __slots__ = ("_module", "_map", "_view", "_base", "_slot", "_first", "_count", "_me",
-                 "num_posted", "num_full", "num_read")
+                 "num_posted", "num_full", "num_read", "num_skipped")
 
     def __init__(self, module: ModuleType, shared: mmap.mmap, slots: dict[int, int],
                  me: int) -> None:
@@ -68,7 +82,7 @@ class NoticeBoard:
         self._slot = {rank: mine * count + i for rank, i in slots.items() if rank != me}
         self._first, self._count = mine, count  # reads rings mine, mine + count, ...
         self._me = me
-        self.num_posted = self.num_full = self.num_read = 0
+        self.num_posted = self.num_full = self.num_read = self.num_skipped = 0
 
     def post(self, dest: int, step: int, stage: int, microbatch: int, tag: int,
              at: float) -> bool:
@@ -83,21 +97,25 @@ class NoticeBoard:
         self.num_full += 1
         return False
 
-    def read(self, on_record: OnRecord) -> int:
-        """Hand every unread record for this rank to on_record(step, stage, microbatch, tag,
-        at), oldest first per sender; how many. What on_record raises propagates (the record
-        that raised is consumed, the rest stay for the next read); counters that say more
-        records than a ring holds (a peer's bytes) raise ProtocolError."""
+    def read(self, on_record: OnRecord | None, step: int) -> int:
+        """Hand every unread record of `step` for this rank to on_record(step, stage,
+        microbatch, tag, at), oldest first per sender; how many. Records of earlier steps are
+        dropped in C without a call (`num_skipped`), those of later steps stay for them; with
+        on_record None the records of `step` stay too (what a step's start and end discard).
+        What on_record raises propagates (the record that raised is consumed, the rest stay
+        for the next read); counters that say more records than a ring holds (a peer's bytes)
+        raise ProtocolError."""
         if self._base is None:
             return 0
         try:
-            got = self._module.board_read(self._base, self._first, self._count, self._count,
-                                          on_record)
+            got, skipped = self._module.board_read(self._base, self._first, self._count,
+                                                   self._count, step, on_record)
         except OverflowError as exc:  # a peer wrote counters that no ring can hold
             raise ProtocolError("notice board ring out of bounds", rank=self._me,
                                 expected=f"at most {SLOTS} records unread", got=str(exc)
                                 ) from None
         self.num_read += got
+        self.num_skipped += skipped
         return got
 
     def close(self) -> None:

@@ -83,9 +83,10 @@ async def one_case(comm, case: str, seed: int) -> None:
     heads = comm.allreduce(getattr(transport._native, "num_heads", 0))  # notices sent in C
     # notices read in C, handed to the runtime as fields (route_notices)
     notices_in = comm.allreduce(getattr(transport._native, "num_notices", 0))
-    board = transport.notice_board  # notices posted on the shared-memory board, and read
+    board = transport.notice_board  # notices posted on the shared-memory board, read or dropped
     posted = comm.allreduce(0 if board is None else board.num_posted)
     board_read = comm.allreduce(0 if board is None else board.num_read)
+    board_skipped = comm.allreduce(0 if board is None else board.num_skipped)
     ref_loss, ref = reference_step(make_mlp_stages(S, width=WIDTH, seed=seed), mse_loss, xs, ys)
     gdiff = 0.0
     for s in mine:
@@ -98,7 +99,7 @@ async def one_case(comm, case: str, seed: int) -> None:
         say(f"RESULT {case} loss_diff={ldiff:.3e} grad_diff={gdiff:.3e} "
             f"loss_seen={int(has_loss)} quiet={quiet} disarms={disarms} "
             f"hushes={hushes} heads={heads} notices_in={notices_in} board={posted} "
-            f"board_read={board_read}")
+            f"board_read={board_read} board_skipped={board_skipped}")
 
 
 async def out_of_order(comm, seed: int) -> None:

@@ -16,8 +16,9 @@
  *        among them) are viewed from the plan's views where asked (`multi`).
  *
  * board_post / board_read: the notice board's rings (notice_board.py): a record written into
- *        the ring of (this rank, a peer) of a shared mapping, and every new record of the rings
- *        (any peer, this rank) handed to a callback; single producer, single consumer, the
+ *        the ring of (this rank, a peer) of a shared mapping, and the new records of the rings
+ *        (any peer, this rank) of one step handed to a callback, those of older steps dropped
+ *        without a call; single producer, single consumer, the
  *        counters published with release stores and read with acquire loads.
  *
  * The wire format is header.py's `_FIXED` = "<HBBIHIIB" (19 bytes), little-endian.
@@ -463,7 +464,7 @@ static PyObject *send_multi(PyObject *self, PyObject *const *args, Py_ssize_t na
  * src * n + dst of the mapping. `head` is written by src alone, `tail` by dst alone, each on its
  * own cache line; a record is written before its head is published (release) and read after
  * the head is seen (acquire), and its slot is reused only after the tail passed it. */
-#define BOARD_SLOTS 64
+#define BOARD_SLOTS 256  /* a step's notices to a rank that rarely consults its forecast */
 typedef struct { uint32_t step, stage, microbatch, tag; double at; } board_record;
 typedef struct {
     uint64_t head; char pad_head[56];
@@ -484,7 +485,7 @@ static board_ring *ring_at(PyObject *base, long index) {
 PyDoc_STRVAR(board_post_doc,
 "board_post(base, ring, step, stage, microbatch, tag, at) -> bool\n"
 "Write the record into ring `ring` of the board mapped at address `base`; False (nothing\n"
-"written) when its 64 slots are all unread, or a field does not fit 32 bits.");
+"written) when its 256 slots are all unread, or a field does not fit 32 bits.");
 static PyObject *board_post(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (!takes("board_post", nargs, 7)) return NULL;
     long index = PyLong_AsLong(args[1]);
@@ -505,21 +506,26 @@ static PyObject *board_post(PyObject *self, PyObject *const *args, Py_ssize_t na
 }
 
 PyDoc_STRVAR(board_read_doc,
-"board_read(base, first, stride, count, on_notice) -> int\n"
-"Hand every new record of the rings first, first + stride, ... (count rings) of the board at\n"
-"`base` to on_notice(step, stage, microbatch, tag, at), oldest first; returns how many. A\n"
-"record is consumed before its call: what on_notice raises propagates, the rest stay.\n"
+"board_read(base, first, stride, count, step, on_notice) -> (read, skipped)\n"
+"Consume the new records of the rings first, first + stride, ... (count rings) of the board\n"
+"at `base`, oldest first: those of a step before `step` without a call (skipped), those of\n"
+"`step` each handed to on_notice(step, stage, microbatch, tag, at) (read); a ring stops at\n"
+"its first record of a later step (a sender's steps only grow), which stays for the step\n"
+"that reads it. on_notice None: the records of `step` stay too (only the older ones go).\n"
+"A record is consumed before its call: what on_notice raises propagates, the rest stay.\n"
 "OverflowError: a ring's counters say more records than it holds (a peer's bytes).");
 static PyObject *board_read(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (!takes("board_read", nargs, 5)) return NULL;
+    if (!takes("board_read", nargs, 6)) return NULL;
     long first = PyLong_AsLong(args[1]), stride = PyLong_AsLong(args[2]);
-    long count = PyLong_AsLong(args[3]);
+    long count = PyLong_AsLong(args[3]), step = PyLong_AsLong(args[4]);
     if (PyErr_Occurred()) return NULL;
-    if (first < 0 || stride < 0 || count < 0) {
-        PyErr_SetString(PyExc_ValueError, "board_read: first, stride and count are >= 0");
+    if (first < 0 || stride < 0 || count < 0 || step < 0) {
+        PyErr_SetString(PyExc_ValueError, "board_read: first, stride, count and step are >= 0");
         return NULL;
     }
-    long read = 0;
+    PyObject *on_notice = args[5] == Py_None ? NULL : args[5];
+    uint64_t upto = (uint64_t)step + (on_notice != NULL);  /* records of steps below: consumed */
+    long read = 0, skipped = 0;
     for (long i = 0; i < count; i++) {
         board_ring *r = ring_at(args[0], first + i * stride);
         if (r == NULL) return NULL;
@@ -532,21 +538,26 @@ static PyObject *board_read(PyObject *self, PyObject *const *args, Py_ssize_t na
         }
         while (tail != head) {  /* (records posted meanwhile: the next read) */
             board_record rec = r->slots[tail % BOARD_SLOTS];
+            if ((uint64_t)rec.step >= upto) break;  /* a later step's: left for it */
             __atomic_store_n(&r->tail, ++tail, __ATOMIC_RELEASE);
+            if ((uint64_t)rec.step < (uint64_t)step) {
+                skipped++;
+                continue;
+            }
             PyObject *fields[5] = {PyLong_FromUnsignedLong(rec.step),
                                    PyLong_FromUnsignedLong(rec.stage),
                                    PyLong_FromUnsignedLong(rec.microbatch),
                                    PyLong_FromUnsignedLong(rec.tag), PyFloat_FromDouble(rec.at)};
             PyObject *out = NULL;
             if (fields[0] && fields[1] && fields[2] && fields[3] && fields[4])
-                out = PyObject_Vectorcall(args[4], fields, 5, NULL);
+                out = PyObject_Vectorcall(on_notice, fields, 5, NULL);
             for (int k = 0; k < 5; k++) Py_XDECREF(fields[k]);
             if (out == NULL) return NULL;
             Py_DECREF(out);
             read++;
         }
     }
-    return PyLong_FromLong(read);
+    return Py_BuildValue("(ll)", read, skipped);
 }
 
 PyDoc_STRVAR(board_ring_bytes_doc, "board_ring_bytes() -> the size of one ring in bytes");
