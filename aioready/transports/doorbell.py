@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from .shared_file import job_name, map_on_every_rank
+from .shared_file import job_name, map_on_every_rank, unmap
 
 __all__ = ["Doorbell"]
 
@@ -104,9 +104,5 @@ class Doorbell:
             self._sock.close()
             self._sock = None
         self._flags = np.zeros(0, np.uint8)
-        if self._map is not None:
-            try:
-                self._map.close()
-            except BufferError:  # a view is still alive somewhere: the GC unmaps it
-                pass
-            self._map = None
+        unmap(self._map)
+        self._map = None

@@ -45,7 +45,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..errors import ProtocolError
-from .shared_file import job_name, map_on_every_rank
+from .shared_file import job_name, map_on_every_rank, unmap
 
 __all__ = ["NoticeBoard", "notice_board", "SLOTS", "MAX_RANKS"]
 
@@ -122,12 +122,8 @@ class NoticeBoard:
         """Local: no other rank takes part; later posts answer False, reads 0."""
         self._base = None
         self._view = np.zeros(0, np.uint8)
-        if self._map is not None:
-            try:
-                self._map.close()
-            except BufferError:  # a view is still alive somewhere: the GC unmaps it
-                pass
-            self._map = None
+        unmap(self._map)
+        self._map = None
 
 
 def board_bytes(module: ModuleType, ranks: int) -> int:

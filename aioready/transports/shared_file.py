@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-__all__ = ["job_name", "map_on_every_rank"]
+__all__ = ["job_name", "map_on_every_rank", "unmap"]
 
 
 def job_name(world: Any) -> str:
@@ -77,3 +77,14 @@ def _map(MPI: Any, local: Any, me: int, path: str, nbytes: int,
         return None
     assert mapped is not None
     return mapped, {int(w): i for i, w in enumerate(ranks)}
+
+
+def unmap(mapped: mmap.mmap | None) -> None:
+    """Close a mapping of `map_on_every_rank` (local). A view of it still alive somewhere
+    keeps it mapped until the collector frees that view: closing then is not an error."""
+    if mapped is None:
+        return
+    try:
+        mapped.close()
+    except BufferError:
+        pass
