@@ -51,3 +51,18 @@ def test_exact_over_mpi_with_notices_on_the_board_or_not(board: str) -> None:
             assert posted > 0 and read + skipped == posted and mpi == 0, (case, result)
         else:
             assert posted == read == skipped == 0 and mpi > 0, (case, result)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("variable", ["AIOREADY_NOTICE_BOARD", "AIOREADY_MPI_FAST"])
+def test_a_switch_set_differently_on_two_ranks_is_a_config_error_on_both_not_a_hang(
+        variable: str) -> None:
+    proc = run_mpi(2, [str(SCRIPTS / "switches.py"), variable], timeout=90,
+                   env={"AIOREADY_MPI_FAST": "1", "AIOREADY_NOTICE_BOARD": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = sorted(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))
+    assert [line.split(" ", 3)[1:3] for line in lines] == [["0", "ConfigError"],
+                                                            ["1", "ConfigError"]], proc.stdout
+    for line in lines:
+        assert variable in line and "differs between ranks" in line, line
+    assert "=on" in lines[0] and "=off" in lines[1], lines

@@ -51,7 +51,7 @@ import numpy as np
 from ..cuda.mpi import HostStager, cuda_mpi_support, mpi_device_buffer
 from ..cuda.nccl import open_gpu_plane
 from ..cuda.plane import forced_gpu_plane
-from ..errors import AioreadyError, InternalError, ProtocolError
+from ..errors import AioreadyError, ConfigError, InternalError, ProtocolError
 from ..progress import ProgressConfig, ProgressEngine
 from .base import Deliver, Message, MessageKind, OnFailure, outside_world
 from .device_payloads import receive_payloads, send_payloads
@@ -60,7 +60,7 @@ from .header import MAX_TENSORS, TensorSpec
 from .mpi_native import NativePath, header_too_large
 from .mpi_requests import PendingRequests
 from .native import load as load_native
-from .notice_board import notice_board
+from .notice_board import board_switch, notice_board
 from .ordered import OrderedArrivals, device_tag, split_tag
 from .receive_pool import ReceivePool
 from .tensor_bytes import host_bytes, torch_module
@@ -126,6 +126,8 @@ class MPITransport:
         self.hot_bytes = hot_bytes
         # fast paths (docs/hot_path.md), each with the plain path it replaces kept behind it
         self.fast = os.environ.get("AIOREADY_MPI_FAST", "1") != "0" if fast is None else fast
+        _same_on_every_rank(MPI, self._hdr, {"AIOREADY_MPI_FAST (or fast=)": self.fast,
+                                             "AIOREADY_NOTICE_BOARD": board_switch()})
         self._bell = _doorbell(MPI, self._hdr) if self.fast else None  # collective
         # a ring names this transport, so a waiting engine polls it in the reader callback
         self._ring_source = self if os.environ.get("AIOREADY_RING_POLL", "1") != "0" else None
@@ -694,6 +696,23 @@ def _as_numpy(buf: np.ndarray | bytearray) -> np.ndarray:
 
 def _keep(*_: Any) -> None:
     """A send's `release` that only holds its arguments (memory MPI reads) until it is sent."""
+
+
+def _same_on_every_rank(MPI: Any, comm: Any, switches: dict[str, bool]) -> None:
+    """Switches that decide a collective set-up (the doorbell, the notice board) must agree:
+    a rank whose value differs would skip a collective the others wait in, a hang. Checked
+    with one collective first; a ConfigError on every rank names what differs."""
+    mine = np.array([int(on) for on in switches.values()], np.int32)
+    low, high = np.empty_like(mine), np.empty_like(mine)
+    comm.Allreduce(mine, low, op=MPI.MIN)
+    comm.Allreduce(mine, high, op=MPI.MAX)
+    differ = [name for name, lo, hi in zip(switches, low, high) if lo != hi]
+    if differ:
+        raise ConfigError("a switch of the MPI transport differs between ranks",
+                          rank=comm.Get_rank(), expected="the same value on every rank",
+                          got="on this rank " + ", ".join(
+                              f"{n}={'on' if switches[n] else 'off'}" for n in differ),
+                          fix="set it alike in every rank's environment")
 
 
 def _doorbell(MPI: Any, comm: Any) -> Doorbell | None:

@@ -47,7 +47,7 @@ import numpy as np
 from ..errors import ProtocolError
 from .shared_file import job_name, map_on_every_rank, unmap
 
-__all__ = ["NoticeBoard", "notice_board", "SLOTS", "MAX_RANKS"]
+__all__ = ["NoticeBoard", "notice_board", "board_switch", "SLOTS", "MAX_RANKS"]
 
 SLOTS = 256
 """Records a ring holds unread (native/_mpifast.c BOARD_SLOTS): a step's records wait there
@@ -131,12 +131,18 @@ def board_bytes(module: ModuleType, ranks: int) -> int:
     return ranks * ranks * module.board_ring_bytes()
 
 
+def board_switch() -> bool:
+    """AIOREADY_NOTICE_BOARD (on unless 0): it decides a collective set-up, so the MPI
+    transport checks that every rank has the same value before using it."""
+    return os.environ.get("AIOREADY_NOTICE_BOARD", "1") != "0"
+
+
 def notice_board(MPI: Any, world: Any, module: ModuleType | None) -> NoticeBoard | None:
     """A board for `world` (collective: every rank calls it) when every rank is on this Linux
     host and has the compiled helper `module`, they are at most MAX_RANKS, and
     AIOREADY_NOTICE_BOARD is not 0; else None."""
-    if os.environ.get("AIOREADY_NOTICE_BOARD", "1") == "0" or not sys.platform.startswith(
-            "linux") or world.Get_size() > MAX_RANKS:
+    if not board_switch() or not sys.platform.startswith("linux") or \
+            world.Get_size() > MAX_RANKS:
         return None
     name = job_name(world)
     shared = map_on_every_rank(
