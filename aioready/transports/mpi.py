@@ -703,9 +703,9 @@ def _same_on_every_rank(MPI: Any, comm: Any, switches: dict[str, bool]) -> None:
     a rank whose value differs would skip a collective the others wait in, a hang. Checked
     with one collective first; a ConfigError on every rank names what differs."""
     mine = np.array([int(on) for on in switches.values()], np.int32)
-    low, high = np.empty_like(mine), np.empty_like(mine)
-    comm.Allreduce(mine, low, op=MPI.MIN)
-    comm.Allreduce(mine, high, op=MPI.MAX)
+    least = np.empty(2 * len(mine), np.int32)  # min of each value, and of 1 - each: its max
+    comm.Allreduce(np.concatenate([mine, 1 - mine]), least, op=MPI.MIN)
+    low, high = least[:len(mine)], 1 - least[len(mine):]
     differ = [name for name, lo, hi in zip(switches, low, high) if lo != hi]
     if differ:
         raise ConfigError("a switch of the MPI transport differs between ranks",
