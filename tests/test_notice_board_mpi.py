@@ -2,7 +2,8 @@
 through a shared-memory board"): the reserving 1F1B and the draining 1F1B with split backward
 over two ranks equal the unsplit model with the board on (every notice posted on it, then read
 where the forecast is consulted or dropped at its step's end, none sent as an MPI message: the
-rings of two ranks never fill in a step of four microbatches) and off (`AIOREADY_NOTICE_BOARD=0`: every notice an MPI message, the board unused)."""
+rings of two ranks never fill in a step of four microbatches) and off (`AIOREADY_NOTICE_BOARD=0`:
+every notice an MPI message, the board unused)."""
 
 from __future__ import annotations
 

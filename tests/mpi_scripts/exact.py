@@ -1,8 +1,9 @@
 """Pipeline cases over MPITransport vs the unsplit model; rank 0 prints one RESULT line per case.
 
 Usage: mpiexec -n R python tests/mpi_scripts/exact.py CASE [CASE ...]
-CASE = hint:mode:split:varlen[:policy], e.g. 1f1b:ready:1:0 (policy: reserve unless named). Every rank builds the same full model from a
-fixed seed and keeps its own stages; the reference runs the whole model on every rank.
+CASE = hint:mode:split:varlen[:policy], e.g. 1f1b:ready:1:0 (policy: reserve unless named).
+Every rank builds the same full model from a fixed seed and keeps its own stages; the reference
+runs the whole model on every rank.
 CASE = ooo (2 ranks): rank 0 is a raw MPITransport sender that runs stage 0 by hand and sends
 microbatch 3 first, the others 0.3 s later; rank 1 runs stage 1 in ready mode and must run F3
 first. Gradients of both stages are still checked against the reference.
