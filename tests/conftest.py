@@ -62,6 +62,51 @@ def run_mpi(n: int, args: Sequence[str], *, timeout: float,
                           timeout=timeout)
 
 
+class SharedLaunch:
+    """One launch of tests/mpi_scripts/exact.py on `n` ranks that runs the tokens every test
+    module asked for, each token in its own event loop with its switches set (`K=V,K=V@CASE`).
+
+    A launch costs each rank an import of torch (about 2.5 s of CPU here) and a case well under
+    one, so the modules that check a case with a switch on and off share one launch instead of
+    paying one each. Modules call `need` at import (pytest imports them all before any test runs);
+    the first `results` runs the launch, and each test asserts on its own tokens' RESULT lines.
+    """
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.tokens: list[str] = []
+        self._done: tuple[subprocess.CompletedProcess[str], dict[str, str]] | None = None
+
+    def need(self, *tokens: str) -> list[str]:
+        if self._done is not None:
+            raise RuntimeError("SharedLaunch.need after the launch ran: call it at import")
+        self.tokens += [t for t in tokens if t not in self.tokens]
+        return list(tokens)
+
+    def results(self, tokens: Sequence[str], *, timeout: float = 240) -> dict[str, str]:
+        """{token: the rest of its RESULT line} for `tokens`; the launch must have exited 0."""
+        if self._done is None:
+            proc = run_mpi(self.n, [str(ROOT / "tests" / "mpi_scripts" / "exact.py"),
+                                    *self.tokens], timeout=timeout)
+            lines = dict(line.split(" ", 2)[1:] for line in proc.stdout.splitlines()
+                         if line.startswith("RESULT "))
+            self._done = (proc, lines)
+        proc, lines = self._done
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        missing = [t for t in tokens if t not in lines]
+        assert not missing, (missing, proc.stdout[-3000:])
+        return {t: lines[t] for t in tokens}
+
+
+def switched(switches: Mapping[str, str], *cases: str) -> list[str]:
+    """exact.py tokens: each case with `switches` set in its ranks' environment."""
+    prefix = ",".join(f"{k}={v}" for k, v in switches.items())
+    return [f"{prefix}@{case}" if prefix else case for case in cases]
+
+
+EXACT_2 = SharedLaunch(2)  # the 2-rank exact.py launch the MPI switch tests share
+
+
 def run_torchrun(n: int, args: Sequence[str], *, timeout: float,
                  env: Mapping[str, str] | None = None,
                  monitor_interval: float = 0.2) -> subprocess.CompletedProcess[str]:

@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import requires_mpi, run_mpi
+from conftest import EXACT_2, requires_mpi, run_mpi, switched
 
 SCRIPTS = Path(__file__).resolve().parent / "mpi_scripts"
 TOL = 1e-10
@@ -100,6 +100,20 @@ def test_bad_notice_headers_raise_the_same_with_notices_read_in_c_or_not() -> No
 
 
 CASES = ["1f1b:ready:1:1", "interleaved-1f1b:strict:0:1", "dtypes", "plans"]
+NOTICE = "1f1b:ready:1:1"
+MPI_NOTICES = {"AIOREADY_MPI_NATIVE": "1", "AIOREADY_NOTICE_BOARD": "0"}  # notices as messages
+# every switch on and off, run in the 2-rank launch other modules share (conftest.SharedLaunch)
+HELPER = {n: EXACT_2.need(*switched({"AIOREADY_MPI_NATIVE": n}, *CASES)) for n in ("1", "0")}
+HEADS = {h: EXACT_2.need(*switched({**MPI_NOTICES, "AIOREADY_NATIVE_HEADERS": h}, NOTICE))[0]
+         for h in ("1", "0")}
+RECV_HEADS = {r: EXACT_2.need(*switched({**MPI_NOTICES, "AIOREADY_NATIVE_RECV_HEADS": r},
+                                        NOTICE))[0] for r in ("1", "0")}
+MULTI = {m: EXACT_2.need(*switched({"AIOREADY_MPI_NATIVE": "1", "AIOREADY_NATIVE_MULTI": m,
+                                    "AIOREADY_NATIVE_RECV_MULTI": "0"}, "multi"))[0]
+         for m in ("1", "0")}
+RECV_MULTI = {r: EXACT_2.need(*switched({"AIOREADY_MPI_NATIVE": "1",
+                                         "AIOREADY_NATIVE_RECV_MULTI": r}, "multi"))[0]
+              for r in ("1", "0")}
 
 
 @pytest.mark.timeout(200)
@@ -108,10 +122,8 @@ def test_exact_over_mpi_with_the_helper_on_and_off(native: str) -> None:
     """Pipelines over two ranks equal the unsplit model, payloads of every kind and lone tensors
     there and back arrive intact, and the lone tensors went through the helper's send and
     receive exactly where it is on."""
-    proc = run_mpi(2, [str(SCRIPTS / "exact.py"), *CASES], timeout=150,
-                   env={"AIOREADY_MPI_NATIVE": native})
-    results = _results(proc)
-    assert sorted(results) == sorted(CASES), proc.stdout
+    lines = EXACT_2.results(HELPER[native])
+    results = {case: lines[token] for case, token in zip(CASES, HELPER[native])}
     for case in CASES[:2]:
         assert _field(results[case], "loss_seen") == "1", (case, results[case])
         assert float(_field(results[case], "loss_diff")) <= TOL, (case, results[case])
@@ -134,11 +146,7 @@ def test_exact_over_mpi_with_notices_sent_by_the_helper_or_not(heads: str) -> No
     `send_head` (`AIOREADY_NATIVE_HEADERS`, docs/hot_path_measurements.md "Ready against strict")
     and by the Python path: the same losses and gradients as the unsplit model either way, and
     notices went through the helper exactly where the switch is on."""
-    case = "1f1b:ready:1:1"
-    proc = run_mpi(2, [str(SCRIPTS / "exact.py"), case], timeout=150,
-                   env={"AIOREADY_MPI_NATIVE": "1", "AIOREADY_NATIVE_HEADERS": heads,
-                        "AIOREADY_NOTICE_BOARD": "0"})  # notices as MPI messages
-    result = _results(proc)[case]
+    result = EXACT_2.results([HEADS[heads]])[HEADS[heads]]
     assert _field(result, "loss_seen") == "1", result
     assert float(_field(result, "loss_diff")) <= TOL, result
     assert float(_field(result, "grad_diff")) <= TOL, result
@@ -155,11 +163,7 @@ def test_exact_over_mpi_with_notices_read_by_the_helper_or_not(recv: str) -> Non
     unsplit model's losses and gradients either way, and notices read in C exactly where the switch
     is on: every one sent but each rank's first (header-only messages' receive plan is learned from
     it)."""
-    case = "1f1b:ready:1:1"
-    proc = run_mpi(2, [str(SCRIPTS / "exact.py"), case], timeout=150,
-                   env={"AIOREADY_MPI_NATIVE": "1", "AIOREADY_NATIVE_RECV_HEADS": recv,
-                        "AIOREADY_NOTICE_BOARD": "0"})  # notices as MPI messages
-    result = _results(proc)[case]
+    result = EXACT_2.results([RECV_HEADS[recv]])[RECV_HEADS[recv]]
     assert _field(result, "loss_seen") == "1", result
     assert float(_field(result, "loss_diff")) <= TOL, result
     assert float(_field(result, "grad_diff")) <= TOL, result
@@ -179,10 +183,7 @@ def test_several_tensors_there_and_back_with_the_helpers_send_or_not(multi: str)
     Python plan: every tensor and None slot comes back as sent, through the C send exactly where it
     is on (received by the Python plan: AIOREADY_NATIVE_RECV_MULTI=0, the test below has the C
     one)."""
-    proc = run_mpi(2, [str(SCRIPTS / "exact.py"), "multi"], timeout=100,
-                   env={"AIOREADY_MPI_NATIVE": "1", "AIOREADY_NATIVE_MULTI": multi,
-                        "AIOREADY_NATIVE_RECV_MULTI": "0"})
-    result = _results(proc)["multi"]
+    result = EXACT_2.results([MULTI[multi]])[MULTI[multi]]
     assert _field(result, "bad") == "0" and int(_field(result, "taken")) > 0, result
     sent = int(_field(result, "native_multi"))
     assert (sent > 0) if multi == "1" else sent == 0, result
@@ -195,9 +196,7 @@ def test_several_tensors_there_and_back_received_by_the_helper_or_not(recv: str)
     (`AIOREADY_NATIVE_RECV_MULTI`, docs/hot_path_measurements.md "The notice's read in one C
     call"), or by the Python plan: every tensor and None slot comes back as sent either way,
     through the C receive exactly where it is on."""
-    proc = run_mpi(2, [str(SCRIPTS / "exact.py"), "multi"], timeout=100,
-                   env={"AIOREADY_MPI_NATIVE": "1", "AIOREADY_NATIVE_RECV_MULTI": recv})
-    result = _results(proc)["multi"]
+    result = EXACT_2.results([RECV_MULTI[recv]])[RECV_MULTI[recv]]
     assert _field(result, "bad") == "0", result
     in_c, python = int(_field(result, "native_in")), int(_field(result, "taken"))
     if recv == "1":

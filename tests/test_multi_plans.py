@@ -4,18 +4,19 @@ for left to the general path, and with the switch off the lone-tensor plans alon
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
-from conftest import requires_mpi, run_mpi
+from conftest import EXACT_2, requires_mpi, switched
 from test_wire_plans import general, learned, same_as_general
 
 from aioready.transports.base import Message, MessageKind
 from aioready.transports.wire import WireCodec
 from aioready.transports.wire_plans import ReceivePlans, SendPlans
 
-SCRIPTS = Path(__file__).resolve().parent / "mpi_scripts"
+MULTI_TOKENS = {multi: EXACT_2.need(*switched({"AIOREADY_MPI_FAST": "1",
+                                              "AIOREADY_MPI_PLANS_MULTI": multi,
+                                              "AIOREADY_NATIVE_RECV_MULTI": "0"}, "multi"))[0]
+                for multi in ("1", "0")}
 
 LAYOUTS = {
     "activation-and-tags": lambda s: (torch.randn(2, 16, 32) + s, torch.arange(2) + s),
@@ -83,11 +84,8 @@ def test_several_tensors_and_none_slots_there_and_back_over_mpi(multi: str) -> N
     None slot only with the switch on."""
     # the Python receive plans are what this counts: the compiled helper's C views of the same
     # plans (AIOREADY_NATIVE_RECV_MULTI) have their own test in test_mpi_native.py
-    proc = run_mpi(2, [str(SCRIPTS / "exact.py"), "multi"], timeout=100,
-                   env={"AIOREADY_MPI_FAST": "1", "AIOREADY_MPI_PLANS_MULTI": multi,
-                        "AIOREADY_NATIVE_RECV_MULTI": "0"})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT multi "))
-    fields = dict(kv.split("=", 1) for kv in line.split()[2:])
+    token = MULTI_TOKENS[multi]
+    line = EXACT_2.results([token])[token]  # one launch other modules share
+    fields = dict(kv.split("=", 1) for kv in line.split())
     assert fields["bad"] == "0", line
     assert (int(fields["taken"]) > 0) if multi == "1" else fields["taken"] == "0", line

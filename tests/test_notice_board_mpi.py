@@ -8,23 +8,19 @@ every notice an MPI message, the board unused)."""
 from __future__ import annotations
 
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import requires_mpi, run_mpi
+from conftest import EXACT_2, requires_mpi, run_mpi, switched
 
 SCRIPTS = Path(__file__).resolve().parent / "mpi_scripts"
 TOL = 1e-10
 CASES = ["1f1b:ready:0:0", "1f1b:ready:1:1:drain"]
 
 pytestmark = [pytest.mark.mpi, requires_mpi]
-
-
-def _results(proc: subprocess.CompletedProcess) -> dict[str, str]:
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return dict(line.split(" ", 2)[1:] for line in proc.stdout.splitlines()
-                if line.startswith("RESULT "))
+TOKENS = {board: EXACT_2.need(*switched({"AIOREADY_MPI_FAST": "1", "AIOREADY_MPI_NATIVE": "1",
+                                         "AIOREADY_NOTICE_BOARD": board}, *CASES))
+          for board in ("1", "0")}
 
 
 def _field(text: str, name: str) -> int | float:
@@ -36,13 +32,9 @@ def _field(text: str, name: str) -> int | float:
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("board", ["1", "0"], ids=["board", "switch-off"])
 def test_exact_over_mpi_with_notices_on_the_board_or_not(board: str) -> None:
-    proc = run_mpi(2, [str(SCRIPTS / "exact.py"), *CASES], timeout=150,
-                   env={"AIOREADY_MPI_FAST": "1", "AIOREADY_MPI_NATIVE": "1",
-                        "AIOREADY_NOTICE_BOARD": board})
-    results = _results(proc)
-    assert sorted(results) == sorted(CASES), proc.stdout
-    for case in CASES:
-        result = results[case]
+    results = EXACT_2.results(TOKENS[board])  # one launch other modules share
+    for case, token in zip(CASES, TOKENS[board]):
+        result = results[token]
         assert _field(result, "loss_seen") == 1, (case, result)
         assert _field(result, "loss_diff") <= TOL, (case, result)
         assert _field(result, "grad_diff") <= TOL, (case, result)

@@ -17,7 +17,10 @@ from aioready.sim.simulator import simulate
 S, M = 4, 16
 
 
-@pytest.mark.parametrize("jitter", ["lognormal:0.5", "multimodal:0.3:3"])
+# multimodal in make test (microbatch sizes: the order candidates share the memo too);
+# lognormal under `heavy`
+@pytest.mark.parametrize("jitter", [pytest.param("lognormal:0.5", marks=pytest.mark.heavy),
+                                    "multimodal:0.3:3"])
 def test_auto_rows_with_the_memo_choose_what_simulate_chooses(jitter: str, monkeypatch) -> None:
     # (held-out rows choose on another draw: tests/test_policy_held.py)
     autos = [c for c in policy.CONFIGS if c.hint == "auto" and not policy._held(c)]

@@ -9,6 +9,8 @@ microbatch 3 first, the others 0.3 s later; rank 1 runs stage 1 in ready mode an
 first. Gradients of both stages are still checked against the reference.
 CASE = dtypes, plans, multi (2 ranks): payloads of every kind, lone tensors, and several tensors
 with None slots, there and back.
+K=V,K=V@CASE: CASE with those environment switches set (and put back after); the RESULT line
+names the whole token.
 """
 
 import asyncio
@@ -33,6 +35,7 @@ WIDTH = 16
 
 
 PLANES: list = []
+LABEL = [""]  # the token being run, as its RESULT line names it
 
 
 def make_transport(comm, **kwargs) -> MPITransport:
@@ -97,7 +100,7 @@ async def one_case(comm, case: str, seed: int) -> None:
     has_loss = max_all(comm, 1.0 if loss is not None else 0.0)
     gdiff, ldiff = max_all(comm, gdiff), max_all(comm, ldiff)
     if rank == 0:
-        say(f"RESULT {case} loss_diff={ldiff:.3e} grad_diff={gdiff:.3e} "
+        say(f"RESULT {LABEL[0]} loss_diff={ldiff:.3e} grad_diff={gdiff:.3e} "
             f"loss_seen={int(has_loss)} quiet={quiet} disarms={disarms} "
             f"hushes={hushes} heads={heads} notices_in={notices_in} board={posted} "
             f"board_read={board_read} board_skipped={board_skipped}")
@@ -140,7 +143,7 @@ async def out_of_order(comm, seed: int) -> None:
                 for p, q in zip(full[rank].parameters(), ref[rank].parameters()))
     gdiff = max_all(comm, gdiff)
     if rank == 1:
-        say(f"RESULT ooo order={order} grad_diff={gdiff:.3e}")
+        say(f"RESULT {LABEL[0]} order={order} grad_diff={gdiff:.3e}")
 
 
 def dtype_payload(m: int) -> tuple:
@@ -192,7 +195,7 @@ async def dtypes(comm) -> None:
     comm.Barrier()
     await transport.close()
     if rank == 0:
-        say(f"RESULT dtypes bad={len(bad)} first={'|'.join(bad[:3]).replace(' ', '_')}")
+        say(f"RESULT {LABEL[0]} bad={len(bad)} first={'|'.join(bad[:3]).replace(' ', '_')}")
 
 
 def lone_payload(i: int) -> torch.Tensor:
@@ -253,7 +256,7 @@ async def plans(comm) -> None:
         wire_plans.ReceivePlans.message = message  # type: ignore[method-assign]
         await transport.close()
     if rank == 0:
-        say(f"RESULT plans bad={len(bad)} first={bad[:3]} taken={taken_all} "
+        say(f"RESULT {LABEL[0]} bad={len(bad)} first={bad[:3]} taken={taken_all} "
             f"native_in={native_in} native_out={native_out}")
 
 
@@ -310,31 +313,58 @@ async def multi(comm) -> None:
         wire_plans.ReceivePlans.message = message  # type: ignore[method-assign]
         await transport.close()
     if rank == 0:
-        say(f"RESULT multi bad={len(bad)} taken={taken_all} native_multi={in_c} "
+        say(f"RESULT {LABEL[0]} bad={len(bad)} taken={taken_all} native_multi={in_c} "
             f"native_in={in_c_received}")
 
 
-async def main() -> None:
+def switched(token: str) -> tuple[dict[str, str], str]:
+    """`K=V,K=V@CASE` -> ({K: V}, CASE); a plain CASE has no switches."""
+    if "@" not in token:
+        return {}, token
+    switches, case = token.split("@", 1)
+    return dict(pair.split("=", 1) for pair in switches.split(",")), case
+
+
+async def one_token(comm, token: str, i: int) -> None:
+    case = switched(token)[1]
+    LABEL[0] = token
+    if case == "ooo":
+        await out_of_order(comm, seed=100 + i)
+    elif case == "dtypes":
+        await dtypes(comm)
+    elif case == "plans":
+        await plans(comm)
+    elif case == "multi":
+        await multi(comm)
+    else:
+        await one_case(comm, case, seed=100 + i)
+
+
+def main() -> None:
+    """Each token in its own event loop, its switches set in the environment around it: a
+    loop's progress engine and a transport read their switches when made, so one launch runs a
+    case with a switch on and off."""
     comm = MPI.COMM_WORLD
-    for i, case in enumerate(sys.argv[1:]):
+    for i, token in enumerate(sys.argv[1:]):
         t0 = time.perf_counter()
-        if case == "ooo":
-            await out_of_order(comm, seed=100 + i)
-        elif case == "dtypes":
-            await dtypes(comm)
-        elif case == "plans":
-            await plans(comm)
-        elif case == "multi":
-            await multi(comm)
-        else:
-            await one_case(comm, case, seed=100 + i)
+        switches = switched(token)[0]
+        before = {key: os.environ.get(key) for key in switches}
+        os.environ.update(switches)
+        try:
+            run(one_token(comm, token, i))
+        finally:
+            for key, value in before.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
         comm.Barrier()
         if comm.Get_rank() == 0:
-            print(f"TIME {case} {time.perf_counter() - t0:.2f}s", file=sys.stderr, flush=True)
+            print(f"TIME {token} {time.perf_counter() - t0:.2f}s", file=sys.stderr, flush=True)
     if PLANES:
         say(f"PLANE rank {comm.Get_rank()} sent={sum(p.num_sent for p in PLANES)} "
             f"received={sum(p.num_received for p in PLANES)}")
 
 
 if __name__ == "__main__":
-    run(main())
+    main()
