@@ -214,8 +214,8 @@ def run_pairs(args: argparse.Namespace, workdir: Path,
             run: dict[str, Any] = {}
             for side in order_of(pair):
                 before = os.getloadavg()[0]
-                run = run_scenario(spec, workdir=workdir / f"pair{pair}-{side}", ranks=RANKS,
-                                   groups=GROUPS, microbatches=args.microbatches,
+                run = run_scenario(spec, workdir=workdir / f"pair{pair}-{side}",
+                                   ranks=args.ranks, groups=GROUPS, microbatches=args.microbatches,
                                    task_ms=args.task_ms, warmup=args.warmup, steps=args.steps,
                                    seed=args.seed, timeout=args.timeout,
                                    aioready_configs=configs["aioready"] if side == "aioready"
@@ -224,10 +224,12 @@ def run_pairs(args: argparse.Namespace, workdir: Path,
                 load[side] = [before, os.getloadavg()[0]]
                 records += run["records"]
             summary = summarize(dict(run, records=records), groups=GROUPS,
-                                microbatches=args.microbatches, warmup=args.warmup, ranks=RANKS)
+                                microbatches=args.microbatches, warmup=args.warmup,
+                                ranks=args.ranks)
             out.append({"pair": pair, "scenario": spec, "order": list(order_of(pair)),
                         "load": load, "rows": summary["rows"],
-                        "figures": pair_ratios(summary["rows"], args.microbatches)})
+                        "figures": pair_ratios(summary["rows"], args.microbatches,
+                                               args.ranks)})
             print(f"[e2e_pairs] pair {pair} `{spec}` ({' then '.join(order_of(pair))}): "
                   + ", ".join(f"{f['config']} {f['ratio_beyond']:.2f}"
                               for f in out[-1]["figures"]), flush=True)
@@ -250,6 +252,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                     help="measured steps per config in each launch (default 8; --quick 2)")
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--microbatches", type=int, default=8)
+    ap.add_argument("--ranks", type=int, default=RANKS,
+                    help=f"ranks on each side (default {RANKS}; the model has {GROUPS} groups)")
     ap.add_argument("--task-ms", type=float, default=20.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per launch")
@@ -260,6 +264,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     args.steps = (2 if args.quick else 8) if args.steps is None else args.steps
     if args.pairs < 1 or args.steps < 1:
         ap.error(f"--pairs and --steps must be at least 1, got {args.pairs} and {args.steps}")
+    if args.ranks < 2 or GROUPS % args.ranks:
+        ap.error(f"--ranks must be at least 2 and divide the model's {GROUPS} groups, "
+                 f"got {args.ranks}")
     return args
 
 
@@ -272,7 +279,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     def save(pairs: list[dict[str, Any]]) -> None:
         """The JSON and the page of the pairs so far (rewritten after every pair)."""
         data.update(pairs=pairs, configs=config_stats(pairs), pairs_asked=args.pairs,
-                    ranks=RANKS, groups=GROUPS, load_start=load_start,
+                    ranks=args.ranks, groups=GROUPS, load_start=load_start,
                     load_end=list(os.getloadavg()), cores=os.cpu_count(),
                     **{k: getattr(args, k) for k in ("steps", "warmup", "microbatches",
                                                      "task_ms", "seed", "scenarios", "aioready",

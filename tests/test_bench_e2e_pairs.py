@@ -200,9 +200,11 @@ def _check_page(text: str, data: dict[str, Any]) -> None:
 def test_e2e_pairs_real_launches(n: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Real pairs (mpiexec, then torchrun, then the other way round), 1F1B strict against
     Schedule1F1B: each pair's ratio is that pair's own figures, and the page says so. One pair
-    (about 15 s) in `make test`, so the harness cannot rot; two, the swapped order too, heavy."""
+    on 2 ranks a side in `make test`, so the harness cannot rot; two, the swapped order too,
+    heavy."""
     monkeypatch.setattr(common, "RESULTS", tmp_path)
     data = pairs.main(["--pairs", str(n), "--steps", "1", "--warmup", "1", "--task-ms", "1",
+                       "--ranks", "2",
                        "--aioready", "1f1b/strict", "--torch", "Schedule1F1B", "--out", "p",
                        "--timeout", "250"])
     want = [["aioready", "torch"], ["torch", "aioready"]][:n]
@@ -211,11 +213,11 @@ def test_e2e_pairs_real_launches(n: int, tmp_path: Path, monkeypatch: pytest.Mon
         rows = {r["name"]: r for r in p["rows"]}
         (f,) = p["figures"]
         a, t = rows["1f1b/strict"], rows["Schedule1F1B"]
-        assert f["aioready_us"] == cpu_us_per_task(a, 8) > 0
-        assert f["torch_us"] == cpu_us_per_task(t, 8) > 0
+        assert f["aioready_us"] == cpu_us_per_task(a, 8, 2) > 0
+        assert f["torch_us"] == cpu_us_per_task(t, 8, 2) > 0
         assert f["ratio"] == f["aioready_us"] / f["torch_us"]
-        assert f["ratio_beyond"] == (cpu_us_per_task(a, 8, beyond_compute=True)
-                                     / cpu_us_per_task(t, 8, beyond_compute=True))
+        assert f["ratio_beyond"] == (cpu_us_per_task(a, 8, 2, beyond_compute=True)
+                                     / cpu_us_per_task(t, 8, 2, beyond_compute=True))
         assert set(p["load"]) == {"aioready", "torch"}
     (st,) = data["configs"]
     assert st["ratio"]["median"] == pytest.approx(
