@@ -249,43 +249,58 @@ async def test_a_message_mixing_devices_is_refused() -> None:
 
 
 # -- over MPI -------------------------------------------------------------------------------
-@pytest.mark.mpi
-@pytest.mark.timeout(120)
-@pytest.mark.parametrize("mode, error, detail", [
-    ("ids", "", "IDS OK"),
-    ("count", "ConfigError", "rank 0 sent 3 ids, this rank expected 4"),
-    ("fail", "ConfigError", "making the ids failed: RuntimeError: no NCCL here"),
-    ("zero", "ProtocolError", "an NCCL unique id is all zeros")])
-def test_unique_ids_broadcast_as_bytes_over_mpi(mode: str, error: str, detail: str) -> None:
-    """rank 0 makes the ids, every rank gets the same bytes; a wrong count, a failing maker or
-    an all-zero id fails on both ranks (never one rank alone, which would leave the other
-    waiting in NCCL's init)."""
-    out = run_mpi(2, [SCRIPT, mode], timeout=100)
-    text = out.stdout + out.stderr
-    assert (out.returncode == 0) == (not error), text[-3000:]
-    assert detail in text, text[-3000:]
-    if error:
-        assert text.count(f"{error}: rank ") == 2, text[-3000:]
-    else:
-        assert text.count("IDS OK") == 2, text[-3000:]
-
-
-@pytest.mark.mpi
-@pytest.mark.timeout(120)
-@pytest.mark.parametrize("value, expect", [
+# (mode, error, detail) and (plane, what both ranks log): every token in one 2-rank launch
+ID_MODES = [("ids", "", "IDS OK"),
+            ("count", "ConfigError", "rank 0 sent 3 ids, this rank expected 4"),
+            ("fail", "ConfigError", "making the ids failed: RuntimeError: no NCCL here"),
+            ("zero", "ProtocolError", "an NCCL unique id is all zeros")]
+PLANE_VALUES = [
     ("", "GPU data plane staged (auto: no NCCL through CuPy: no CUDA device given)"),
     ("staged", f"GPU data plane staged (env: {ENV_GPU_PLANE}=staged)"),
     ("mpi", f"GPU data plane mpi (env: {ENV_GPU_PLANE}=mpi)"),
     ("nccl", "the nccl GPU data plane was asked for on ranks [0, 1], but ranks [0, 1] cannot "
              "use it"),
-    ("gpu", "AIOREADY_GPU_PLANE names an unknown GPU data plane")])
+    ("gpu", "AIOREADY_GPU_PLANE names an unknown GPU data plane")]
+_LAUNCH: list[str] = []
+
+
+def _lines_of(token: str) -> list[str]:
+    """The lines both ranks printed while `token` ran, without its "[token] " prefix."""
+    if not _LAUNCH:
+        tokens = [m for m, _, _ in ID_MODES] + [f"transport={v}" if v else "transport"
+                                                 for v, _ in PLANE_VALUES]
+        out = run_mpi(2, [SCRIPT, *tokens], timeout=150)
+        assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+        _LAUNCH.append(out.stdout)
+    prefix = f"[{token}] "
+    return [line[len(prefix):] for line in _LAUNCH[0].splitlines() if line.startswith(prefix)]
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("mode, error, detail", ID_MODES)
+def test_unique_ids_broadcast_as_bytes_over_mpi(mode: str, error: str, detail: str) -> None:
+    """rank 0 makes the ids, every rank gets the same bytes; a wrong count, a failing maker or
+    an all-zero id fails on both ranks (never one rank alone, which would leave the other
+    waiting in NCCL's init)."""
+    text = "\n".join(_lines_of(mode))
+    assert detail in text, text[-3000:]
+    if error:
+        assert text.count(f"{error}: rank ") == 2, text[-3000:]
+        assert "IDS OK" not in text, text[-3000:]
+    else:
+        assert text.count("IDS OK") == 2, text[-3000:]
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("value, expect", PLANE_VALUES)
 def test_the_transport_agrees_on_the_plane_and_logs_it(value: str, expect: str) -> None:
-    out = run_mpi(2, [SCRIPT, "transport"], timeout=100,
-                  env={ENV_GPU_PLANE: value} if value else {})
-    text = out.stdout + out.stderr
+    text = "\n".join(_lines_of(f"transport={value}" if value else "transport"))
     assert text.count(expect) == 2, text[-3000:]
     ok = value in ("", "staged", "mpi")
-    assert (out.returncode == 0) == ok and text.count("PLANE OK") == 2 * ok, text[-3000:]
+    assert text.count("PLANE OK") == 2 * ok, text[-3000:]
+    assert text.count("ConfigError: ") == 2 * (not ok), text[-3000:]
     if value == "mpi":  # explicit wins over detection: device buffers straight to MPI
         assert "CUDA tensors take the device path" in text
 

@@ -67,9 +67,11 @@ def check_exact(n: int, full: bool) -> None:
         assert float(_field(text, "grad_diff")) <= TOL, (case, text)
 
 
-@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("n", [2, pytest.param(4, marks=pytest.mark.heavy)])
 def test_pipeline_exact_under_torchrun(n: int) -> None:
-    """Loss and every gradient equal the unsplit model's (a subset of hint x mode x split)."""
+    """Loss and every gradient equal the unsplit model's (a subset of hint x mode x split). Four
+    ranks (five imports of torch, ~13 s here) are heavy: 4-rank pipelines are exact over MPI in
+    make test, and the torch.distributed transport's path is the same on 2."""
     check_exact(n, full=False)
 
 

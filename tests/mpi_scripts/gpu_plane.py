@@ -1,12 +1,14 @@
 """The GPU data plane's MPI steps on CPUs (2 ranks): the unique-id broadcast and the agreement.
 
-Usage: mpiexec -n 2 python gpu_plane.py MODE
+Usage: mpiexec -n 2 python gpu_plane.py MODE[=PLANE] [MODE[=PLANE] ...]
 - ids: broadcast_ids with random bytes (what ncclGetUniqueId gives is 128 opaque bytes); every
   rank checks it got rank 0's bytes (a second Bcast of their hash) and prints IDS OK;
 - count: rank 1 expects one id more; fail: rank 0's id maker raises; zero: it makes zeros;
-- transport: MPITransport(COMM_WORLD) agrees on the plane (AIOREADY_GPU_PLANE) and logs it.
-Errors are printed as "Type: message" on every rank that raised, then the rank exits 1 after a
-barrier (so no rank is killed before it printed).
+- transport: MPITransport(COMM_WORLD) agrees on the plane (AIOREADY_GPU_PLANE, set to PLANE for
+  that token, unset without one) and logs it.
+Every line a token prints, its log lines included, starts with "[TOKEN] ". An error is printed as
+"[TOKEN] Type: message" on every rank that raised, the ranks meet at a barrier, and the next token
+runs: one launch (each rank's imports paid once) for every mode.
 """
 
 import hashlib
@@ -32,12 +34,20 @@ def maker(mode: str):
     return make
 
 
-def main(mode: str) -> None:
+class _Token(logging.Filter):
+    """Puts the running token before each log line."""
+    token = ""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.token = self.token
+        return True
+
+
+def main(mode: str, say) -> None:
     if mode == "transport":
-        logging.basicConfig(level=logging.INFO, stream=sys.stdout)
         from aioready.transports.mpi import MPITransport
         transport = MPITransport(comm)
-        print("PLANE OK", transport.gpu_plane, transport.cuda_aware, flush=True)
+        say("PLANE OK", transport.gpu_plane, transport.cuda_aware)
         return
     count = boot.num_ids(comm.Get_size()) + (mode == "count" and me == 1)
     ids = boot.broadcast_ids(comm, count, maker(mode))
@@ -46,12 +56,30 @@ def main(mode: str) -> None:
     comm.Bcast(root, root=0)
     assert np.array_equal(root, digest) and len(ids) == count
     assert all(boot.id_to_bytes(boot.id_from_bytes(i)) == i for i in ids)
-    print("IDS OK", count, flush=True)
+    say("IDS OK", count)
 
 
-try:
-    main(sys.argv[1])
-except AioreadyError as exc:
-    print(f"{type(exc).__name__}: {exc}", flush=True)
+def say(token: str, *words: object) -> None:
+    """One line in one write: the two ranks' lines never interleave or lose their prefix."""
+    line = " ".join([f"[{token}]", *map(str, words)]).replace("\n", " | ")
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+TOKEN = _Token()
+handler = logging.StreamHandler(sys.stdout)
+handler.setFormatter(logging.Formatter("[%(token)s] %(message)s"))
+handler.addFilter(TOKEN)
+logging.basicConfig(level=logging.INFO, handlers=[handler])
+for token in sys.argv[1:]:
+    mode, _, plane = token.partition("=")
+    TOKEN.token = token
+    if plane:
+        os.environ["AIOREADY_GPU_PLANE"] = plane
+    else:
+        os.environ.pop("AIOREADY_GPU_PLANE", None)
+    try:
+        main(mode, lambda *words, t=token: say(t, *words))
+    except AioreadyError as exc:
+        say(token, f"{type(exc).__name__}: {exc}")
     comm.Barrier()
-    sys.exit(1)
