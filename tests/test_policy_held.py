@@ -31,20 +31,21 @@ S, M = 4, 16
 
 
 class _Lazy(dict):
-    """One jitter's unit computed when a test first asks for it (about 30 s of CPU each), so
-    that the heavy-only jitter costs make test nothing."""
+    """A (jitter, shape)'s unit computed when a test first asks for it (up to 30 s of CPU
+    each), so that the heavy-only cases cost make test nothing."""
 
-    def __init__(self, keep: object) -> None:
+    def __init__(self, keep: Any) -> None:
         super().__init__()
         self.keep = keep
 
-    def __missing__(self, jitter: str) -> dict:
-        self[jitter] = _unit(self.keep, jitter)
-        return self[jitter]
+    def __missing__(self, key: tuple[str, str | None]) -> dict:
+        jitter, shape = key
+        self[key] = _unit(lambda c: self.keep(c) and _of(c, shape), jitter)
+        return self[key]
 
 
-def _unit(keep: object, jitter: str) -> dict:
-    autos = [c for c in policy.CONFIGS if c.hint == "auto" and keep(c)]  # type: ignore
+def _unit(keep: Any, jitter: str) -> dict:
+    autos = [c for c in policy.CONFIGS if c.hint == "auto" and keep(c)]
     saved = policy.CONFIGS[:]
     policy.CONFIGS[:] = [policy.Config("zb-h2"), *autos]
     try:
@@ -53,27 +54,36 @@ def _unit(keep: object, jitter: str) -> dict:
         policy.CONFIGS[:] = saved
 
 
-# multimodal in make test (it has microbatch sizes, so the order is chosen too, and seed 0's
-# 2S-each choice moves); lognormal as well under `heavy`
+def _of(c: policy.Config, shape: str | None) -> bool:
+    """Whether a row is of `shape` (its hindsight row's name), or any shape for None."""
+    return shape is None or c.name.split(", held-out")[0] == shape
+
+
+# make test: multimodal (it has microbatch sizes, so the order is chosen too, and seed 0's
+# 2S-each choice moves) on the 2S-each rows alone; every shape, and lognormal too, `heavy`
+ONE = "auto split, 2S each"
+CASES = [pytest.param(("lognormal:0.5", None), marks=pytest.mark.heavy, id="lognormal-all"),
+         pytest.param(("multimodal:0.3:3", None), marks=pytest.mark.heavy, id="multimodal-all"),
+         pytest.param(("multimodal:0.3:3", ONE), id="multimodal-2S-each")]
 JITTERS = [pytest.param("lognormal:0.5", marks=pytest.mark.heavy), "multimodal:0.3:3"]
 
 
 @pytest.fixture(scope="module")
-def units() -> dict[str, dict]:
+def units() -> dict[tuple[str, str | None], dict]:
     return _Lazy(_tested)
 
 
 @pytest.fixture(scope="module")
-def resample_units() -> dict[str, dict]:
+def resample_units() -> dict[tuple[str, str | None], dict]:
     """The resampled rows beside the hindsight ones (apart: each simulates 8 steps)."""
     return _Lazy(lambda c: "copies" in dict(c.kwargs) or dict(c.kwargs) in ({}, {
         "uniform": True}))
 
 
-def _held_rows() -> list[policy.Config]:
+def _held_rows(shape: str | None = None) -> list[policy.Config]:
     """The count rows held out on one step (the byte rows': tests/test_policy_bytes.py)."""
     return [c for c in policy.CONFIGS if c.hint == "auto" and "held" in dict(c.kwargs)
-            and not {"window", "copies", "bytes"} & set(dict(c.kwargs))]
+            and not {"window", "copies", "bytes"} & set(dict(c.kwargs)) and _of(c, shape)]
 
 
 def _tested(c: policy.Config) -> bool:
@@ -87,17 +97,19 @@ def _resample_rows() -> list[policy.Config]:
     return [c for c in policy.CONFIGS if c.hint == "auto" and "copies" in dict(c.kwargs)]
 
 
-def _window_rows() -> list[policy.Config]:
-    return [c for c in policy.CONFIGS if c.hint == "auto" and "window" in dict(c.kwargs)]
+def _window_rows(shape: str | None = None) -> list[policy.Config]:
+    return [c for c in policy.CONFIGS if c.hint == "auto" and "window" in dict(c.kwargs)
+            and _of(c, shape)]
 
 
-@pytest.mark.parametrize("jitter", JITTERS)
+@pytest.mark.parametrize("case", CASES)
 def test_a_held_out_row_is_a_fresh_choice_on_the_other_draw_run_on_the_scored_one(
-        units: dict[str, dict], jitter: str) -> None:
-    rows = _held_rows()
+        units: dict[tuple[str, str | None], dict], case: tuple[str, str | None]) -> None:
+    jitter, shape = case
+    rows = _held_rows(shape)
     assert {dict(c.kwargs)["held"] for c in rows} == {"sizes", "step"}
     for cfg in rows:
-        row = units[jitter]["rows"][f"{cfg.name}|2x"]
+        row = units[case]["rows"][f"{cfg.name}|2x"]
         split = cfg.split_backward
         gate = policy.auto_gate(cfg, S, M, policy.BUDGETS["2x"], lambda: simulate(
             stages=S, microbatches=M, hint="1f1b", mode="strict", jitter=jitter, seed=0,
@@ -119,13 +131,14 @@ def test_a_held_out_row_is_a_fresh_choice_on_the_other_draw_run_on_the_scored_on
         assert row["pkb"] == list(scored.peak_activation_bytes), cfg.name
 
 
-@pytest.mark.parametrize("jitter", JITTERS)
+@pytest.mark.parametrize("case", CASES)
 def test_held_out_is_never_faster_than_hindsight_and_slower_where_the_choice_moved(
-        units: dict[str, dict], jitter: str) -> None:
-    rows = units[jitter]["rows"]
+        units: dict[tuple[str, str | None], dict], case: tuple[str, str | None]) -> None:
+    jitter, shape = case
+    rows = units[case]["rows"]
     # (count rows only: a byte row's candidates carry bytes from the mean of the durations
     # chosen on, so its held-out set is not the hindsight one: tests/test_policy_bytes.py)
-    for cfg in _held_rows():
+    for cfg in _held_rows(shape):
         hindsight = rows[f"{cfg.name.split(', held-out')[0]}|2x"]
         held = rows[f"{cfg.name}|2x"]
         # the same candidates and budget: hindsight's best on the scored durations is the
@@ -160,13 +173,15 @@ def test_the_choice_draw_differs_only_in_per_task_noise_and_step_zero_is_the_sco
     assert (via_trace.hint, via_trace.step_time) == (direct.hint, direct.step_time)
 
 
-@pytest.mark.parametrize("jitter", JITTERS)
+@pytest.mark.parametrize("case", CASES)
 def test_a_window_row_is_a_fresh_choice_on_steps_one_to_k_run_on_the_scored_one(
-        units: dict[str, dict], jitter: str) -> None:
-    rows = _window_rows()
-    assert len(rows) == 3 and {dict(c.kwargs)["window"] for c in rows} == {WINDOW}
+        units: dict[tuple[str, str | None], dict], case: tuple[str, str | None]) -> None:
+    jitter, shape = case
+    rows = _window_rows(shape)
+    assert len(rows) == (3 if shape is None else 1)
+    assert {dict(c.kwargs)["window"] for c in rows} == {WINDOW}
     for cfg in rows:
-        row = units[jitter]["rows"][f"{cfg.name}|2x"]
+        row = units[case]["rows"][f"{cfg.name}|2x"]
         split, budget = cfg.split_backward, policy._auto_budget(cfg, S, M, policy.BUDGETS["2x"])
         draw = choice_draw(jitter, 0, S, M, split, "sizes", window=WINDOW)
         _same_as_a_fresh_choice(row, cfg.name, draw, WINDOW, split, budget, jitter)
@@ -227,13 +242,14 @@ def test_a_pipeline_with_a_window_chooses_what_the_window_row_chooses() -> None:
 @pytest.mark.heavy  # 8-step choices for three rows and two jitters: about 50 s of CPU
 @pytest.mark.parametrize("jitter", JITTERS)
 def test_a_resample_row_is_a_fresh_choice_on_step_one_and_its_copies(
-        resample_units: dict[str, dict], jitter: str) -> None:
+        resample_units: dict[tuple[str, str | None], dict], jitter: str) -> None:
     rows = _resample_rows()
     assert len(rows) == 3 and {dict(c.kwargs)["copies"] for c in rows} == {RESAMPLE - 1}
+    unit = resample_units[jitter, None]
     for cfg in rows:
-        row = resample_units[jitter]["rows"][f"{cfg.name}|2x"]
+        row = unit["rows"][f"{cfg.name}|2x"]
         # never faster than hindsight, the fastest fitting candidate of the same set
-        hindsight = resample_units[jitter]["rows"][f"{cfg.name.split(', held-out')[0]}|2x"]
+        hindsight = unit["rows"][f"{cfg.name.split(', held-out')[0]}|2x"]
         assert row["t"] >= hindsight["t"] and row["candidates"] == hindsight["candidates"]
         split, budget = cfg.split_backward, policy._auto_budget(cfg, S, M, policy.BUDGETS["2x"])
         draw = choice_draw(jitter, 0, S, M, split, "sizes", copies=RESAMPLE - 1)

@@ -17,13 +17,20 @@ from aioready.sim.simulator import simulate
 S, M = 4, 16
 
 
-# multimodal in make test (microbatch sizes: the order candidates share the memo too);
-# lognormal under `heavy`
-@pytest.mark.parametrize("jitter", [pytest.param("lognormal:0.5", marks=pytest.mark.heavy),
-                                    "multimodal:0.3:3"])
-def test_auto_rows_with_the_memo_choose_what_simulate_chooses(jitter: str, monkeypatch) -> None:
+# one row of each kind (plain, 2S each, given order, bytes) on multimodal in make test
+# (microbatch sizes: the order candidates share the memo too); every row, and lognormal, heavy
+KINDS = ("auto", "auto split, 2S each", "auto split, given order", "auto bytes split")
+
+
+@pytest.mark.parametrize("jitter, kinds", [
+    pytest.param("lognormal:0.5", None, marks=pytest.mark.heavy, id="lognormal-all"),
+    pytest.param("multimodal:0.3:3", None, marks=pytest.mark.heavy, id="multimodal-all"),
+    pytest.param("multimodal:0.3:3", KINDS, id="multimodal-kinds")])
+def test_auto_rows_with_the_memo_choose_what_simulate_chooses(
+        jitter: str, kinds: tuple[str, ...] | None, monkeypatch) -> None:
     # (held-out rows choose on another draw: tests/test_policy_held.py)
-    autos = [c for c in policy.CONFIGS if c.hint == "auto" and not policy._held(c)]
+    autos = [c for c in policy.CONFIGS if c.hint == "auto" and not policy._held(c)
+             and (kinds is None or c.name in kinds)]
     assert len({c.name for c in autos}) >= 4
     fixed = [policy.Config("zb-h2"), policy.Config("1f1b", split=True, label="greedy 1f1b",
                                                    kwargs=(("policy", "greedy"),))]
