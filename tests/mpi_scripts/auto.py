@@ -4,7 +4,8 @@ Usage: mpiexec -n R python tests/mpi_scripts/auto.py STEPS [MEMORY]
 With MEMORY (like "2x") it chooses within that byte budget instead of cap="2x" (microbatches of
 unequal rows, the same batch every step), and each rank also prints the byte budgets of the
 choices and "over=": the most its peak bytes went over the gate's bound in a step after the
-first (negative: within it).
+first (negative: within it). A chosen byte budget may be below the heaviest microbatch's bytes
+(a budget is factor x the mean): that microbatch then runs alone, so the bound is the larger.
 Each rank runs STEPS steps of Pipeline(hint=AutoHint(retune_every=1)) on its stage of a float64
 MLP (split backward, M = 2R), zeroing gradients between steps and comparing them with the
 unsplit model's for that step's batch; rank 0 chooses from the gathered spans and broadcasts.
@@ -60,11 +61,12 @@ async def main() -> None:
             p.grad = None
         loss = await pipe.step(xs if rank == 0 else None, ys if rank == S - 1 else None)
         if step and memory and budget is not None:
-            # the gate's bound: its budget, and under the reservation the order's own forwards
-            # pass it (docs/policy.md "Memory budgets"), at most its peak count of them
+            # the gate's bound: its budget; a microbatch heavier than the budget runs alone
+            # rather than hang the step; under the reservation the order's own forwards pass
+            # it (docs/policy.md "Memory budgets"), at most its peak count of them
             report = pipe.last_step
             heaviest = max(b for b, _ in report.activation_bytes.values())
-            bound = budget.bytes + (peak * heaviest if policy == "reserve" else 0)
+            bound = max(budget.bytes, heaviest) + (peak * heaviest if policy == "reserve" else 0)
             over = max(over, report.peak_activation_bytes[rank] - bound)
         names.append(f"{pipe.hint.name}:{pipe.mode}:{','.join(str(rt.cap) for rt in pipe.runtimes)}")
         ref_loss, ref = reference_step(make_mlp_stages(S, width=WIDTH, seed=7), mse_loss, xs, ys)
