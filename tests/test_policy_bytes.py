@@ -31,25 +31,32 @@ from tests.test_memory import _batches, _run
 S, M, JITTER = 4, 16, "multimodal:0.3:3"
 
 
-def _rows(held: bool) -> list[policy.Config]:
+# make test: one row of each kind, the two splits across them; every byte row under heavy
+ONE = ("auto bytes", "auto bytes split, held-out")
+
+
+def _rows(held: bool, names: tuple[str, ...] | None = None) -> list[policy.Config]:
     return [c for c in policy.CONFIGS
-            if dict(c.kwargs).get("bytes") and bool(policy._held(c)) == held]
+            if dict(c.kwargs).get("bytes") and bool(policy._held(c)) == held
+            and (names is None or c.name in names)]
 
 
-@pytest.fixture(scope="module")
-def unit() -> dict:
+@pytest.fixture(scope="module", params=[pytest.param(ONE, id="one-of-each"),
+                                        pytest.param(None, marks=pytest.mark.heavy, id="all")])
+def unit(request: pytest.FixtureRequest) -> dict:
     saved = policy.CONFIGS[:]
-    policy.CONFIGS[:] = [*_rows(False), *_rows(True)]
+    names = request.param
+    policy.CONFIGS[:] = [*_rows(False, names), *_rows(True, names)]
     try:
-        return policy.sim_unit(S, JITTER, 0)
+        return {**policy.sim_unit(S, JITTER, 0), "names": names}
     finally:
         policy.CONFIGS[:] = saved
 
 
 def test_a_hindsight_byte_row_holds_at_most_twice_strict_1f1b_bytes_on_every_rank(
         unit: dict) -> None:
-    rows = _rows(False)
-    assert {c.split_backward for c in rows} == {False, True}
+    rows = _rows(False, unit["names"])
+    assert rows and {c.split_backward for c in rows} <= {False, True}
     for cfg in rows:
         row = unit["rows"][f"{cfg.name}|2x"]
         strict = unit["strict_bytes"][f"1f1b/{int(cfg.split_backward)}"]
@@ -71,8 +78,9 @@ def test_a_count_row_is_not_held_to_bytes() -> None:
 
 
 def test_a_held_out_byte_row_is_a_fresh_choice_on_step_1_run_on_step_0(unit: dict) -> None:
-    rows = _rows(True)
-    assert {c.split_backward for c in rows} == {False, True}
+    rows = _rows(True, unit["names"])
+    both = {c.split_backward for c in [*rows, *_rows(False, unit["names"])]}
+    assert rows and both == {False, True}
     for cfg in rows:
         row = unit["rows"][f"{cfg.name}|2x"]
         split = cfg.split_backward
