@@ -54,9 +54,14 @@ def _unit(keep: Any, jitter: str) -> dict:
         policy.CONFIGS[:] = saved
 
 
+def _hindsight(c: policy.Config) -> str:
+    """The name of the hindsight row a held-out row is read against (its shape)."""
+    return c.name.split(", held-out")[0]
+
+
 def _of(c: policy.Config, shape: str | None) -> bool:
     """Whether a row is of `shape` (its hindsight row's name), or any shape for None."""
-    return shape is None or c.name.split(", held-out")[0] == shape
+    return shape is None or _hindsight(c) == shape
 
 
 # make test: multimodal (it has microbatch sizes, so the order is chosen too, and seed 0's
@@ -139,7 +144,7 @@ def test_held_out_is_never_faster_than_hindsight_and_slower_where_the_choice_mov
     # (count rows only: a byte row's candidates carry bytes from the mean of the durations
     # chosen on, so its held-out set is not the hindsight one: tests/test_policy_bytes.py)
     for cfg in _held_rows(shape):
-        hindsight = rows[f"{cfg.name.split(', held-out')[0]}|2x"]
+        hindsight = rows[f"{_hindsight(cfg)}|2x"]
         held = rows[f"{cfg.name}|2x"]
         # the same candidates and budget: hindsight's best on the scored durations is the
         # fastest fitting one of them, and the held-out choice is one of them that fits
@@ -249,7 +254,7 @@ def test_a_resample_row_is_a_fresh_choice_on_step_one_and_its_copies(
     for cfg in rows:
         row = unit["rows"][f"{cfg.name}|2x"]
         # never faster than hindsight, the fastest fitting candidate of the same set
-        hindsight = unit["rows"][f"{cfg.name.split(', held-out')[0]}|2x"]
+        hindsight = unit["rows"][f"{_hindsight(cfg)}|2x"]
         assert row["t"] >= hindsight["t"] and row["candidates"] == hindsight["candidates"]
         split, budget = cfg.split_backward, policy._auto_budget(cfg, S, M, policy.BUDGETS["2x"])
         draw = choice_draw(jitter, 0, S, M, split, "sizes", copies=RESAMPLE - 1)
